@@ -1,0 +1,99 @@
+package gds
+
+import (
+	"errors"
+	"fmt"
+	"syscall"
+)
+
+// Named errors. Every error an engine returns wraps one of these (where one
+// applies) and an *OpError naming the engine, path and offset, so callers can
+// test with errors.Is and still print a useful message.
+var (
+	// ErrInvalid: a bad argument (negative offset, offset+length overflow,
+	// nil memory with non-zero length, unknown engine).
+	ErrInvalid = errors.New("invalid argument")
+	// ErrEOF: a read reached the end of the file before filling the buffer.
+	ErrEOF = errors.New("read past end of file")
+	// ErrNoSpace: the filesystem is full (ENOSPC or EDQUOT).
+	ErrNoSpace = errors.New("no space left on device")
+	// ErrNoDirectIO: the filesystem refuses O_DIRECT (EINVAL on open).
+	ErrNoDirectIO = errors.New("filesystem does not support O_DIRECT")
+	// ErrUnavailable: the engine cannot work on this machine (no io_uring,
+	// no libcufile, no NVIDIA driver). The message says why.
+	ErrUnavailable = errors.New("engine unavailable")
+	// ErrUnsupported: the engine does not do this operation (mmap writes).
+	ErrUnsupported = errors.New("operation not supported by this engine")
+	// ErrClosed: the file was already closed.
+	ErrClosed = errors.New("file already closed")
+)
+
+// OpError records a failed transfer: which engine, which operation, on which
+// path, at which offset, and how many bytes were done before the failure.
+type OpError struct {
+	Engine string // engine name, e.g. "direct"
+	Op     string // "read", "write", "open", "sync", "truncate", ...
+	Path   string
+	Offset int64
+	Len    int   // bytes asked for
+	Done   int   // bytes transferred before the error
+	Err    error // the cause; wraps a named error where one applies
+}
+
+func (e *OpError) Error() string {
+	msg := fmt.Sprintf("%s: %s %s at %d: %v", e.Engine, e.Op, e.Path, e.Offset, e.Err)
+	if e.Done > 0 && e.Done < e.Len {
+		msg += fmt.Sprintf(" (partial %s: %d of %d bytes done)", e.Op, e.Done, e.Len)
+	}
+	return msg
+}
+
+func (e *OpError) Unwrap() error { return e.Err }
+
+// namedErr pairs an OS error with the named error it maps to, so that both
+// errors.Is(err, ErrNoSpace) and errors.Is(err, syscall.ENOSPC) hold while the
+// message stays the operating system's.
+type namedErr struct {
+	named error
+	cause error
+}
+
+func (e *namedErr) Error() string        { return e.cause.Error() }
+func (e *namedErr) Unwrap() []error      { return []error{e.named, e.cause} }
+func (e *namedErr) Is(target error) bool { return target == e.named }
+
+// classify maps operating-system errors to the named errors. This is the one
+// place where errno values get meaning.
+func classify(err error) error {
+	var errno syscall.Errno
+	if !errors.As(err, &errno) {
+		return err
+	}
+	switch errno {
+	case syscall.ENOSPC, syscall.EDQUOT:
+		return &namedErr{ErrNoSpace, err}
+	case syscall.EBADF:
+		return &namedErr{ErrClosed, err}
+	}
+	return err
+}
+
+// opErr builds an *OpError with the cause classified.
+func opErr(engine, op, path string, off int64, n, done int, err error) error {
+	return &OpError{Engine: engine, Op: op, Path: path, Offset: off, Len: n, Done: done, Err: classify(err)}
+}
+
+// IsNoSpace reports whether err means the filesystem is full.
+func IsNoSpace(err error) bool { return errors.Is(err, ErrNoSpace) }
+
+// checkRange validates a transfer's arguments: a non-negative offset, an end
+// that does not overflow int64, and memory present when there is a length.
+func checkRange(p []byte, off int64) error {
+	if off < 0 {
+		return fmt.Errorf("%w: negative offset %d", ErrInvalid, off)
+	}
+	if int64(len(p)) > (1<<63-1)-off {
+		return fmt.Errorf("%w: offset %d + length %d overflows", ErrInvalid, off, len(p))
+	}
+	return nil
+}
