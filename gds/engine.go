@@ -74,6 +74,10 @@ type Options struct {
 	// QueueDepth is the number of requests in flight per io_uring ring.
 	// Default: 32.
 	QueueDepth int
+	// CuFileLibrary is the path of libcufile to dlopen. Default: the
+	// PYFASTENSOR_CUFILE_LIB environment variable, then the dynamic loader's
+	// search for libcufile.so.0.
+	CuFileLibrary string
 }
 
 // Default option values.
