@@ -1,0 +1,185 @@
+package main
+
+/*
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/pyfastensor/pyfastensor/gds"
+)
+
+// Status codes returned by every exported function. pyfastensor/_lib.py maps
+// each to a Python exception class; keep the two lists in step.
+const (
+	stOK          = 0
+	stError       = 1  // any other failure
+	stInvalid     = 2  // bad argument
+	stEOF         = 3  // read past end of file
+	stNoSpace     = 4  // filesystem full
+	stUnavailable = 5  // engine cannot work here
+	stNotFound    = 6  // no such file or directory
+	stPermission  = 7  // permission denied
+	stBadHandle   = 8  // unknown or already released handle
+	stPanic       = 9  // a Go panic was recovered; the library is now poisoned
+	stPoisoned    = 10 // refused: an earlier call panicked
+	stUnsupported = 11 // the engine does not do this
+	stCorrupt     = 12 // data failed a check (CRC, format)
+)
+
+// errBadHandle: a handle that is not (or no longer) in the table.
+var errBadHandle = errors.New("unknown or released handle")
+
+// errCorrupt is wrapped by errors that mean the data failed a check.
+var errCorrupt = errors.New("corrupt data")
+
+// statusOf maps an error to its status code; the first match wins.
+func statusOf(err error) C.int {
+	switch {
+	case errors.Is(err, errBadHandle):
+		return stBadHandle
+	case errors.Is(err, errCorrupt):
+		return stCorrupt
+	case errors.Is(err, gds.ErrInvalid):
+		return stInvalid
+	case errors.Is(err, gds.ErrEOF):
+		return stEOF
+	case errors.Is(err, gds.ErrNoSpace):
+		return stNoSpace
+	case errors.Is(err, gds.ErrUnavailable):
+		return stUnavailable
+	case errors.Is(err, gds.ErrUnsupported):
+		return stUnsupported
+	case errors.Is(err, fs.ErrNotExist):
+		return stNotFound
+	case errors.Is(err, fs.ErrPermission):
+		return stPermission
+	}
+	return stError
+}
+
+// poisoned is set by the first recovered panic. A panic may leave Go state
+// half-updated (a lock held, a table inconsistent), so later calls are
+// refused rather than trusted.
+var poisoned atomic.Bool
+
+// call runs fn as the body of an exported function: refuse when poisoned,
+// recover a panic into stPanic, and turn an error into its status code with
+// its message copied into errbuf (NUL-terminated, truncated to errlen).
+func call(errbuf *C.char, errlen C.size_t, fn func() error) (status C.int) {
+	if poisoned.Load() {
+		setErr(errbuf, errlen, "pyfastensor: the native library is unusable after an earlier internal error (Go panic); restart the process")
+		return stPoisoned
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			poisoned.Store(true)
+			setErr(errbuf, errlen, fmt.Sprintf("pyfastensor: internal error (Go panic): %v\n%s", r, debug.Stack()))
+			status = stPanic
+		}
+	}()
+	if err := fn(); err != nil {
+		setErr(errbuf, errlen, err.Error())
+		return statusOf(err)
+	}
+	return stOK
+}
+
+// setErr copies msg into the caller's buffer.
+func setErr(buf *C.char, n C.size_t, msg string) {
+	if buf == nil || n == 0 {
+		return
+	}
+	dst := unsafe.Slice((*byte)(unsafe.Pointer(buf)), int(n))
+	k := copy(dst[:len(dst)-1], msg)
+	dst[k] = 0
+}
+
+// memory turns a caller's address and length into a slice over that memory.
+// The slice must not outlive the call that received it (or the operation
+// the call's documentation names).
+func memory(addr unsafe.Pointer, n C.size_t) ([]byte, error) {
+	if n == 0 {
+		return nil, nil
+	}
+	if addr == nil {
+		return nil, fmt.Errorf("%w: null address with length %d", gds.ErrInvalid, n)
+	}
+	if uint64(n) > 1<<62 {
+		return nil, fmt.Errorf("%w: length %d is too large", gds.ErrInvalid, uint64(n))
+	}
+	return unsafe.Slice((*byte)(addr), int(n)), nil
+}
+
+// handles maps integer handles to Go objects. Handle 0 is never issued.
+var handles = struct {
+	sync.Mutex
+	next uint64
+	m    map[uint64]any
+}{m: map[uint64]any{}}
+
+// newHandle registers v and returns its handle.
+func newHandle(v any) C.uint64_t {
+	handles.Lock()
+	defer handles.Unlock()
+	handles.next++
+	handles.m[handles.next] = v
+	return C.uint64_t(handles.next)
+}
+
+// lookup returns the object behind h, which must be a T.
+func lookup[T any](h C.uint64_t) (T, error) {
+	handles.Lock()
+	v, ok := handles.m[uint64(h)]
+	handles.Unlock()
+	t, isT := v.(T)
+	if !ok || !isT {
+		var zero T
+		return zero, fmt.Errorf("%w: %d", errBadHandle, uint64(h))
+	}
+	return t, nil
+}
+
+// release removes h from the table and returns what it held.
+func release[T any](h C.uint64_t) (T, error) {
+	handles.Lock()
+	defer handles.Unlock()
+	v, ok := handles.m[uint64(h)]
+	t, isT := v.(T)
+	if !ok || !isT {
+		var zero T
+		return zero, fmt.Errorf("%w: %d", errBadHandle, uint64(h))
+	}
+	delete(handles.m, uint64(h))
+	return t, nil
+}
+
+// cstring allocates a C copy of s for the caller, who frees it with pft_free.
+func cstring(s string) *C.char { return C.CString(s) }
+
+//export pft_free
+func pft_free(p unsafe.Pointer) { C.free(p) }
+
+//export pft_handle_count
+func pft_handle_count() C.int64_t {
+	handles.Lock()
+	defer handles.Unlock()
+	return C.int64_t(len(handles.m))
+}
+
+//export pft_debug_panic
+func pft_debug_panic(errbuf *C.char, errlen C.size_t) C.int {
+	// For tests of the panic path: panics inside call, which must recover
+	// it and poison the library.
+	return call(errbuf, errlen, func() error { panic("pft_debug_panic called") })
+}

@@ -1,0 +1,16 @@
+"""Benchmarks: ``python -m pyfastensor bench --help``.
+
+Every benchmark prints our figure beside its peers' and the disk's own
+limit measured in the same run (O_DIRECT sequential bandwidth), as ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    """Add each benchmark's subcommand to ``sub``."""
+    from . import io
+
+    io.add_parser(sub)

@@ -1,0 +1,113 @@
+"""Every setting pyfastensor reads from the environment, in one place.
+
+Each setting has a typed reader; a malformed value raises ``ValueError``
+naming the variable and what it accepts.
+
+=============================  ==========================================
+``PYFASTENSOR_THREADS``        goroutines per transfer (default: CPUs)
+``PYFASTENSOR_TASK_SIZE``      bytes per parallel piece, e.g. ``8M``
+``PYFASTENSOR_QUEUE_DEPTH``    io_uring requests in flight (default 32)
+``PYFASTENSOR_CUFILE_LIB``     path of libcufile to load
+``PYFASTENSOR_PROGRESS``       ``0`` turns progress bars off
+``PYFASTENSOR_CACHE_DIR``      where adaptive dictionaries are kept
+``PYFASTENSOR_LIB``            path of the native library (development)
+=============================  ==========================================
+"""
+
+from __future__ import annotations
+
+import os
+import site
+import sys
+from pathlib import Path
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """Parse a byte size such as ``4096``, ``64K``, ``8M``, ``1G`` (binary units).
+
+    Raises:
+        ValueError: when ``text`` is not such a size.
+    """
+    t = text.strip().upper().removesuffix("IB").removesuffix("B")
+    unit = t[-1:] if t[-1:] in _UNITS else ""
+    number = t[: len(t) - len(unit)]
+    try:
+        value = float(number) * _UNITS[unit]
+    except ValueError:
+        raise ValueError(f"{text!r} is not a size: use bytes or a number with K, M, G or T") from None
+    if value < 0:
+        raise ValueError(f"{text!r}: a size cannot be negative")
+    return int(value)
+
+
+def _env_int(name: str, default: int, *, minimum: int = 0) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r}: expected an integer >= {minimum}") from None
+    if value < minimum:
+        raise ValueError(f"{name}={raw!r}: expected an integer >= {minimum}")
+    return value
+
+
+def threads() -> int:
+    """``PYFASTENSOR_THREADS``: goroutines per transfer; 0 means the library default."""
+    return _env_int("PYFASTENSOR_THREADS", 0)
+
+
+def task_size() -> int:
+    """``PYFASTENSOR_TASK_SIZE``: bytes per parallel piece; 0 means the default (8 MiB)."""
+    raw = os.environ.get("PYFASTENSOR_TASK_SIZE")
+    if not raw:
+        return 0
+    try:
+        return parse_size(raw)
+    except ValueError as e:
+        raise ValueError(f"PYFASTENSOR_TASK_SIZE: {e}") from None
+
+
+def queue_depth() -> int:
+    """``PYFASTENSOR_QUEUE_DEPTH``: io_uring requests in flight; 0 means the default (32)."""
+    return _env_int("PYFASTENSOR_QUEUE_DEPTH", 0)
+
+
+def progress_enabled() -> bool:
+    """``PYFASTENSOR_PROGRESS``: ``0``/``false``/``off`` disables progress bars."""
+    raw = os.environ.get("PYFASTENSOR_PROGRESS", "1").strip().lower()
+    if raw in ("0", "false", "off", "no"):
+        return False
+    if raw in ("1", "true", "on", "yes", ""):
+        return True
+    raise ValueError(f"PYFASTENSOR_PROGRESS={raw!r}: expected 0 or 1")
+
+
+def cache_dir() -> Path:
+    """``PYFASTENSOR_CACHE_DIR``, else ``$XDG_CACHE_HOME/pyfastensor``, else ``~/.cache/pyfastensor``."""
+    raw = os.environ.get("PYFASTENSOR_CACHE_DIR")
+    if raw:
+        return Path(raw)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "pyfastensor"
+
+
+def cufile_library() -> str | None:
+    """The libcufile to load: ``PYFASTENSOR_CUFILE_LIB``, else the one torch's wheels install.
+
+    Returns None when neither exists; the native loader then asks the dynamic
+    linker for ``libcufile.so.0``.
+    """
+    raw = os.environ.get("PYFASTENSOR_CUFILE_LIB")
+    if raw:
+        return raw
+    roots = [*site.getsitepackages(), site.getusersitepackages(), *sys.path]
+    for root in roots:
+        for sub in ("nvidia/cu13/lib", "nvidia/cufile/lib", "nvidia/cu12/lib"):
+            candidate = Path(root) / sub / "libcufile.so.0"
+            if candidate.exists():
+                return str(candidate)
+    return None

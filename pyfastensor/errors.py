@@ -1,0 +1,69 @@
+"""Exceptions raised by pyfastensor.
+
+Every error from the native library arrives as one of these, carrying the
+library's message (which names the engine, the file and the offset). Errors
+that are operating-system conditions are also the matching built-in
+``OSError`` subclass, so ``except FileNotFoundError`` and ``errno`` checks
+work as usual.
+"""
+
+from __future__ import annotations
+
+import errno
+
+
+class FastensorError(Exception):
+    """Base class of every pyfastensor error."""
+
+
+class InvalidArgumentError(FastensorError, ValueError):
+    """A bad argument: negative offset, null address, unknown engine..."""
+
+
+class EndOfFileError(FastensorError, EOFError):
+    """A read reached the end of the file before filling its buffer."""
+
+
+class NoSpaceError(FastensorError, OSError):
+    """The filesystem is full (``errno.ENOSPC``)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(errno.ENOSPC, message)
+
+
+class NotFoundError(FastensorError, FileNotFoundError):
+    """No such file or directory (``errno.ENOENT``)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(errno.ENOENT, message)
+
+
+class PermissionDeniedError(FastensorError, PermissionError):
+    """Permission denied (``errno.EACCES``)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(errno.EACCES, message)
+
+
+class EngineUnavailableError(FastensorError):
+    """The I/O engine asked for cannot work on this machine; the message says why."""
+
+
+class UnsupportedError(FastensorError):
+    """The engine does not do this operation (writing through ``mmap``)."""
+
+
+class CorruptFileError(FastensorError):
+    """A file failed a check (CRC-32, format, truncation); the message names file and record."""
+
+
+class InternalError(FastensorError):
+    """The native library hit an internal error (a recovered Go panic).
+
+    The library refuses further calls in this process afterwards, since its
+    state can no longer be trusted; restart the process.
+    """
+
+
+class ForkedProcessError(FastensorError, RuntimeError):
+    """pyfastensor was used in a process forked after the library was loaded."""

@@ -1,0 +1,55 @@
+"""What pyfastensor can do on this machine, and why not where it cannot."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+from typing import Any
+
+from . import _lib, config
+from ._version import __version__
+
+
+def info(path: str | os.PathLike[str] = ".") -> dict[str, Any]:
+    """Describe the library, the machine and the filesystem holding ``path``.
+
+    Args:
+        path: a directory (or file) whose filesystem to examine. Default ``"."``.
+
+    Returns:
+        A dict with ``version``, ``go_version``, ``cpu`` (brand and the features
+        that matter), ``engines`` (each engine's availability and, when not
+        available, the reason in words: this is where a missing libcufile or
+        NVIDIA driver is explained), ``dir`` (filesystem type, whether
+        O_DIRECT works and with what alignment, from statx or a probe) and
+        ``python`` (versions, library path, the libcufile candidate).
+
+    Example::
+
+        >>> import pyfastensor
+        >>> pyfastensor.info("/tmp")["engines"]["direct"]["available"]
+        True
+    """
+    d = os.fspath(path)
+    if os.path.isfile(d):
+        d = os.path.dirname(os.path.abspath(d))
+    out = ctypes.c_void_p()
+    cufile = config.cufile_library()
+    _lib.call("pft_info", _lib.cstr(d), _lib.cstr(cufile), ctypes.byref(out))
+    result: dict[str, Any] = json.loads(_lib.take_string(out))
+    result["python"] = {
+        "package_version": __version__,
+        "library": str(_lib.library_path()),
+        "cufile_library": cufile,
+        "torch": _torch_version(),
+    }
+    return result
+
+
+def _torch_version() -> str | None:
+    try:
+        import torch
+    except ImportError:
+        return None
+    return str(torch.__version__)
