@@ -1,0 +1,60 @@
+"""Shared fixtures for the Python tests."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+
+def _mount(fstype: str, options: str, where: Path) -> None:
+    subprocess.run(
+        ["mount", "-t", fstype, "-o", options, fstype, str(where)],
+        check=True, capture_output=True, text=True,
+    )
+
+
+@pytest.fixture
+def mount_fs(tmp_path: Path) -> Iterator:
+    """Mount a fresh filesystem for a test: ``mount_fs("tmpfs", "size=1m")``.
+
+    Skips the test (with the reason) where this process may not mount.
+    """
+    mounted: list[Path] = []
+
+    def mount(fstype: str, options: str = "") -> Path:
+        where = tmp_path / f"mnt-{fstype}-{uuid.uuid4().hex[:6]}"
+        where.mkdir()
+        try:
+            _mount(fstype, options or "defaults", where)
+        except (subprocess.CalledProcessError, FileNotFoundError) as e:
+            msg = getattr(e, "stderr", "") or str(e)
+            pytest.skip(f"cannot mount {fstype} here (needs root and mount rights): {msg.strip()}")
+        mounted.append(where)
+        return where
+
+    yield mount
+    for where in mounted:
+        subprocess.run(["umount", "-l", str(where)], check=False, capture_output=True)
+
+
+def aligned_bytes(n: int, *, shift: int = 0, seed: int = 0):  # noqa: ANN201
+    """``n`` random bytes as a numpy array whose address is ``shift`` past 4 KiB."""
+    import numpy as np
+
+    raw = np.empty(n + 8192, dtype=np.uint8)
+    start = (-raw.ctypes.data) % 4096 + shift
+    out = raw[start : start + n]
+    out[:] = np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8)
+    return out
+
+
+@pytest.fixture
+def no_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for k in list(os.environ):
+        if k.startswith("PYFASTENSOR_") and k != "PYFASTENSOR_LIB":
+            monkeypatch.delenv(k)

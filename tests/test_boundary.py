@@ -1,0 +1,127 @@
+"""The native boundary: fork safety, panics, the info report."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import pyfastensor
+from pyfastensor import _lib
+
+
+def _child_calls(q) -> None:
+    try:
+        pyfastensor.info(".")
+        q.put(("ok", ""))
+    except pyfastensor.ForkedProcessError as e:
+        q.put(("forked", str(e)))
+    except Exception as e:  # pragma: no cover - reported to the parent
+        q.put(("other", repr(e)))
+
+
+def _child_ignores(q) -> None:
+    import numpy as np
+
+    q.put(("ok", str(int(np.arange(10).sum()))))
+
+
+def _run_forked(target) -> tuple[str, str]:
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    p = ctx.Process(target=target, args=(q,))
+    p.start()
+    p.join(timeout=30)
+    if p.is_alive():
+        p.kill()
+        pytest.fail("forked child hung")
+    assert p.exitcode == 0
+    return q.get(timeout=5)
+
+
+def test_forked_child_gets_a_clear_error_not_a_hang():
+    pyfastensor.info(".")  # load the library in the parent
+    assert _lib.loaded()
+    kind, msg = _run_forked(_child_calls)
+    assert kind == "forked"
+    assert "spawn" in msg and "forkserver" in msg
+    # The parent still works afterwards.
+    assert pyfastensor.info(".")["version"]
+
+
+def test_forked_child_that_does_not_call_in_is_unaffected():
+    pyfastensor.info(".")
+    assert _run_forked(_child_ignores) == ("ok", "45")
+
+
+def test_spawned_child_can_use_the_library():
+    pyfastensor.info(".")
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=_child_calls, args=(q,))
+    p.start()
+    p.join(timeout=120)
+    assert q.get(timeout=5) == ("ok", "")
+
+
+def test_import_does_not_load_the_library():
+    code = "import pyfastensor, pyfastensor._lib as l; print(l.loaded())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_go_panic_becomes_an_exception_and_poisons_the_library():
+    code = textwrap.dedent(
+        """
+        import pyfastensor
+        from pyfastensor import _lib
+        try:
+            _lib.call("pft_debug_panic")
+        except pyfastensor.InternalError as e:
+            print("first:", str(e).splitlines()[0])
+        try:
+            pyfastensor.info(".")
+        except pyfastensor.InternalError as e:
+            print("then:", str(e).splitlines()[0])
+        print("alive")
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "first: pyfastensor: internal error (Go panic): pft_debug_panic called"
+    assert lines[1].startswith("then: pyfastensor: the native library is unusable")
+    assert lines[2] == "alive"
+
+
+def test_info_reports_what_matters(tmp_path):
+    r = pyfastensor.info(tmp_path)
+    assert r["version"] == pyfastensor.__version__
+    assert r["go_version"].startswith("go")
+    assert isinstance(r["cpu"]["features"], list)
+    assert r["dir"]["dir"] == str(tmp_path)
+    assert r["dir"]["fs_type"]
+    if r["dir"]["o_direct"]:
+        assert r["dir"]["dio_offset_align"] > 0
+        assert r["dir"]["dio_align_source"] in ("statx", "probe")
+    for name in ("posix", "direct", "mmap"):
+        assert r["engines"][name]["available"]
+    for e in r["engines"].values():
+        assert e["available"] or e["reason"]
+
+
+def test_info_cli_json(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "pyfastensor", "info", str(tmp_path), "--json"],
+        capture_output=True, text=True, check=True, timeout=60,
+    )
+    assert json.loads(out.stdout)["dir"]["dir"] == str(tmp_path)
+    text = subprocess.run(
+        [sys.executable, "-m", "pyfastensor", "info", str(tmp_path)],
+        capture_output=True, text=True, check=True, timeout=60,
+    ).stdout
+    assert "O_DIRECT" in text and "engines" in text

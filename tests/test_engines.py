@@ -1,0 +1,154 @@
+"""Byte transfers through each engine, as Python sees them."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+
+import numpy as np
+import pytest
+from conftest import aligned_bytes
+
+import pyfastensor
+from pyfastensor import _lib
+from pyfastensor.engines import ENGINES, EngineFile
+
+AVAILABLE = [n for n, e in pyfastensor.info(".")["engines"].items() if e["available"]]
+WRITERS = [n for n in AVAILABLE if n != "mmap"]
+
+
+@pytest.mark.parametrize("engine", AVAILABLE)
+@pytest.mark.parametrize("size", [1, 4095, 4096, 4097, (1 << 20) + 3])
+@pytest.mark.parametrize("offset", [0, 1, 4096, 12289])
+def test_round_trip_bytes(tmp_path, engine, size, offset):
+    path = tmp_path / "f"
+    canary = aligned_bytes(offset + size + 4096, seed=99)
+    path.write_bytes(canary.tobytes())
+    want = aligned_bytes(size, shift=3, seed=size + offset)
+    writer = engine if engine != "mmap" else "posix"
+    with EngineFile(path, "r+", engine=writer, task_size=64 << 10) as f:
+        assert f.write(want, offset) == size
+        f.sync()
+    got = aligned_bytes(size, shift=5, seed=1)
+    with EngineFile(path, "r", engine=engine, task_size=64 << 10) as f:
+        assert f.read_into(got, offset) == size
+    assert got.tobytes() == want.tobytes()
+    disk = path.read_bytes()
+    assert disk[:offset] == canary[:offset].tobytes()
+    assert disk[offset + size :] == canary[offset + size :].tobytes()
+
+
+def test_torch_tensor_round_trip(tmp_path):
+    torch = pytest.importorskip("torch")
+    t = torch.randn(1000, 37)
+    with EngineFile(tmp_path / "t", "w", engine="direct") as f:
+        f.write(t)
+    back = torch.empty_like(t)
+    with EngineFile(tmp_path / "t", "r", engine="direct") as f:
+        f.read_into(back)
+    assert torch.equal(t, back)
+
+
+@pytest.mark.parametrize("engine", AVAILABLE)
+def test_read_past_end_names_engine_path_offset(tmp_path, engine):
+    path = tmp_path / "short"
+    path.write_bytes(b"x" * 10000)
+    buf = bytearray(4096)
+    with EngineFile(path, "r", engine=engine) as f:
+        with pytest.raises(pyfastensor.EndOfFileError) as ei:
+            f.read_into(buf, 8000)
+    msg = str(ei.value)
+    assert f"{engine}: read {path} at 8000" in msg
+    assert "end of file" in msg
+
+
+def test_bad_arguments(tmp_path):
+    path = tmp_path / "f"
+    path.write_bytes(b"abc")
+    with EngineFile(path, "r") as f:
+        with pytest.raises(pyfastensor.InvalidArgumentError, match="negative offset -1"):
+            f.read_into(bytearray(2), -1)
+        with pytest.raises(pyfastensor.InvalidArgumentError, match="overflows"):
+            f.read_into(bytearray(16), (1 << 63) - 8)
+        done = _lib.size_t()
+        with pytest.raises(pyfastensor.InvalidArgumentError, match="null address with length 5"):
+            _lib.call("pft_file_read", f._handle, None, 5, 0, ctypes.byref(done))
+    with pytest.raises(ValueError, match="closed file"):
+        f.read_into(bytearray(2))
+    with pytest.raises(ValueError, match="read-only"):
+        EngineFile(path, "r+").read_into(b"immutable")
+    with pytest.raises(ValueError, match="engine 'floppy'"):
+        EngineFile(path, engine="floppy")
+
+
+def test_bad_handle_is_an_error_not_a_crash():
+    with pytest.raises(pyfastensor.InvalidArgumentError, match="unknown or released handle"):
+        _lib.call("pft_file_sync", 123456789)
+
+
+def test_missing_file_is_file_not_found(tmp_path):
+    missing = tmp_path / "nope" / "f"
+    with pytest.raises(FileNotFoundError) as ei:
+        EngineFile(missing, "r", engine="direct")
+    assert ei.value.errno == errno.ENOENT
+    assert str(missing) in str(ei.value)
+
+
+def test_full_filesystem_raises_no_space(mount_fs):
+    dir_ = mount_fs("tmpfs", "size=1m")
+    data = np.zeros(4 << 20, dtype=np.uint8)
+    for engine in WRITERS:
+        path = dir_ / engine
+        with EngineFile(path, "w", engine=engine) as f:
+            with pytest.raises(OSError) as ei:
+                f.write(data)
+        assert isinstance(ei.value, pyfastensor.NoSpaceError)
+        assert ei.value.errno == errno.ENOSPC
+        assert str(path) in str(ei.value)
+        path.unlink()
+
+
+def test_filesystem_without_o_direct_falls_back(mount_fs):
+    dir_ = mount_fs("ramfs")  # ramfs refuses O_DIRECT
+    info = pyfastensor.info(dir_)
+    assert info["dir"]["o_direct"] is False
+    assert "O_DIRECT" in info["dir"]["o_direct_reason"]
+    with EngineFile(dir_ / "f", "w", engine="direct") as f:
+        assert f.engine == "posix"
+        assert "does not support O_DIRECT" in f.fallback
+        f.write(b"hello")
+    assert (dir_ / "f").read_bytes() == b"hello"
+
+
+def test_cufile_without_driver_is_unavailable_with_reason(tmp_path):
+    info = pyfastensor.info(tmp_path)
+    cufile = info["engines"]["cufile"]
+    if cufile["available"]:
+        pytest.skip("GPUDirect Storage works on this machine")
+    assert cufile["reason"]
+    with pytest.raises(pyfastensor.EngineUnavailableError) as ei:
+        EngineFile(tmp_path / "f", "w", engine="cufile")
+    assert str(ei.value) == cufile["reason"]
+
+
+def test_no_handles_leak(tmp_path):
+    before = _lib.handle_count()
+    for engine in WRITERS:
+        with EngineFile(tmp_path / engine, "w", engine=engine) as f:
+            f.write(b"abc")
+    assert _lib.handle_count() == before
+
+
+def test_engine_list_is_complete():
+    assert set(pyfastensor.info(".")["engines"]) == set(ENGINES)
+
+
+def test_threads_from_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYFASTENSOR_THREADS", "many")
+    with pytest.raises(ValueError, match="PYFASTENSOR_THREADS='many'"):
+        EngineFile(tmp_path / "f", "w")
+    monkeypatch.setenv("PYFASTENSOR_THREADS", "3")
+    monkeypatch.setenv("PYFASTENSOR_TASK_SIZE", "1M")
+    with EngineFile(tmp_path / "f", "w") as f:
+        assert f.write(os.urandom(5 << 20)) == 5 << 20
