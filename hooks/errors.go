@@ -1,0 +1,31 @@
+package hooks
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/pyfastensor/pyfastensor/gds"
+)
+
+// Named errors of the store. ErrUnknownSlot wraps gds.ErrInvalid so the C
+// boundary maps it to an invalid-argument status; write failures keep the
+// engine's error (gds.ErrNoSpace for a full disk) so errors.Is still works.
+var (
+	// ErrUnknownSlot: a slot id that was never issued or was already freed.
+	ErrUnknownSlot = fmt.Errorf("%w: unknown or freed slot", gds.ErrInvalid)
+	// ErrClosed: the store was closed.
+	ErrClosed = errors.New("store closed")
+	// ErrSpillDir: the spill directory cannot hold the spill file. The
+	// message names the directory; the cause (permission, missing,
+	// read-only) is wrapped too.
+	ErrSpillDir = errors.New("spill directory unusable")
+)
+
+// spillDirError explains why dir cannot hold a spill file.
+func spillDirError(dir string, cause error) error {
+	return fmt.Errorf("%w: cannot create the spill file in %q (set spill_dir to a writable directory on a local disk): %w",
+		ErrSpillDir, dir, cause)
+}
+
+// IsNoSpace reports whether err means the spill filesystem is full.
+func IsNoSpace(err error) bool { return gds.IsNoSpace(err) }

@@ -1,0 +1,231 @@
+package hooks
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/pyfastensor/pyfastensor/gds"
+)
+
+// growStep is the least the spill file grows by, so that a run of small
+// slots does not resize the file on every put. Growth is sparse (ftruncate):
+// disk blocks are only taken when slots are written.
+const growStep = 64 << 20
+
+// noTmpfile makes openSpill act as on a filesystem without O_TMPFILE (tests).
+var noTmpfile = false
+
+// spillFile is the ssd tier: one unlinked file in the spill directory,
+// opened once per engine the picker may choose (all descriptors share the
+// inode), with slots carved out of it by an allocator.
+//
+// Nothing is left behind: with O_TMPFILE the file never has a name; without
+// it (filesystems that refuse O_TMPFILE) it is created under a temporary
+// name and unlinked as soon as every engine has opened it. The inode goes
+// when the last descriptor closes, at close or process exit.
+type spillFile struct {
+	dir    string
+	how    string // "O_TMPFILE" or "unlink-after-open"
+	fsType string
+	anchor int // a plain descriptor that keeps the inode alive
+	files  map[string]gds.File
+	picker Picker
+	slots  allocator
+
+	// growMu orders growth against transfers: transfers hold it shared,
+	// growth exclusively (gds.File forbids Truncate during transfers).
+	growMu sync.RWMutex
+	size   int64
+}
+
+var _ backend = (*spillFile)(nil)
+
+// openSpill creates the spill file in dir. pick chooses the picker once the
+// directory is known to be writable (it may probe the directory).
+func openSpill(dir string, pick func() Picker, opts gds.Options) (_ *spillFile, err error) {
+	st, err := os.Stat(dir)
+	if err != nil {
+		return nil, spillDirError(dir, err)
+	}
+	if !st.IsDir() {
+		return nil, spillDirError(dir, fmt.Errorf("%w: not a directory", gds.ErrInvalid))
+	}
+	s := &spillFile{dir: dir, anchor: -1, files: map[string]gds.File{}}
+	s.fsType, _ = gds.FSType(dir)
+	defer func() {
+		if err != nil {
+			s.close()
+		}
+	}()
+
+	// The anchor: an O_TMPFILE descriptor, or a named temporary file.
+	path, named := "", ""
+	fd, err := unix.Open(dir, unix.O_TMPFILE|unix.O_RDWR|unix.O_CLOEXEC, 0o600)
+	if err == nil && noTmpfile {
+		unix.Close(fd)
+		fd, err = -1, unix.EOPNOTSUPP
+	}
+	switch {
+	case err == nil:
+		s.how, s.anchor = "O_TMPFILE", fd
+		// Every engine reopens the inode through the descriptor's magic
+		// link, which works for O_TMPFILE files (they were not opened with
+		// O_EXCL).
+		path = fmt.Sprintf("/proc/self/fd/%d", fd)
+	case errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.EISDIR) || errors.Is(err, unix.EINVAL):
+		tmp, terr := os.CreateTemp(dir, ".pyfastensor-spill-*")
+		if terr != nil {
+			return nil, spillDirError(dir, terr)
+		}
+		named = tmp.Name()
+		defer os.Remove(named) // unlinked once every engine has it open
+		tmp.Close()
+		if s.anchor, err = unix.Open(named, unix.O_RDWR|unix.O_CLOEXEC, 0); err != nil {
+			return nil, spillDirError(dir, err)
+		}
+		s.how, path = "unlink-after-open", named
+	default:
+		return nil, spillDirError(dir, err)
+	}
+
+	s.picker = pick()
+	for _, name := range s.picker.Engines() {
+		e, err := gds.New(name, opts)
+		if err != nil {
+			return nil, fmt.Errorf("spill file in %s: %w", dir, err)
+		}
+		f, err := e.Open(path, os.O_RDWR, 0o600)
+		if err != nil {
+			return nil, fmt.Errorf("spill file in %s: %w", dir, err)
+		}
+		s.files[name] = f
+	}
+	return s, nil
+}
+
+// file returns the open file of the engine the picker names, or the first
+// engine's file for a name it does not know.
+func (s *spillFile) file(op Op, n int64) (string, gds.File) {
+	name := s.picker.Pick(op, n)
+	if f, ok := s.files[name]; ok {
+		return name, f
+	}
+	name = s.picker.Engines()[0]
+	return name, s.files[name]
+}
+
+func (s *spillFile) alloc(n int64) (extent, error) {
+	e, end := s.slots.alloc(n)
+	if err := s.grow(end); err != nil {
+		s.slots.release(e)
+		return extent{}, err
+	}
+	return e, nil
+}
+
+// grow makes the file at least end bytes long, by at least growStep or a
+// quarter of its size, so growth is rare. Every engine's file is truncated
+// (not just one) because an engine may cache the length it last saw.
+func (s *spillFile) grow(end int64) error {
+	s.growMu.RLock()
+	ok := end <= s.size
+	s.growMu.RUnlock()
+	if ok {
+		return nil
+	}
+	s.growMu.Lock()
+	defer s.growMu.Unlock()
+	if end <= s.size {
+		return nil
+	}
+	target := roundSlot(max(end, s.size+max(growStep, s.size/4)))
+	for _, f := range s.files {
+		if err := f.Truncate(target); err != nil {
+			// A filesystem may refuse a sparse length past its size;
+			// try exactly what is needed before giving up.
+			if err = f.Truncate(end); err != nil {
+				return fmt.Errorf("spill file in %s: growing to %d bytes: %w", s.dir, end, err)
+			}
+			target = end
+		}
+	}
+	s.size = target
+	return nil
+}
+
+func (s *spillFile) release(e extent) { s.slots.release(e) }
+
+func (s *spillFile) write(e extent, p []byte) (string, error) {
+	return s.transfer(OpWrite, e, p)
+}
+
+func (s *spillFile) read(e extent, p []byte) (string, error) {
+	return s.transfer(OpRead, e, p)
+}
+
+func (s *spillFile) transfer(op Op, e extent, p []byte) (string, error) {
+	if int64(len(p)) > e.size {
+		return "", fmt.Errorf("%w: %d bytes do not fit a slot of %d", gds.ErrInvalid, len(p), e.size)
+	}
+	s.growMu.RLock()
+	defer s.growMu.RUnlock()
+	name, f := s.file(op, int64(len(p)))
+	t := time.Now()
+	var err error
+	if op == OpWrite {
+		_, err = f.WriteAt(p, e.off)
+	} else {
+		_, err = f.ReadAt(p, e.off)
+	}
+	if err != nil {
+		// The engine's error names engine, path (/proc/self/fd/N) and
+		// offset; add the directory, which is what the user chose.
+		return name, fmt.Errorf("spill file in %s: %w", s.dir, err)
+	}
+	s.picker.Observe(op, int64(len(p)), name, time.Since(t))
+	return name, nil
+}
+
+func (s *spillFile) usage() (int64, int64, int64) {
+	used, peak, _ := s.slots.snapshot()
+	s.growMu.RLock()
+	defer s.growMu.RUnlock()
+	return used, peak, s.size
+}
+
+func (s *spillFile) describe() Description {
+	d := Description{Tier: "ssd", Dir: s.dir, Spill: s.how, FSType: s.fsType}
+	if s.picker != nil {
+		d.Engines = s.picker.Engines()
+	}
+	for _, name := range d.Engines {
+		if f := s.files[name]; f != nil && f.Fallback() != "" {
+			d.Fallback = f.Fallback()
+		}
+	}
+	return d
+}
+
+// close closes every descriptor; the unlinked inode and its blocks go with
+// the last one.
+func (s *spillFile) close() error {
+	var errs []error
+	for name, f := range s.files {
+		if err := f.Close(); err != nil {
+			errs = append(errs, err)
+		}
+		delete(s.files, name)
+	}
+	if s.anchor >= 0 {
+		if err := unix.Close(s.anchor); err != nil {
+			errs = append(errs, fmt.Errorf("spill file in %s: close: %w", s.dir, err))
+		}
+		s.anchor = -1
+	}
+	return errors.Join(errs...)
+}

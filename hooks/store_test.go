@@ -1,0 +1,242 @@
+package hooks
+
+import (
+	"bytes"
+	"encoding/binary"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pyfastensor/pyfastensor/gds"
+)
+
+// pattern returns n pseudo-random bytes.
+func pattern(n int, seed uint64) []byte {
+	var key [32]byte
+	binary.LittleEndian.PutUint64(key[:], seed)
+	p := make([]byte, n)
+	_, _ = rand.NewChaCha8(key).Read(p)
+	return p
+}
+
+// tiers opens one store per tier (and per spill engine) for a test.
+func tiers(t *testing.T) map[string]*Store {
+	t.Helper()
+	out := map[string]*Store{}
+	for name, cfg := range map[string]Config{
+		"host":   {Tier: "host"},
+		"posix":  {Tier: "ssd", Dir: t.TempDir(), Engine: "posix"},
+		"direct": {Tier: "ssd", Dir: t.TempDir(), Engine: "direct"},
+		"probed": {Tier: "ssd", Dir: t.TempDir()},
+	} {
+		s, err := Open(cfg)
+		require.NoError(t, err, name)
+		t.Cleanup(func() { _ = s.Close() })
+		out[name] = s
+	}
+	return out
+}
+
+func TestRoundTrip(t *testing.T) {
+	for name, s := range tiers(t) {
+		t.Run(name, func(t *testing.T) {
+			for i, n := range []int{0, 1, 4095, 4096, 4097, 1<<20 + 3} {
+				want := pattern(n, uint64(i))
+				id, err := s.Put(want)
+				require.NoError(t, err)
+				require.NoError(t, s.Wait(id))
+				for range 2 { // a slot stays readable after Get
+					got := make([]byte, n)
+					require.NoError(t, s.Get(id, got))
+					require.True(t, bytes.Equal(want, got), "size %d", n)
+				}
+				require.NoError(t, s.Free(id))
+				assert.ErrorIs(t, s.Get(id, make([]byte, n)), ErrUnknownSlot)
+				assert.ErrorIs(t, s.Free(id), gds.ErrInvalid)
+			}
+			st := s.Stats()
+			assert.Zero(t, st.LiveSlots)
+			assert.Zero(t, st.StoredBytes)
+			assert.EqualValues(t, 6, st.Puts)
+		})
+	}
+}
+
+func TestConcurrentPutsAndGets(t *testing.T) {
+	for name, s := range tiers(t) {
+		t.Run(name, func(t *testing.T) {
+			var wg sync.WaitGroup
+			for g := range 8 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					r := rand.New(rand.NewPCG(uint64(g), 7))
+					var ids []SlotID
+					var data [][]byte
+					for i := range 20 {
+						p := pattern(1+r.IntN(200<<10), uint64(g*100+i))
+						id, err := s.Put(p)
+						if !assert.NoError(t, err) {
+							return
+						}
+						ids, data = append(ids, id), append(data, p)
+						if i%3 == 0 {
+							assert.NoError(t, s.Prefetch(id, nil))
+						}
+					}
+					for i, id := range ids {
+						got := make([]byte, len(data[i]))
+						assert.NoError(t, s.Get(id, got))
+						assert.True(t, bytes.Equal(data[i], got))
+						assert.NoError(t, s.Free(id))
+					}
+				}()
+			}
+			wg.Wait()
+			assert.Zero(t, s.Stats().LiveSlots)
+		})
+	}
+}
+
+func TestFreeListReuse(t *testing.T) {
+	s, err := Open(Config{Dir: t.TempDir(), Engine: "posix"})
+	require.NoError(t, err)
+	defer s.Close()
+	a, _ := s.Put(pattern(8192, 1))
+	b, _ := s.Put(pattern(4096, 2))
+	require.NoError(t, s.Wait(a))
+	offA := s.slots[a].ext.off
+	require.NoError(t, s.Free(a))
+	c, _ := s.Put(pattern(5000, 3))
+	require.NoError(t, s.Wait(c))
+	assert.Equal(t, offA, s.slots[c].ext.off, "a freed slot's extent is reused")
+	got := make([]byte, 4096)
+	require.NoError(t, s.Get(b, got))
+	assert.Equal(t, pattern(4096, 2), got, "reuse does not disturb neighbours")
+	assert.EqualValues(t, 12288, s.Stats().PeakStoredBytes)
+}
+
+func TestPrefetchIntoCallerBuffer(t *testing.T) {
+	for name, s := range tiers(t) {
+		t.Run(name, func(t *testing.T) {
+			want := pattern(300<<10, 5)
+			id, err := s.Put(want)
+			require.NoError(t, err)
+			dst := make([]byte, len(want))
+			require.NoError(t, s.Prefetch(id, dst)) // may start before the write ends
+			require.NoError(t, s.Prefetch(id, dst), "a second prefetch is a no-op")
+			require.NoError(t, s.Get(id, dst))
+			assert.Equal(t, want, dst)
+			st := s.Stats()
+			assert.EqualValues(t, 1, st.PrefetchHits)
+			assert.EqualValues(t, 1, st.Prefetches)
+			assert.Zero(t, st.PrefetchBytes)
+			assert.EqualValues(t, len(want), st.PeakPrefetchBytes)
+			assert.ErrorIs(t, s.Prefetch(id, make([]byte, 3)), gds.ErrInvalid)
+			// Freed with a prefetch still pending: Free waits for it.
+			require.NoError(t, s.Prefetch(id, nil))
+			require.NoError(t, s.Free(id))
+		})
+	}
+}
+
+func TestPollAndCompleted(t *testing.T) {
+	s, err := Open(Config{Tier: "host"})
+	require.NoError(t, err)
+	defer s.Close()
+	id, err := s.Put(pattern(10, 1))
+	require.NoError(t, err)
+	require.NoError(t, s.Wait(id))
+	done, err := s.Poll(id)
+	assert.True(t, done)
+	assert.NoError(t, err)
+	assert.Equal(t, []SlotID{id}, s.Completed(10))
+	assert.Empty(t, s.Completed(10))
+	info, err := s.Info(id)
+	require.NoError(t, err)
+	assert.True(t, info.Written)
+	assert.Equal(t, "memory", info.WriteEngine)
+}
+
+func TestCloseFreesEverything(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(Config{Dir: dir})
+	require.NoError(t, err)
+	for i := range 10 {
+		_, err := s.Put(pattern(64<<10, uint64(i))) // never waited for nor freed
+		require.NoError(t, err)
+	}
+	require.NoError(t, s.Close())
+	assert.ErrorIs(t, s.Close(), ErrClosed)
+	_, err = s.Put([]byte{1})
+	assert.ErrorIs(t, err, ErrClosed)
+	assert.ErrorIs(t, s.Wait(1), ErrClosed)
+	assert.Empty(t, spillFDs(t, dir))
+}
+
+// spillFDs lists this process's descriptors open on files in dir.
+func spillFDs(t *testing.T, dir string) []string {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	require.NoError(t, err)
+	var out []string
+	for _, e := range ents {
+		target, err := os.Readlink(filepath.Join("/proc/self/fd", e.Name()))
+		if err == nil && strings.HasPrefix(target, dir+"/") {
+			out = append(out, target)
+		}
+	}
+	return out
+}
+
+func TestSpillFileIsInvisibleAndClosed(t *testing.T) {
+	for _, how := range []string{"O_TMPFILE", "unlink-after-open"} {
+		t.Run(how, func(t *testing.T) {
+			noTmpfile = how != "O_TMPFILE"
+			defer func() { noTmpfile = false }()
+			dir := t.TempDir()
+			s, err := Open(Config{Dir: dir})
+			require.NoError(t, err)
+			assert.Equal(t, how, s.Describe().Spill)
+			id, err := s.Put(pattern(1<<20, 1))
+			require.NoError(t, err)
+			require.NoError(t, s.Wait(id))
+
+			ents, err := os.ReadDir(dir)
+			require.NoError(t, err)
+			assert.Empty(t, ents, "the spill file has no name in the directory")
+			fds := spillFDs(t, dir)
+			require.NotEmpty(t, fds)
+			for _, target := range fds {
+				assert.Contains(t, target, "(deleted)")
+			}
+			assert.Greater(t, s.Stats().FileBytes, int64(1<<20))
+
+			require.NoError(t, s.Close())
+			assert.Empty(t, spillFDs(t, dir), "every descriptor is closed")
+		})
+	}
+}
+
+func TestBadSpillDirectory(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "nope")
+	_, err := Open(Config{Dir: missing})
+	require.ErrorIs(t, err, ErrSpillDir)
+	assert.ErrorIs(t, err, os.ErrNotExist)
+	assert.Contains(t, err.Error(), missing)
+
+	file := filepath.Join(t.TempDir(), "file")
+	require.NoError(t, os.WriteFile(file, nil, 0o600))
+	_, err = Open(Config{Dir: file})
+	require.ErrorIs(t, err, ErrSpillDir)
+	assert.Contains(t, err.Error(), "not a directory")
+
+	_, err = Open(Config{Tier: "disk"})
+	assert.ErrorIs(t, err, gds.ErrInvalid)
+}
