@@ -72,8 +72,6 @@ func classify(err error) error {
 	switch errno {
 	case syscall.ENOSPC, syscall.EDQUOT:
 		return &namedErr{ErrNoSpace, err}
-	case syscall.EBADF:
-		return &namedErr{ErrClosed, err}
 	}
 	return err
 }

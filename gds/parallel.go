@@ -10,9 +10,11 @@ import (
 // the transfer and returns how many it moved. A transfer smaller than two
 // pieces runs on the caller's goroutine.
 //
-// It returns the number of bytes moved by all pieces and the error of the
-// lowest-addressed piece that failed. After an error, pieces not yet started
-// are skipped.
+// It returns n, nil when every piece succeeded; otherwise the error of the
+// lowest-addressed piece that failed and the count of bytes moved without a
+// gap from the start (every piece below the failed one completed, since
+// pieces are claimed in order). After an error, pieces not yet started are
+// skipped.
 func splitRun(n int, taskSize int64, threads int, piece func(lo, hi int) (int, error)) (int, error) {
 	if int64(n) < 2*taskSize || threads <= 1 {
 		return piece(0, n)
@@ -23,10 +25,10 @@ func splitRun(n int, taskSize int64, threads int, piece func(lo, hi int) (int, e
 
 	var (
 		next    atomic.Int64
-		done    atomic.Int64
 		failed  atomic.Bool
 		mu      sync.Mutex
 		errAt   = n
+		errDone int
 		firstEr error
 		wg      sync.WaitGroup
 	)
@@ -42,12 +44,11 @@ func splitRun(n int, taskSize int64, threads int, piece func(lo, hi int) (int, e
 				lo := i * ts
 				hi := min(lo+ts, n)
 				k, err := piece(lo, hi)
-				done.Add(int64(k))
 				if err != nil {
 					failed.Store(true)
 					mu.Lock()
 					if lo < errAt {
-						errAt, firstEr = lo, err
+						errAt, errDone, firstEr = lo, k, err
 					}
 					mu.Unlock()
 				}
@@ -55,5 +56,8 @@ func splitRun(n int, taskSize int64, threads int, piece func(lo, hi int) (int, e
 		}()
 	}
 	wg.Wait()
-	return int(done.Load()), firstEr
+	if firstEr != nil {
+		return errAt + errDone, firstEr
+	}
+	return n, nil
 }
