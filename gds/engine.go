@@ -64,8 +64,9 @@ type File interface {
 // Options tune how an engine splits and issues transfers. The zero value
 // means the defaults.
 type Options struct {
-	// Threads is the number of goroutines one transfer is split across.
-	// Default: the number of CPUs, at least 2.
+	// Threads is the number of goroutines one transfer is split across
+	// (for uring: the number of rings per file, each used by one transfer
+	// at a time). Default: the number of CPUs, at least 2.
 	Threads int
 	// TaskSize is the size in bytes of one piece of a split transfer.
 	// Default: 8 MiB. Transfers smaller than two tasks run on the caller's
