@@ -1,0 +1,239 @@
+package checkpoint
+
+import (
+	"archive/zip"
+	"bytes"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func randBytes(n int, seed uint64) []byte {
+	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(r.Uint32())
+	}
+	return b
+}
+
+// sampleRecords mixes what a checkpoint holds: small metadata, empty
+// records, records under and over the extent and piece sizes, sizes that
+// are not multiples of any block.
+func sampleRecords() []Record {
+	sizes := []int{0, 1, 4095, 4096, 70001, extentMin, extentMin + 13, pieceSize + 4097, 2*pieceSize + 1}
+	recs := []Record{{Name: "archive/data.pkl", Data: []byte("pickle bytes")}}
+	for i, n := range sizes {
+		recs = append(recs, Record{Name: fmt.Sprintf("archive/data/%d", i), Data: randBytes(n, uint64(i)), Align: DataAlign})
+	}
+	return append(recs, Record{Name: "archive/version", Data: []byte("3\n")})
+}
+
+func TestCRCCombine(t *testing.T) {
+	a, b := randBytes(1000, 1), randBytes(777, 2)
+	whole := crc32.ChecksumIEEE(append(append([]byte{}, a...), b...))
+	assert.Equal(t, whole, crcCombine(crcOf(a), crcOf(b), int64(len(b))))
+	assert.Equal(t, crcOf(a), crcCombine(crcOf(a), 0, 0))
+}
+
+func TestLayoutAlignsData(t *testing.T) {
+	l := plan(sampleRecords())
+	for _, p := range l.recs {
+		align := p.Align
+		if align == 0 {
+			align = MetaAlign
+		}
+		assert.Zero(t, p.dataOff%align, p.Name)
+		assert.Equal(t, p.dataOff, p.hdrOff+int64(len(localHeader(p.Name, p.hdrOff, p.size(), p.pad))), p.Name)
+	}
+}
+
+func saveRoundTrip(t *testing.T, chooser Chooser) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "ck.pt")
+	recs := sampleRecords()
+	st, err := Save(path, recs, WriteOptions{Chooser: chooser})
+	require.NoError(t, err)
+	assert.Equal(t, st.FileBytes, fileSize(t, path))
+
+	// The standard library's zip reader agrees, CRCs included.
+	zr, err := zip.OpenReader(path)
+	require.NoError(t, err)
+	defer zr.Close()
+	require.Len(t, zr.File, len(recs))
+	for i, f := range zr.File {
+		assert.Equal(t, recs[i].Name, f.Name)
+		rc, err := f.Open()
+		require.NoError(t, err)
+		got, err := io.ReadAll(rc)
+		require.NoError(t, err, f.Name)
+		assert.True(t, bytes.Equal(recs[i].Data, got), f.Name)
+	}
+
+	a, err := OpenArchive(path)
+	require.NoError(t, err)
+	assert.True(t, a.Ours)
+	reqs := make([]ReadRequest, len(a.Entries))
+	for i, e := range a.Entries {
+		assert.Equal(t, recs[i].Name, e.Name)
+		if recs[i].Align == DataAlign {
+			assert.Zero(t, e.DataOff%DataAlign, e.Name)
+		}
+		reqs[i] = ReadRequest{Index: i, Dst: make([]byte, e.Size)}
+	}
+	_, err = a.Read(reqs, ReadOptions{Chooser: chooser})
+	require.NoError(t, err)
+	for i := range reqs {
+		assert.True(t, bytes.Equal(recs[i].Data, reqs[i].Dst), recs[i].Name)
+	}
+	left, _ := filepath.Glob(filepath.Join(dir, ".*"))
+	assert.Empty(t, left, "temporary files left behind")
+}
+
+func TestRoundTripPosix(t *testing.T)  { saveRoundTrip(t, FixedChooser("posix")) }
+func TestRoundTripDirect(t *testing.T) { saveRoundTrip(t, &ThresholdChooser{Direct: true, Threshold: 1}) }
+func TestRoundTripDefault(t *testing.T) {
+	saveRoundTrip(t, nil)
+}
+
+func fileSize(t *testing.T, path string) int64 {
+	st, err := os.Stat(path)
+	require.NoError(t, err)
+	return st.Size()
+}
+
+func savedSample(t *testing.T) (string, *Archive) {
+	return saved(t, sampleRecords())
+}
+
+func saved(t *testing.T, recs []Record) (string, *Archive) {
+	path := filepath.Join(t.TempDir(), "ck.pt")
+	_, err := Save(path, recs, WriteOptions{NotDurable: true})
+	require.NoError(t, err)
+	a, err := OpenArchive(path)
+	require.NoError(t, err)
+	return path, a
+}
+
+func flip(t *testing.T, path string, off int64) {
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	require.NoError(t, err)
+	defer f.Close()
+	b := []byte{0}
+	_, err = f.ReadAt(b, off)
+	require.NoError(t, err)
+	b[0] ^= 0x20
+	_, err = f.WriteAt(b, off)
+	require.NoError(t, err)
+}
+
+func readAll(a *Archive) error {
+	reqs := make([]ReadRequest, len(a.Entries))
+	for i, e := range a.Entries {
+		reqs[i] = ReadRequest{Index: i, Dst: make([]byte, e.Size)}
+	}
+	_, err := a.Read(reqs, ReadOptions{})
+	return err
+}
+
+func TestFlippedDataByte(t *testing.T) {
+	path, a := savedSample(t)
+	e := a.Entries[5]
+	flip(t, path, e.DataOff+e.Size/2)
+	err := readAll(a)
+	require.ErrorIs(t, err, ErrCorrupt)
+	assert.Contains(t, err.Error(), path)
+	assert.Contains(t, err.Error(), e.Name)
+
+	a.Entries[5].CRC = crcOf(nil) // verification off reads it anyway
+	reqs := []ReadRequest{{Index: 5, Dst: make([]byte, e.Size)}}
+	_, err = a.Read(reqs, ReadOptions{NoVerify: true})
+	require.NoError(t, err)
+}
+
+func TestFlippedCentralDirectoryByte(t *testing.T) {
+	path, a := saved(t, sampleRecords()[:6])
+	last := a.Entries[len(a.Entries)-1]
+	cdOff := last.DataOff + last.Size + 16
+	size := fileSize(t, path)
+	for off := cdOff; off < size; off++ {
+		p2 := filepath.Join(t.TempDir(), "c.pt")
+		copyFile(t, path, p2)
+		flip(t, p2, off)
+		_, err := OpenArchive(p2)
+		require.ErrorIs(t, err, ErrCorrupt, "flip at %d of %d", off, size)
+		assert.Contains(t, err.Error(), p2)
+	}
+	// A flip in an entry's CRC field names that entry.
+	p2 := filepath.Join(t.TempDir(), "c.pt")
+	copyFile(t, path, p2)
+	flip(t, p2, cdOff+16)
+	_, err := OpenArchive(p2)
+	require.ErrorIs(t, err, ErrCorrupt)
+	assert.Contains(t, err.Error(), `"archive/data.pkl"`)
+}
+
+func copyFile(t *testing.T, from, to string) {
+	b, err := os.ReadFile(from)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(to, b, 0o644))
+}
+
+func TestTruncatedNamesRecord(t *testing.T) {
+	path, a := savedSample(t)
+	e := a.Entries[7]
+	require.NoError(t, os.Truncate(path, e.DataOff+e.Size/3))
+	_, err := OpenArchive(path)
+	require.ErrorIs(t, err, ErrCorrupt)
+	assert.Contains(t, err.Error(), e.Name)
+	assert.Contains(t, err.Error(), "truncated")
+}
+
+func TestStaleTempFilesOfDeadProcessesAreRemoved(t *testing.T) {
+	dir := t.TempDir()
+	target := filepath.Join(dir, "ck.pt")
+	cmd := exec.Command("true")
+	require.NoError(t, cmd.Run())
+	dead := cmd.Process.Pid
+	stale := filepath.Join(dir, fmt.Sprintf("%s%d-abc", tempPrefix(target), dead))
+	mine := filepath.Join(dir, fmt.Sprintf("%s%d-abc", tempPrefix(target), os.Getpid()))
+	other := filepath.Join(dir, fmt.Sprintf(".other.pt%s%d-abc", tempMarker, dead))
+	for _, p := range []string{stale, mine, other} {
+		require.NoError(t, os.WriteFile(p, nil, 0o644))
+	}
+	_, err := Save(target, sampleRecords()[:2], WriteOptions{NotDurable: true})
+	require.NoError(t, err)
+	assert.NoFileExists(t, stale)
+	assert.FileExists(t, mine)
+	assert.FileExists(t, other)
+	assert.True(t, IsTempName(filepath.Base(stale)))
+}
+
+func TestSaveErrorsLeaveTargetAlone(t *testing.T) {
+	dir := t.TempDir()
+	target := filepath.Join(dir, "ck.pt")
+	require.NoError(t, os.WriteFile(target, []byte("old"), 0o644))
+	_, err := Save(target, []Record{{Name: "a"}, {Name: "a"}}, WriteOptions{})
+	require.Error(t, err)
+	got, _ := os.ReadFile(target)
+	assert.Equal(t, "old", string(got))
+
+	_, err = Save(filepath.Join(dir, "missing", "ck.pt"), sampleRecords()[:1], WriteOptions{})
+	require.ErrorIs(t, err, os.ErrNotExist)
+}
+
+func TestNotAZip(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "x")
+	require.NoError(t, os.WriteFile(path, []byte("hello, not a zip at all"), 0o644))
+	_, err := OpenArchive(path)
+	require.True(t, errors.Is(err, ErrCorrupt), "%v", err)
+}

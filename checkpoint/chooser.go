@@ -1,0 +1,87 @@
+package checkpoint
+
+import (
+	"sync"
+	"time"
+
+	"github.com/pyfastensor/pyfastensor/gds"
+)
+
+// Op is the direction of a transfer, for engine choice.
+type Op int
+
+const (
+	OpWrite Op = iota
+	OpRead
+)
+
+func (o Op) String() string {
+	if o == OpRead {
+		return "read"
+	}
+	return "write"
+}
+
+// Chooser picks the engine for each record's transfer and learns from the
+// time it took. The adaptive dictionaries (write, read, write+read, keyed by
+// size bucket) implement it; until then ThresholdChooser does.
+//
+// Implementations must be safe for concurrent use: Observe is called from
+// the goroutines that move records.
+type Chooser interface {
+	// Engine names the gds engine for a transfer of size bytes.
+	Engine(op Op, size int64) string
+	// Observe reports that a transfer of size bytes took d with engine.
+	Observe(op Op, size int64, engine string, d time.Duration)
+}
+
+// DefaultDirectThreshold is the record size from which ThresholdChooser
+// uses O_DIRECT. Below it the page cache's copy costs less than a direct
+// transfer's fixed latency and its read-modify-write of edge blocks.
+const DefaultDirectThreshold = 4 << 20
+
+// ThresholdChooser uses the direct engine for records of at least Threshold
+// bytes when Direct is set, and posix for everything else. It ignores
+// observations.
+type ThresholdChooser struct {
+	Direct    bool
+	Threshold int64
+}
+
+var _ Chooser = (*ThresholdChooser)(nil)
+
+// Engine implements Chooser.
+func (c *ThresholdChooser) Engine(_ Op, size int64) string {
+	if c.Direct && size >= c.Threshold {
+		return "direct"
+	}
+	return "posix"
+}
+
+// Observe implements Chooser; a threshold does not learn.
+func (c *ThresholdChooser) Observe(Op, int64, string, time.Duration) {}
+
+// FixedChooser uses one engine for every size: the paper's "specific tool"
+// mode.
+type FixedChooser string
+
+// Engine implements Chooser.
+func (c FixedChooser) Engine(Op, int64) string { return string(c) }
+
+// Observe implements Chooser.
+func (c FixedChooser) Observe(Op, int64, string, time.Duration) {}
+
+// directOK caches, per directory, whether the probe found O_DIRECT working.
+var directOK sync.Map // dir -> bool
+
+// DefaultChooser returns the chooser for files in dir: direct for large
+// records when the probe says O_DIRECT works there (decided once per
+// directory per process), posix otherwise.
+func DefaultChooser(dir string) Chooser {
+	ok, found := directOK.Load(dir)
+	if !found {
+		ok = gds.ProbeDir(dir).Direct
+		directOK.Store(dir, ok)
+	}
+	return &ThresholdChooser{Direct: ok.(bool), Threshold: DefaultDirectThreshold}
+}

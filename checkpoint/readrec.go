@@ -1,0 +1,164 @@
+package checkpoint
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/pyfastensor/pyfastensor/gds"
+)
+
+// ReadRequest asks for one record's bytes in Dst, whose length must be the
+// record's size.
+type ReadRequest struct {
+	Index int // into Archive.Entries
+	Dst   []byte
+}
+
+// ReadOptions tune Archive.Read. The zero value verifies CRC-32s and uses
+// the default chooser.
+type ReadOptions struct {
+	// NoVerify skips the CRC-32 check.
+	NoVerify bool
+	// Chooser picks each record's engine; nil means DefaultChooser of the
+	// file's directory.
+	Chooser  Chooser
+	Engine   gds.Options
+	Workers  int
+	Progress *atomic.Int64
+}
+
+// Read fills each request's Dst with its record's bytes, in parallel, and
+// checks each record's CRC-32 against the central directory's. Dst is used
+// only during the call. A mismatch gives an error wrapping ErrCorrupt that
+// names the file and the record.
+func (a *Archive) Read(reqs []ReadRequest, o ReadOptions) (st Stats, err error) {
+	start := time.Now()
+	if o.Chooser == nil {
+		abs, aerr := filepath.Abs(a.Path)
+		if aerr != nil {
+			return st, aerr
+		}
+		o.Chooser = DefaultChooser(filepath.Dir(abs))
+	}
+	if o.Workers <= 0 {
+		o.Workers = DefaultWorkers
+	}
+	var tasks []piece
+	crcs := make([]*pieceCRCs, len(reqs))
+	engines := make([]string, len(reqs))
+	for i, r := range reqs {
+		if r.Index < 0 || r.Index >= len(a.Entries) {
+			return st, fmt.Errorf("%w: record index %d out of range (%d records)", gds.ErrInvalid, r.Index, len(a.Entries))
+		}
+		e := &a.Entries[r.Index]
+		if int64(len(r.Dst)) != e.Size {
+			return st, fmt.Errorf("%w: record %q has %d bytes, destination %d", gds.ErrInvalid, e.Name, e.Size, len(r.Dst))
+		}
+		if e.Method != 0 {
+			return st, fmt.Errorf("%w: record %q is compressed (method %d)", gds.ErrUnsupported, e.Name, e.Method)
+		}
+		ps := splitPieces(i, e.Size)
+		crcs[i] = newPieceCRCs(len(ps))
+		engines[i] = o.Chooser.Engine(OpRead, e.Size)
+		tasks = append(tasks, ps...)
+		st.DataBytes += e.Size
+	}
+	rd := &reader{a: a, o: o, files: map[string]gds.File{}, engines: map[string]int64{}}
+	defer func() {
+		if cerr := rd.close(); err == nil && cerr != nil {
+			err = cerr
+		}
+	}()
+	err = runTasks(len(tasks), o.Workers, func(t int) error {
+		pc := tasks[t]
+		e := &a.Entries[reqs[pc.rec].Index]
+		p := reqs[pc.rec].Dst[pc.lo:pc.hi]
+		f, err := rd.file(engines[pc.rec])
+		if err != nil {
+			return fmt.Errorf("checkpoint: read %s record %q: %w", a.Path, e.Name, err)
+		}
+		if _, err := f.ReadAt(p, e.DataOff+pc.lo); err != nil {
+			if errors.Is(err, gds.ErrEOF) {
+				return corrupt(a.Path, e.Name, e.DataOff+pc.lo, "file ends inside the record's data (%v)", err)
+			}
+			return fmt.Errorf("checkpoint: read %s record %q: %w", a.Path, e.Name, err)
+		}
+		if !o.NoVerify {
+			crcs[pc.rec].set(pc.index, crcOf(p), int64(len(p)))
+		}
+		rd.count(f.Engine(), int64(len(p)))
+		return nil
+	})
+	if err != nil {
+		return st, err
+	}
+	if !o.NoVerify {
+		for i, r := range reqs {
+			e := &a.Entries[r.Index]
+			if got := crcs[i].total(); got != e.CRC {
+				return st, corrupt(a.Path, e.Name, e.DataOff, "CRC-32 of the data is %08x, the central directory says %08x", got, e.CRC)
+			}
+		}
+	}
+	st.FileBytes, st.Engines, st.Seconds = a.Size, rd.engines, time.Since(start).Seconds()
+	return st, nil
+}
+
+// reader holds the files of one Read, one per engine.
+type reader struct {
+	a       *Archive
+	o       ReadOptions
+	mu      sync.Mutex
+	files   map[string]gds.File
+	engines map[string]int64
+}
+
+func (r *reader) file(engine string) (gds.File, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if f, ok := r.files[engine]; ok {
+		return f, nil
+	}
+	e, err := gds.New(engine, r.o.Engine)
+	if err != nil {
+		return nil, err
+	}
+	f, err := e.Open(r.a.Path, os.O_RDONLY, 0)
+	if err != nil {
+		return nil, err
+	}
+	r.files[engine] = f
+	return f, nil
+}
+
+func (r *reader) count(engine string, n int64) {
+	r.mu.Lock()
+	r.engines[engine] += n
+	r.mu.Unlock()
+	if r.o.Progress != nil {
+		r.o.Progress.Add(n)
+	}
+}
+
+func (r *reader) close() error {
+	var errs []error
+	for _, f := range r.files {
+		errs = append(errs, f.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// Index returns the position of the record called name, or -1.
+func (a *Archive) Index(name string) int {
+	for i := range a.Entries {
+		if a.Entries[i].Name == name {
+			return i
+		}
+	}
+	return -1
+}

@@ -1,0 +1,323 @@
+package checkpoint
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"unicode/utf8"
+)
+
+// Entry is one record of an archive, as the central directory describes it
+// and the local header confirms.
+type Entry struct {
+	Name      string `json:"name"`
+	HeaderOff int64  `json:"header_offset"`
+	DataOff   int64  `json:"offset"`
+	Size      int64  `json:"size"`
+	CRC       uint32 `json:"crc32"`
+	Method    uint16 `json:"method"` // 0: stored; anything else we hand back to torch
+}
+
+// Archive is a parsed, validated zip archive.
+type Archive struct {
+	Path    string  `json:"path"`
+	Size    int64   `json:"file_size"`
+	Entries []Entry `json:"entries"`
+	// Ours is true when the file carries our central directory checksum.
+	Ours bool `json:"ours"`
+}
+
+// OpenArchive reads and validates the central directory of the zip file at
+// path: every entry's fields, its local header (which must agree), its data
+// descriptor (which must agree), and that no two records overlap. A file
+// that fails any check gives an error wrapping ErrCorrupt that names the
+// file and, where known, the record.
+func OpenArchive(path string) (*Archive, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, classify(err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	p := &parser{f: f, path: path, size: st.Size()}
+	a, err := p.parse()
+	if err != nil {
+		return nil, err
+	}
+	return a, nil
+}
+
+type parser struct {
+	f    *os.File
+	path string
+	size int64
+}
+
+// read returns n bytes at off, or a corruption error naming record when
+// the file ends first.
+func (p *parser) read(off, n int64, record, what string) ([]byte, error) {
+	if off < 0 || n < 0 || off+n > p.size {
+		return nil, corrupt(p.path, record, off, "%s (%d bytes) lies past the end of the file (%d bytes)", what, n, p.size)
+	}
+	b := make([]byte, n)
+	if _, err := p.f.ReadAt(b, off); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, corrupt(p.path, record, off, "%s: file ends early", what)
+		}
+		return nil, fmt.Errorf("checkpoint: read %s of %s at %d: %w", what, p.path, off, err)
+	}
+	return b, nil
+}
+
+func (p *parser) parse() (*Archive, error) {
+	eocd, tail, err := p.findEnd()
+	if err != nil {
+		return nil, err
+	}
+	n := int64(le.Uint16(tail[10:]))
+	cdSize := int64(le.Uint32(tail[12:]))
+	cdOff := int64(le.Uint32(tail[16:]))
+	comment := tail[endLen:]
+	cdEnd := eocd // where the central directory must end
+	if loc, err := p.read(eocd-locator64Len, locator64Len, "", "zip64 locator"); err == nil && le.Uint32(loc) == sigLocator64 {
+		e64Off := int64(le.Uint64(loc[8:]))
+		if e64Off < 0 || e64Off+end64Len != eocd-locator64Len {
+			return nil, corrupt(p.path, "", eocd-locator64Len, "zip64 locator points to %d, not to the record before it", e64Off)
+		}
+		e64, err := p.read(e64Off, end64Len, "", "zip64 end record")
+		if err != nil {
+			return nil, err
+		}
+		if le.Uint32(e64) != sigEnd64 {
+			return nil, corrupt(p.path, "", e64Off, "bad zip64 end record signature")
+		}
+		n, cdSize, cdOff = int64(le.Uint64(e64[32:])), int64(le.Uint64(e64[40:])), int64(le.Uint64(e64[48:]))
+		if int64(le.Uint64(e64[24:])) != n {
+			return nil, corrupt(p.path, "", e64Off, "zip64 end record: entry counts disagree")
+		}
+		cdEnd = e64Off
+	}
+	if cdOff < 0 || cdSize < 0 || cdOff+cdSize != cdEnd {
+		return nil, corrupt(p.path, "", cdOff, "central directory (%d bytes at %d) does not end where the end records start (%d)", cdSize, cdOff, cdEnd)
+	}
+	if n < 0 || n*centralLen > cdSize {
+		return nil, corrupt(p.path, "", cdOff, "central directory of %d bytes cannot hold %d entries", cdSize, n)
+	}
+	cd, err := p.read(cdOff, cdSize, "", "central directory")
+	if err != nil {
+		return nil, err
+	}
+	a := &Archive{Path: p.path, Size: p.size}
+	if oursComment(comment) {
+		a.Ours = true
+		sum := comment[len(cdCommentPrefix):]
+		all, err := p.read(cdOff, eocd+endLen-cdOff, "", "central directory")
+		if err != nil {
+			return nil, err
+		}
+		if string(comment[:len(cdCommentPrefix)]) != cdCommentPrefix || string(sum) != fmt.Sprintf("%08x", crcOf(all)) {
+			// Find the entry that differs, if the field-by-field checks
+			// below can; else report the directory as a whole.
+			if _, err := p.entries(cd, cdOff, n, true); err != nil {
+				return nil, err
+			}
+			return nil, corrupt(p.path, "", cdOff, "central directory checksum mismatch (stored %q)", sum)
+		}
+	}
+	a.Entries, err = p.entries(cd, cdOff, n, a.Ours)
+	if err != nil {
+		return nil, err
+	}
+	return a, nil
+}
+
+// oursComment reports whether an end record's comment is the one our
+// writer puts there: the right length and the prefix, give or take two
+// damaged bytes (so a flip inside the prefix is caught as corruption rather
+// than taken for a foreign comment).
+func oursComment(c []byte) bool {
+	if len(c) != cdCommentLen {
+		return false
+	}
+	diff := 0
+	for i := range len(cdCommentPrefix) {
+		if c[i] != cdCommentPrefix[i] {
+			diff++
+		}
+	}
+	return diff <= 2
+}
+
+// findEnd locates the end record: the last "PK\5\6" whose comment length
+// reaches exactly the end of the file. It returns its offset and the bytes
+// from it to the end of the file.
+func (p *parser) findEnd() (int64, []byte, error) {
+	span := min(p.size, endLen+max16)
+	tail, err := p.read(p.size-span, span, "", "end of file")
+	if err != nil {
+		return 0, nil, err
+	}
+	for i := len(tail) - endLen; i >= 0; i-- {
+		if le.Uint32(tail[i:]) == sigEnd && i+endLen+int(le.Uint16(tail[i+20:])) == len(tail) {
+			return p.size - span + int64(i), tail[i:], nil
+		}
+	}
+	return 0, nil, p.truncated()
+}
+
+// entries parses n central directory entries and checks each against its
+// local header and data descriptor. strict adds the checks of fields our
+// writer always leaves zero.
+func (p *parser) entries(cd []byte, cdOff int64, n int64, strict bool) ([]Entry, error) {
+	out := make([]Entry, 0, n)
+	seen := make(map[string]bool, n)
+	pos := 0
+	var prevEnd int64
+	for i := int64(0); i < n; i++ {
+		at := cdOff + int64(pos)
+		if len(cd)-pos < centralLen || le.Uint32(cd[pos:]) != sigCentral {
+			return nil, corrupt(p.path, "", at, "central directory entry %d: bad signature", i)
+		}
+		h := cd[pos : pos+centralLen]
+		nameLen, extraLen, commentLen := int(le.Uint16(h[28:])), int(le.Uint16(h[30:])), int(le.Uint16(h[32:]))
+		if pos+centralLen+nameLen+extraLen+commentLen > len(cd) {
+			return nil, corrupt(p.path, "", at, "central directory entry %d runs past the directory", i)
+		}
+		name := string(cd[pos+centralLen : pos+centralLen+nameLen])
+		extra := cd[pos+centralLen+nameLen : pos+centralLen+nameLen+extraLen]
+		pos += centralLen + nameLen + extraLen + commentLen
+		if !utf8.ValidString(name) || name == "" {
+			return nil, corrupt(p.path, "", at, "central directory entry %d: bad name %q", i, name)
+		}
+		if seen[name] {
+			return nil, corrupt(p.path, name, at, "record appears twice in the central directory")
+		}
+		seen[name] = true
+		e := Entry{Name: name, Method: le.Uint16(h[10:]), CRC: le.Uint32(h[16:])}
+		csize, usize, hoff := int64(le.Uint32(h[20:])), int64(le.Uint32(h[24:])), int64(le.Uint32(h[42:]))
+		var err error
+		if usize, csize, hoff, err = zip64Fields(extra, usize, csize, hoff); err != nil {
+			return nil, corrupt(p.path, name, at, "%v", err)
+		}
+		if e.Method == 0 && csize != usize {
+			return nil, corrupt(p.path, name, at, "stored record with compressed size %d != size %d", csize, usize)
+		}
+		e.Size, e.HeaderOff = csize, hoff
+		if strict && (le.Uint16(h[4:]) != 0 || le.Uint32(h[10:]) != 0 || le.Uint32(h[34:]) != 0 ||
+			le.Uint32(h[38:]) != 0 || commentLen != 0 || e.Method != 0 || extraLen != zip64ExtraLen(hoff, csize) ||
+			le.Uint16(h[6:]) != versionFor(hoff, csize) || le.Uint16(h[8:]) != flagsFor(csize)) {
+			return nil, corrupt(p.path, name, at, "central directory entry differs from what pyfastensor writes")
+		}
+		if err := p.checkLocal(&e, h, cdOff); err != nil {
+			return nil, err
+		}
+		if e.HeaderOff < prevEnd {
+			return nil, corrupt(p.path, name, e.HeaderOff, "record overlaps the record before it")
+		}
+		prevEnd = e.DataOff + e.Size
+		out = append(out, e)
+	}
+	if pos != len(cd) {
+		return nil, corrupt(p.path, "", cdOff+int64(pos), "%d stray bytes after the last central directory entry", len(cd)-pos)
+	}
+	return out, nil
+}
+
+// zip64Fields replaces 0xFFFFFFFF fields by their zip64 extra values.
+func zip64Fields(extra []byte, usize, csize, hoff int64) (int64, int64, int64, error) {
+	for len(extra) >= 4 {
+		id, n := le.Uint16(extra), int(le.Uint16(extra[2:]))
+		if 4+n > len(extra) {
+			return 0, 0, 0, errors.New("extra field runs past its end")
+		}
+		if id == extraZip64 {
+			d := extra[4 : 4+n]
+			next := func(v *int64) error {
+				if *v != max32 {
+					return nil
+				}
+				if len(d) < 8 {
+					return errors.New("zip64 extra field too short")
+				}
+				*v = int64(le.Uint64(d))
+				d = d[8:]
+				return nil
+			}
+			for _, v := range []*int64{&usize, &csize, &hoff} {
+				if err := next(v); err != nil {
+					return 0, 0, 0, err
+				}
+			}
+		}
+		extra = extra[4+n:]
+	}
+	if usize == max32 || csize == max32 || hoff == max32 || usize < 0 || csize < 0 || hoff < 0 {
+		return 0, 0, 0, errors.New("size or offset needs a zip64 field that is missing")
+	}
+	return usize, csize, hoff, nil
+}
+
+// checkLocal reads e's local header and data descriptor, checks them
+// against the central entry h and sets e.DataOff.
+func (p *parser) checkLocal(e *Entry, h []byte, cdOff int64) error {
+	lh, err := p.read(e.HeaderOff, localHeaderLen, e.Name, "local header")
+	if err != nil {
+		return err
+	}
+	if le.Uint32(lh) != sigLocal {
+		return corrupt(p.path, e.Name, e.HeaderOff, "bad local header signature")
+	}
+	flags := le.Uint16(lh[6:])
+	if flags != le.Uint16(h[8:]) || le.Uint16(lh[8:]) != e.Method || le.Uint32(lh[10:]) != le.Uint32(h[12:]) {
+		return corrupt(p.path, e.Name, e.HeaderOff, "local header disagrees with the central directory (flags, method or time)")
+	}
+	nameLen, extraLen := int64(le.Uint16(lh[26:])), int64(le.Uint16(lh[28:]))
+	name, err := p.read(e.HeaderOff+localHeaderLen, nameLen, e.Name, "local header name")
+	if err != nil {
+		return err
+	}
+	if string(name) != e.Name {
+		return corrupt(p.path, e.Name, e.HeaderOff, "local header names %q", name)
+	}
+	e.DataOff = e.HeaderOff + localHeaderLen + nameLen + extraLen
+	if e.DataOff+e.Size > cdOff {
+		return corrupt(p.path, e.Name, e.DataOff, "data (%d bytes) runs into the central directory at %d", e.Size, cdOff)
+	}
+	if flags&flagDescriptor == 0 {
+		crc, cs, us := le.Uint32(lh[14:]), int64(le.Uint32(lh[18:])), int64(le.Uint32(lh[22:]))
+		if crc != e.CRC || (cs != max32 && cs != e.Size) || (us != max32 && e.Method == 0 && us != e.Size) {
+			return corrupt(p.path, e.Name, e.HeaderOff, "local header CRC or size disagrees with the central directory")
+		}
+		return nil
+	}
+	return p.checkDescriptor(e, cdOff)
+}
+
+// checkDescriptor compares a record's data descriptor (signature optional,
+// 32- or 64-bit sizes) with its central entry.
+func (p *parser) checkDescriptor(e *Entry, cdOff int64) error {
+	off := e.DataOff + e.Size
+	d, err := p.read(off, min(24, cdOff-off), e.Name, "data descriptor")
+	if err != nil {
+		return err
+	}
+	if len(d) >= 4 && le.Uint32(d) == sigDescriptor {
+		d = d[4:]
+	}
+	if len(d) < 12 {
+		return corrupt(p.path, e.Name, off, "data descriptor cut short")
+	}
+	if le.Uint32(d) != e.CRC {
+		return corrupt(p.path, e.Name, off, "CRC-32 in the data descriptor (%08x) differs from the central directory's (%08x)", le.Uint32(d), e.CRC)
+	}
+	s32 := int64(le.Uint32(d[4:])) == e.Size && int64(le.Uint32(d[8:])) == e.Size
+	s64 := len(d) >= 20 && int64(le.Uint64(d[4:])) == e.Size && int64(le.Uint64(d[12:])) == e.Size
+	if !s32 && !s64 {
+		return corrupt(p.path, e.Name, off, "size in the data descriptor differs from the central directory's (%d)", e.Size)
+	}
+	return nil
+}
