@@ -1,0 +1,223 @@
+// See cufile_shim.h. Kept small on purpose: loading, one probe that must
+// survive a misbehaving library, and one-line calls through the pointers.
+#define _GNU_SOURCE
+#include "cufile_shim.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <link.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static void put_err(char *err, size_t errlen, const char *prefix) {
+	const char *e = dlerror();
+	snprintf(err, errlen, "%s%s", prefix, e ? e : "unknown dlerror");
+}
+
+pfcf_lib *pfcf_load(const char *path, char *err, size_t errlen) {
+	dlerror();
+	void *dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+	if (!dl) {
+		put_err(err, errlen, "");
+		return NULL;
+	}
+	// From here on the library stays loaded, even when it turns out not to
+	// be a libcufile: unloading libraries of this kind is not worth the risk.
+	pfcf_lib *l = calloc(1, sizeof *l);
+	if (!l) {
+		snprintf(err, errlen, "out of memory");
+		return NULL;
+	}
+	l->dl = dl;
+	// cufile.h maps cuFileDriverClose to cuFileDriverClose_v2 where the
+	// library has it; older libraries export only the plain name.
+	*(void **)&l->driver_close = dlsym(dl, "cuFileDriverClose_v2");
+	struct {
+		void **slot;
+		const char *name;
+	} syms[] = {
+		{(void **)&l->driver_open, "cuFileDriverOpen"},
+		{(void **)&l->driver_close, "cuFileDriverClose"},
+		{(void **)&l->handle_register, "cuFileHandleRegister"},
+		{(void **)&l->handle_deregister, "cuFileHandleDeregister"},
+		{(void **)&l->buf_register, "cuFileBufRegister"},
+		{(void **)&l->buf_deregister, "cuFileBufDeregister"},
+		{(void **)&l->read, "cuFileRead"},
+		{(void **)&l->write, "cuFileWrite"},
+	};
+	for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
+		if (*syms[i].slot) {
+			continue; // cuFileDriverClose_v2 found above
+		}
+		dlerror();
+		*syms[i].slot = dlsym(dl, syms[i].name);
+		if (!*syms[i].slot) {
+			char prefix[96];
+			snprintf(prefix, sizeof prefix, "missing symbol %s: ", syms[i].name);
+			put_err(err, errlen, prefix);
+			free(l);
+			return NULL;
+		}
+	}
+	return l;
+}
+
+void pfcf_resolved(pfcf_lib *l, char *out, size_t outlen) {
+	struct link_map *lm = NULL;
+	out[0] = 0;
+	if (dlinfo(l->dl, RTLD_DI_LINKMAP, &lm) == 0 && lm && lm->l_name) {
+		snprintf(out, outlen, "%s", lm->l_name);
+	}
+}
+
+int pfcf_need_driver(char *err, size_t errlen) {
+	dlerror();
+	// Kept loaded: libcufile loads the same library when it opens the driver.
+	if (dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL)) {
+		return 1;
+	}
+	put_err(err, errlen, "");
+	return 0;
+}
+
+static long now_ms(void) {
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int reap(pid_t pid) {
+	int ws = 0;
+	while (waitpid(pid, &ws, 0) < 0 && errno == EINTR) {
+	}
+	return ws;
+}
+
+// The child runs only C: it never returns into the Go runtime, whose other
+// threads do not exist in it, and leaves with _exit.
+static void canary_child(pfcf_lib *l, int fd) {
+	static const int crash[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT, SIGSYS, SIGTRAP};
+	sigset_t none;
+	for (size_t i = 0; i < sizeof crash / sizeof crash[0]; i++) {
+		signal(crash[i], SIG_DFL); // a crash kills the child, and says so
+	}
+	sigemptyset(&none);
+	sigprocmask(SIG_SETMASK, &none, NULL);
+	pfcf_status st = l->driver_open();
+	ssize_t n;
+	do {
+		n = write(fd, &st, sizeof st); // first, in case closing hangs
+	} while (n < 0 && errno == EINTR);
+	if (st.err == 0) {
+		l->driver_close();
+	}
+	_exit(0);
+}
+
+int pfcf_canary(pfcf_lib *l, int timeout_ms, pfcf_status *st, int *sig) {
+	int p[2];
+	if (pipe2(p, O_CLOEXEC) != 0) {
+		*sig = errno;
+		return PFCF_CANARY_NOFORK;
+	}
+	pid_t pid = fork();
+	if (pid < 0) {
+		*sig = errno;
+		close(p[0]);
+		close(p[1]);
+		return PFCF_CANARY_NOFORK;
+	}
+	if (pid == 0) {
+		close(p[0]);
+		canary_child(l, p[1]);
+	}
+	close(p[1]);
+
+	long deadline = now_ms() + timeout_ms;
+	int ready = 0;
+	for (;;) {
+		long left = deadline - now_ms();
+		if (left <= 0) {
+			break;
+		}
+		struct pollfd pfd = {.fd = p[0], .events = POLLIN};
+		int r = poll(&pfd, 1, (int)left);
+		if (r > 0) {
+			ready = 1;
+			break;
+		}
+		if (r < 0 && errno != EINTR) {
+			break;
+		}
+	}
+	int outcome = PFCF_CANARY_TIMEOUT;
+	if (ready) {
+		ssize_t n;
+		do {
+			n = read(p[0], st, sizeof *st);
+		} while (n < 0 && errno == EINTR);
+		outcome = n == (ssize_t)sizeof *st ? PFCF_CANARY_RETURNED : PFCF_CANARY_EXIT;
+	}
+	close(p[0]);
+	if (outcome == PFCF_CANARY_EXIT) {
+		// The pipe closed without a status: the child died first.
+		int ws = reap(pid);
+		if (WIFSIGNALED(ws)) {
+			*sig = WTERMSIG(ws);
+			return PFCF_CANARY_SIGNAL;
+		}
+		*sig = WIFEXITED(ws) ? WEXITSTATUS(ws) : 0;
+		return PFCF_CANARY_EXIT;
+	}
+	// Returned or stuck: either way the child has nothing left to do. It
+	// stays a zombie until reaped, so the pid cannot have been reused.
+	kill(pid, SIGKILL);
+	reap(pid);
+	return outcome;
+}
+
+pfcf_status pfcf_driver_open(pfcf_lib *l) { return l->driver_open(); }
+
+pfcf_status pfcf_handle_register(pfcf_lib *l, int fd, uintptr_t *fh) {
+	pfcf_descr d;
+	void *h = NULL;
+	memset(&d, 0, sizeof d);
+	d.type = PFCF_HANDLE_TYPE_OPAQUE_FD;
+	d.handle.fd = fd;
+	pfcf_status st = l->handle_register(&h, &d);
+	*fh = (uintptr_t)h;
+	return st;
+}
+
+void pfcf_handle_deregister(pfcf_lib *l, uintptr_t fh) { l->handle_deregister((void *)fh); }
+
+pfcf_status pfcf_buf_register(pfcf_lib *l, void *base, size_t len) {
+	return l->buf_register(base, len, 0);
+}
+
+pfcf_status pfcf_buf_deregister(pfcf_lib *l, void *base) { return l->buf_deregister(base); }
+
+ssize_t pfcf_read(pfcf_lib *l, uintptr_t fh, void *base, size_t size, off_t file_off, off_t buf_off) {
+	return l->read((void *)fh, base, size, file_off, buf_off);
+}
+
+ssize_t pfcf_write(pfcf_lib *l, uintptr_t fh, void *base, size_t size, off_t file_off, off_t buf_off) {
+	return l->write((void *)fh, base, size, file_off, buf_off);
+}
+
+int pfcf_aux(pfcf_lib *l, const char *name, long a, long b, long c, long *out) {
+	long (*fn)(long, long, long);
+	*(void **)&fn = dlsym(l->dl, name);
+	if (!fn) {
+		return 0;
+	}
+	*out = fn(a, b, c);
+	return 1;
+}
