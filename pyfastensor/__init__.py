@@ -4,6 +4,7 @@ A Go core (loaded on first use, never at import) moves bytes through
 several I/O engines; this package is the thin Python side.
 """
 
+from . import offload  # the package, which is callable: pyfastensor.offload(...)
 from ._version import __version__
 from .errors import (
     CorruptFileError,
@@ -19,6 +20,7 @@ from .errors import (
     UnsupportedError,
 )
 from .info import info
+from .offload import Offload, OffloadSummary
 
 __all__ = [
     "CorruptFileError",
@@ -30,8 +32,11 @@ __all__ = [
     "InvalidArgumentError",
     "NoSpaceError",
     "NotFoundError",
+    "Offload",
+    "OffloadSummary",
     "PermissionDeniedError",
     "UnsupportedError",
     "__version__",
     "info",
+    "offload",
 ]

@@ -1,0 +1,52 @@
+"""Which saved tensors may be offloaded at all."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+# grad_fn names of ReLU outputs (the sparse codec's candidates).
+_RELU = ("ReluBackward", "ThresholdBackward")
+
+
+def storages_of(module: nn.Module | None) -> set[int]:
+    """Addresses of the storages of a module's parameters and buffers."""
+    if module is None:
+        return set()
+    out = set()
+    for t in [*module.parameters(), *module.buffers()]:
+        out.add(t.untyped_storage().data_ptr())
+    return out
+
+
+def _param_like(t: torch.Tensor) -> bool:
+    return isinstance(t, nn.Parameter) or (t.is_leaf and t.requires_grad)
+
+
+def is_parameter(t: torch.Tensor, registered: set[int]) -> bool:
+    """A parameter, a view of one, a leaf that requires grad, or a registered storage."""
+    if _param_like(t):
+        return True
+    base = t._base
+    if base is not None and _param_like(base):
+        return True
+    return bool(registered) and t.untyped_storage().data_ptr() in registered
+
+
+def supported(t: torch.Tensor) -> bool:
+    """A plain strided tensor on CPU or CUDA whose bytes alone describe it."""
+    return (
+        type(t) in (torch.Tensor, nn.Parameter)
+        and t.layout == torch.strided
+        and t.device.type in ("cpu", "cuda")
+        and not t.is_quantized
+        and not t.is_conj()
+        and not t.is_neg()
+        and not t.is_nested
+    )
+
+
+def is_relu_output(t: torch.Tensor) -> bool:
+    """Whether autograd says ``t`` came out of a ReLU."""
+    fn = t.grad_fn
+    return fn is not None and fn.name().startswith(_RELU)

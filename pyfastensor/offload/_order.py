@@ -1,0 +1,45 @@
+"""The unpack order of the profiling step, and prefetching along it.
+
+The first step records the order in which backward unpacks the stored
+entries (by their pack index), without assuming it is the reverse of the
+packing order. Later steps with the same number of stored entries prefetch
+along that order, keeping at most ``window`` bytes prefetched and not yet
+unpacked.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+
+from ._saved import Entry
+
+
+class Prefetcher:
+    """Prefetches along a recorded unpack order within a byte window."""
+
+    def __init__(self, order: list[int], window: int) -> None:
+        self.order = order
+        self.position = {index: p for p, index in enumerate(order)}
+        self.window = window
+        self.cursor = 0
+        self.outstanding: dict[int, int] = {}  # pack index -> bytes prefetched, not yet unpacked
+
+    def unpacked(self, entry: Entry, entries: list[weakref.ref[Entry]],
+                 issue: Callable[[Entry], int]) -> None:
+        """Note that ``entry`` was unpacked and prefetch what follows it."""
+        self.outstanding.pop(entry.index, None)
+        p = self.position.get(entry.index)
+        if p is not None:
+            self.cursor = max(self.cursor, p + 1)
+        while self.cursor < len(self.order):
+            index = self.order[self.cursor]
+            nxt = entries[index]() if index < len(entries) else None
+            if nxt is not None and nxt.enc is not None:
+                need = nxt.payload_nbytes
+                if self.outstanding and sum(self.outstanding.values()) + need > self.window:
+                    return
+                got = issue(nxt)
+                if got:
+                    self.outstanding[index] = got
+            self.cursor += 1

@@ -1,0 +1,201 @@
+"""What pack returns and unpack restores: entries (one per saved storage) and handles.
+
+An :class:`Entry` stands for one storage that autograd saved (deduplicated:
+two saves of the same storage at the same version share one entry). It is
+either *resident* (kept in memory: a scheduling decision) or *stored* in a
+slot of the native store. A :class:`Saved` handle (what pack returns) holds
+its entry and the view to rebuild: shape, strides, storage offset, dtype.
+
+Lifetime: autograd drops a handle when it no longer needs the saved tensor
+(after backward, or when the graph is freed). When the last handle of an
+entry goes, the entry's finalizer frees its slot. The finalizer does not
+refer to the entry (only to the :class:`Held` part, which the store's
+pending map shares), so an entry can die while its write is in flight:
+freeing then waits for the write before the source memory is let go.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any
+
+import torch
+
+from . import codecs
+from ._store import SpillStore
+
+
+class Meter:
+    """Bytes of saved tensors resident in memory because of us, and their peak."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.now = 0
+        self.peak = 0
+
+    def add(self, n: int) -> None:
+        with self._lock:
+            self.now += n
+            self.peak = max(self.peak, self.now)
+
+    def sub(self, n: int) -> None:
+        with self._lock:
+            self.now -= n
+
+    def reset_peak(self) -> None:
+        with self._lock:
+            self.peak = self.now
+
+    def track(self, t: torch.Tensor) -> None:
+        """Count ``t``'s bytes until it is collected."""
+        n = t.untyped_storage().nbytes()
+        self.add(n)
+        weakref.finalize(t, self.sub, n)
+
+
+class Held:
+    """A slot and the memory pinned for it until its write completes.
+
+    ``keep`` is the payload being written (for the raw codec, a byte view of
+    the saved storage itself); it is dropped once the write is done, so the
+    memory can be freed. After a failed write (full disk) it stays: the
+    tensor then simply lives in memory.
+    """
+
+    __slots__ = ("store", "slot", "keep", "failed", "meter", "lock")
+
+    def __init__(self, store: SpillStore, slot: int, keep: torch.Tensor, meter: Meter) -> None:
+        self.store = store
+        self.slot = slot
+        self.keep: torch.Tensor | None = keep
+        self.failed = False
+        self.meter = meter
+        self.lock = threading.Lock()
+        meter.add(keep.numel())
+
+    def written(self) -> None:
+        """The write completed: let the payload go."""
+        with self.lock:
+            keep, self.keep = self.keep, None
+        if keep is not None:
+            self.meter.sub(keep.numel())
+
+    def release(self, pending: dict[int, Held]) -> None:
+        """Free the slot (waiting for its write), then let the payload go."""
+        pending.pop(self.slot, None)
+        try:
+            self.store.free(self.slot)
+        finally:
+            self.written()
+
+
+class Entry:
+    """One saved storage: resident, or stored in a slot (see the module docstring)."""
+
+    __slots__ = ("__weakref__", "device", "enc", "held", "index", "meter", "nbytes", "payload_nbytes", "prefetched",
+                 "relu", "resident", "roots", "seen", "storage_ref")
+
+    def __init__(self, index: int, nbytes: int, device: torch.device, meter: Meter,
+                 storage_ref: Any, relu: bool) -> None:
+        self.index = index
+        self.nbytes = nbytes
+        self.device = device
+        self.meter = meter
+        self.storage_ref = storage_ref  # StorageWeakRef: tells when the address may be reused
+        self.relu = relu
+        self.resident: torch.Tensor | None = None
+        self.enc: codecs.Encoded | None = None  # metadata only: its payload is empty
+        self.payload_nbytes = 0  # bytes in the slot
+        self.held: Held | None = None
+        self.prefetched: torch.Tensor | None = None
+        self.roots: list[weakref.ref[torch.Tensor]] = []  # restored storages still alive
+        self.seen = False  # unpacked at least once in this step
+
+    @property
+    def stored(self) -> bool:
+        return self.held is not None
+
+    def root(self) -> torch.Tensor | None:
+        """A tensor over this entry's bytes that is already in memory, if any."""
+        if self.resident is not None:
+            return self.resident
+        held = self.held
+        if held is not None and held.keep is not None and self.enc is not None and self.enc.codec == "raw":
+            return held.keep
+        for ref in self.roots:
+            t = ref()
+            if t is not None:
+                return t
+        self.roots.clear()
+        return None
+
+    def prefetch(self) -> int:
+        """Start reading the slot into a fresh buffer; return the bytes asked for (0 if none)."""
+        held = self.held
+        if held is None or held.keep is not None or self.prefetched is not None or self.enc is None:
+            return 0
+        if self.root() is not None:
+            return 0
+        buf = torch.empty(self.payload_nbytes, dtype=torch.uint8)
+        self.meter.track(buf)
+        held.store.prefetch(held.slot, buf.data_ptr(), buf.numel())
+        self.prefetched = buf
+        return buf.numel()
+
+    def restore(self) -> torch.Tensor:
+        """The entry's bytes as a 1-D tensor (uint8 or the encoded dtype) in memory."""
+        root = self.root()
+        if root is not None:
+            return root
+        held, enc = self.held, self.enc
+        assert held is not None and enc is not None
+        with held.lock:
+            payload = held.keep
+        if payload is None:
+            payload = self.prefetched
+            self.prefetched = None
+            if payload is None:
+                payload = torch.empty(self.payload_nbytes, dtype=torch.uint8)
+                self.meter.track(payload)
+            held.store.get(held.slot, payload.data_ptr(), payload.numel())
+            if self.device.type != "cpu":  # thin staging path (not run here: no GPU)
+                payload = payload.to(self.device)
+        flat = codecs.decode(codecs.with_payload(enc, payload))
+        root = flat if flat._base is None else flat._base
+        if root is not payload and root is not held.keep:
+            self.meter.track(root)
+        self.roots.append(weakref.ref(root))
+        return root
+
+
+class Saved:
+    """What pack returns: an entry and the view of its storage autograd saved.
+
+    For a resident entry the handle holds the saved tensor itself, and
+    unpack returns it unchanged.
+    """
+
+    __slots__ = ("dtype", "entry", "offset", "size", "stride", "tensor")
+
+    def __init__(self, entry: Entry, t: torch.Tensor) -> None:
+        self.entry = entry
+        self.tensor = t if entry.resident is not None else None
+        self.size = t.size()
+        self.stride = t.stride()
+        self.offset = t.storage_offset()
+        self.dtype = t.dtype
+
+    def view_of(self, root: torch.Tensor) -> torch.Tensor:
+        """Rebuild the saved view (shape, strides, offset, dtype) over ``root``'s storage.
+
+        ``root`` is a 1-D tensor at storage offset 0. The result is a view
+        of it (so it keeps ``root`` alive) whenever the storage holds a whole
+        number of elements of the view's dtype.
+        """
+        nbytes = root.numel() * root.element_size()
+        itemsize = torch.empty(0, dtype=self.dtype).element_size()
+        if root.storage_offset() == 0 and root.dim() == 1 and nbytes % itemsize == 0:
+            return root.view(self.dtype).as_strided(self.size, self.stride, self.offset)
+        out = torch.empty(0, dtype=self.dtype, device=root.device)
+        return out.set_(root.untyped_storage(), self.offset, self.size, self.stride)

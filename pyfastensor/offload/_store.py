@@ -1,0 +1,156 @@
+"""The native spill store (``hooks.Store`` in Go) as a Python object.
+
+One store per :class:`~pyfastensor.offload.Offload` entry: a tier (``"ssd"``:
+one unlinked spill file; ``"host"``: Go memory) holding slots of bytes.
+Writes are asynchronous; reads are synchronous or prefetched.
+
+Lifetime: every live slot keeps a reference to its store, so a store whose
+context has exited stays open until autograd has dropped the last saved
+tensor, and closes (releasing its native handle and its spill file) then.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import threading
+from typing import Any
+
+from .. import _lib, config
+
+_lib.register({
+    "pft_store_open": [_lib.c_char_p, _lib.c_char_p, _lib.c_char_p, _lib.c_int, _lib.c_int, _lib.i64,
+                       ctypes.POINTER(_lib.u64)],
+    "pft_store_put": [_lib.u64, _lib.c_void_p, _lib.size_t, ctypes.POINTER(_lib.u64)],
+    "pft_store_wait": [_lib.u64, _lib.u64],
+    "pft_store_poll": [_lib.u64, _lib.u64, ctypes.POINTER(_lib.c_int)],
+    "pft_store_completed": [_lib.u64, ctypes.POINTER(_lib.u64), _lib.i64, ctypes.POINTER(_lib.i64)],
+    "pft_store_prefetch": [_lib.u64, _lib.u64, _lib.c_void_p, _lib.size_t],
+    "pft_store_get": [_lib.u64, _lib.u64, _lib.c_void_p, _lib.size_t],
+    "pft_store_free": [_lib.u64, _lib.u64],
+    "pft_store_stats": [_lib.u64, ctypes.POINTER(_lib.c_void_p)],
+    "pft_store_describe": [_lib.u64, ctypes.POINTER(_lib.c_void_p)],
+    "pft_store_slot_info": [_lib.u64, _lib.u64, ctypes.POINTER(_lib.c_void_p)],
+    "pft_store_close": [_lib.u64],
+})
+
+_BATCH = 256
+
+
+class SpillStore:
+    """A native slot store.
+
+    Args:
+        tier: ``"ssd"`` or ``"host"``.
+        spill_dir: directory of the spill file (ssd tier).
+        engine: gds engine of the spill file; None lets the store probe the
+            directory (``direct`` when O_DIRECT works, else ``posix``).
+
+    Raises:
+        PermissionDeniedError, NotFoundError, FastensorError: when the spill
+            directory cannot hold the spill file (the message names it).
+    """
+
+    def __init__(self, tier: str, spill_dir: str | None, engine: str | None = None) -> None:
+        self._handle = 0
+        self._lock = threading.Lock()
+        out = _lib.u64()
+        _lib.call(
+            "pft_store_open", tier.encode(), _lib.cstr(spill_dir), _lib.cstr(engine),
+            0, config.threads(), config.task_size(), ctypes.byref(out),
+        )
+        self._handle = out.value
+        self.description: dict[str, Any] = self._json("pft_store_describe")
+        self.last_stats: dict[str, Any] = {}
+
+    @property
+    def closed(self) -> bool:
+        return not self._handle
+
+    def put(self, addr: int, nbytes: int) -> int:
+        """Start writing ``nbytes`` at ``addr`` into a new slot; return its id.
+
+        The caller keeps the memory alive and unchanged until :meth:`poll`
+        or :meth:`wait` reports the write done, or :meth:`free` returns.
+        """
+        slot = _lib.u64()
+        _lib.call("pft_store_put", self._live(), addr, nbytes, ctypes.byref(slot))
+        return slot.value
+
+    def wait(self, slot: int) -> None:
+        """Block until the slot's write is done; raise its error (NoSpaceError...)."""
+        _lib.call("pft_store_wait", self._live(), slot)
+
+    def poll(self, slot: int) -> bool:
+        """Whether the slot's write is done; raises its error if it failed."""
+        done = _lib.c_int()
+        _lib.call("pft_store_poll", self._live(), slot, ctypes.byref(done))
+        return bool(done.value)
+
+    def completed(self) -> list[int]:
+        """Ids of slots whose writes finished since the last call."""
+        out: list[int] = []
+        buf = (_lib.u64 * _BATCH)()
+        n = _lib.i64()
+        while True:
+            _lib.call("pft_store_completed", self._live(), buf, _BATCH, ctypes.byref(n))
+            out.extend(buf[: n.value])
+            if n.value < _BATCH:
+                return out
+
+    def prefetch(self, slot: int, addr: int, nbytes: int) -> None:
+        """Start reading the slot into ``[addr, addr+nbytes)``, kept alive until get/free."""
+        _lib.call("pft_store_prefetch", self._live(), slot, addr, nbytes)
+
+    def get(self, slot: int, addr: int, nbytes: int) -> None:
+        """Fill ``[addr, addr+nbytes)`` with the slot's bytes (waits for a prefetch)."""
+        _lib.call("pft_store_get", self._live(), slot, addr, nbytes)
+
+    def free(self, slot: int) -> None:
+        """Release a slot (waits for its write); a no-op once the store is closed."""
+        with self._lock:
+            if not self._handle:
+                return
+            _lib.call("pft_store_free", self._handle, slot)
+
+    def stats(self) -> dict[str, Any]:
+        """The store's totals (see ``hooks.Stats``); the last ones once closed."""
+        with self._lock:
+            if self._handle:
+                self.last_stats = self._json("pft_store_stats")
+        return self.last_stats
+
+    def slot_info(self, slot: int) -> dict[str, Any]:
+        """What the store measured for a slot: size, write/read times and engines."""
+        ptr = _lib.c_void_p()
+        _lib.call("pft_store_slot_info", self._live(), slot, ctypes.byref(ptr))
+        return json.loads(_lib.take_string(ptr))
+
+    def close(self) -> None:
+        """Wait for transfers in flight, free every slot, drop the spill file."""
+        with self._lock:
+            if self._handle:
+                self.last_stats = self._json("pft_store_stats")
+                h, self._handle = self._handle, 0
+                _lib.call("pft_store_close", h)
+
+    def _json(self, fn: str) -> dict[str, Any]:
+        ptr = _lib.c_void_p()
+        _lib.call(fn, self._handle, ctypes.byref(ptr))
+        return json.loads(_lib.take_string(ptr))
+
+    def _live(self) -> int:
+        if not self._handle:
+            raise RuntimeError(
+                "the offload store is closed: its context exited with an exception, so the saved "
+                "tensors it held were released; run backward inside a context that completed"
+            )
+        return self._handle
+
+    def __del__(self) -> None:
+        if getattr(self, "_handle", 0) and _lib.loaded() and os.getpid() == _lib._loaded_pid:
+            try:
+                self.close()
+            except Exception:
+                pass

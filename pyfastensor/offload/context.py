@@ -1,0 +1,414 @@
+"""``pyfastensor.offload``: saved activations to SSD or host memory during training."""
+
+from __future__ import annotations
+
+import threading
+import time
+import warnings
+import weakref
+from types import TracebackType
+from typing import Any
+
+import torch
+from torch import nn
+from torch.multiprocessing.reductions import StorageWeakRef
+
+from ..errors import NoSpaceError
+from . import codecs
+from ._filter import is_parameter, is_relu_output, storages_of, supported
+from ._order import Prefetcher
+from ._saved import Entry, Held, Meter, Saved
+from ._store import SpillStore
+from .summary import OffloadSummary
+
+TIERS = ("ssd", "host", "auto")
+POLICIES = ("all", "scheduled", "none")
+DICTIONARIES = ("wr", "w", "r")
+CODECS = ("fp16", "sparse")
+_EMPTY = torch.empty(0, dtype=torch.uint8)
+_MEMORY_FS = ("tmpfs", "ramfs")
+
+
+def _compression(value: None | str | tuple[str, ...] | list[str]) -> frozenset[str]:
+    if value is None:
+        return frozenset()
+    items = (value,) if isinstance(value, str) else tuple(value)
+    for c in items:
+        if c not in CODECS:
+            raise ValueError(f"compression {value!r}: expected None, 'fp16', 'sparse' or ('fp16', 'sparse')")
+    return frozenset(items)
+
+
+class Offload:
+    """Offload the tensors autograd saves for backward, over saved-tensor hooks.
+
+    Enter the context around each training step (forward and backward): the
+    tensors autograd saves are written asynchronously to a store (one
+    unlinked spill file, or host memory), dropped from memory once written,
+    and read back when backward needs them, prefetched in the order the
+    first step (the profiling step) unpacked them. The same object is
+    re-entered for every step; :meth:`summary` describes the last one.
+
+    Without lossy compression, gradients are bit-identical to training
+    without offload. Parameters and buffers are never offloaded; the same
+    storage saved twice is written once; views come back with their shape,
+    strides, storage offset and dtype; unpack may run more than once
+    (``retain_graph``, double backward); a slot is freed when autograd drops
+    the saved tensor.
+
+    Args:
+        tier: ``"ssd"`` (spill file in ``spill_dir``), ``"host"`` (memory
+            owned by the native library) or ``"auto"`` (ssd, unless
+            ``spill_dir`` is itself memory: tmpfs). Default ``"ssd"``.
+        spill_dir: directory of the spill file. Default: the system's
+            temporary directory. Checked when the context is entered.
+        budget: bytes of saved tensors that may stay resident. With
+            ``policy="all"`` it bounds prefetching (default: twice the
+            largest offloaded tensor); with ``"scheduled"`` the scheduler
+            keeps tensors resident up to it.
+        min_size: tensors smaller than this many bytes stay in memory.
+            Default 1 MiB.
+        policy: ``"all"`` offloads every eligible tensor; ``"scheduled"``
+            lets the FlashNeuron scheduler choose after the profiling step;
+            ``"none"`` offloads nothing and only measures. Default ``"all"``.
+        compression: None, ``"fp16"`` (lossy, float32 only),
+            ``"sparse"`` (lossless, ReLU outputs) or ``("fp16", "sparse")``.
+        dictionary: the adaptive dictionary picking the spill engine per
+            size: ``"wr"`` (write+read, default), ``"w"`` or ``"r"``.
+        on_full: ``"warn"`` (default): when the spill filesystem is full,
+            keep the tensor in memory and warn once; ``"raise"``: raise
+            :class:`~pyfastensor.NoSpaceError`.
+        module: a module whose parameters and buffers must never be
+            offloaded, recognised by storage (they are also recognised
+            without it as parameters and leaves that require grad).
+        engine: force one spill engine (``"posix"``, ``"direct"``...);
+            default: ``direct`` where O_DIRECT works, else ``posix``.
+
+    Raises:
+        ValueError: for an unknown option value (the message names it).
+        PermissionDeniedError, NotFoundError, FastensorError: on entry,
+            when ``spill_dir`` cannot hold the spill file.
+
+    Example::
+
+        >>> import torch, pyfastensor
+        >>> model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.ReLU())
+        >>> off = pyfastensor.offload(min_size=64 << 10, module=model)
+        >>> for _ in range(2):
+        ...     with off:
+        ...         model(torch.randn(256, 512)).sum().backward()
+        >>> off.summary().offloaded_tensors
+        2
+    """
+
+    def __init__(
+        self,
+        *,
+        tier: str = "ssd",
+        spill_dir: str | None = None,
+        budget: int | None = None,
+        min_size: int = 1 << 20,
+        policy: str = "all",
+        compression: None | str | tuple[str, ...] = None,
+        dictionary: str = "wr",
+        on_full: str = "warn",
+        module: nn.Module | None = None,
+        engine: str | None = None,
+    ) -> None:
+        if tier not in TIERS:
+            raise ValueError(f"tier {tier!r}: expected one of {', '.join(TIERS)}")
+        if policy not in POLICIES:
+            raise ValueError(f"policy {policy!r}: expected one of {', '.join(POLICIES)}")
+        if dictionary not in DICTIONARIES:
+            raise ValueError(f"dictionary {dictionary!r}: expected one of {', '.join(DICTIONARIES)}")
+        if on_full not in ("warn", "raise"):
+            raise ValueError(f"on_full {on_full!r}: expected 'warn' or 'raise'")
+        if budget is not None and budget < 0:
+            raise ValueError(f"budget {budget!r}: expected None or a number of bytes >= 0")
+        if min_size < 0:
+            raise ValueError(f"min_size {min_size!r}: expected a number of bytes >= 0")
+        self.tier, self.spill_dir, self.budget, self.min_size = tier, spill_dir, budget, min_size
+        self.policy, self.dictionary, self.on_full = policy, dictionary, on_full
+        self.compression = _compression(compression)
+        self.module, self.engine = module, engine
+        self.step = 0
+        self._lock = threading.RLock()
+        self._active = False
+        self._warned = False
+        self._store: SpillStore | None = None
+        self._last_store: weakref.ref[SpillStore] | None = None
+        self._meter = Meter()
+        self._order: list[int] | None = None  # unpack order of the profiling step
+        self._order_count = 0  # stored entries in the profiling step
+        self._plan: dict[int, str | None] | None = None  # scheduled policy: index -> codec / None
+        self._summary = OffloadSummary()
+        self._reset_step()
+
+    # -- context -------------------------------------------------------------
+
+    def __enter__(self) -> Offload:
+        if self._active:
+            raise RuntimeError("pyfastensor.offload is not reentrant: exit the context before entering it again")
+        self._learn_from_last_step()
+        self._store = self._open_store()
+        self._reset_step()
+        self._registered = storages_of(self.module)
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        self._hooks.__enter__()
+        self._active = True
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self._hooks.__exit__(exc_type, exc, tb)
+        self._active = False
+        store, self._store = self._store, None
+        assert store is not None
+        self._last_store = weakref.ref(store)
+        try:
+            if exc_type is not None:
+                # Nothing may leak: close now (waits for writes in flight);
+                # entries still referenced by a dead graph free nothing later.
+                store.close()
+                self._pending.clear()
+            else:
+                self._settle_all(store)
+        finally:
+            self._summary = self._make_summary(store)
+            self.step += 1
+
+    def _open_store(self) -> SpillStore:
+        tier = "host" if self.tier == "host" else "ssd"
+        store = SpillStore(tier, self.spill_dir, self.engine)
+        if self.tier == "auto" and store.description.get("fs_type") in _MEMORY_FS:
+            store.close()
+            store = SpillStore("host", None)
+        return store
+
+    def _reset_step(self) -> None:
+        self._live: weakref.WeakValueDictionary[Any, Entry] = weakref.WeakValueDictionary()
+        self._entries: list[weakref.ref[Entry]] = []
+        self._pending: dict[int, Held] = {}
+        self._unpack_log: list[int] = []
+        self._counts = dict.fromkeys(("saved", "offloaded", "resident", "skipped", "dedup", "full"), 0)
+        self._raw_bytes = 0
+        self._codec_bytes: dict[str, list[int]] = {}
+        self._pack_time = self._unpack_time = 0.0
+        self._meter.reset_peak()
+        stored = sum(1 for r in self._entries if (e := r()) is not None and e.stored)
+        window = self.budget if self.budget is not None else 0
+        self._prefetcher = (
+            Prefetcher(self._order, window) if self._order is not None and stored >= 0 else None
+        )
+
+    def _learn_from_last_step(self) -> None:
+        """After the profiling step: keep its unpack order for prefetching."""
+        if self._order is None and self._unpack_log:
+            self._order = list(self._unpack_log)
+            self._order_count = len(self._entries)
+
+    # -- hooks ---------------------------------------------------------------
+
+    def _pack(self, t: torch.Tensor) -> Any:
+        start = time.perf_counter()
+        try:
+            self._drain()
+            self._counts["saved"] += 1
+            if (not supported(t) or t.numel() * t.element_size() < self.min_size
+                    or is_parameter(t, self._registered)):
+                self._counts["skipped"] += 1
+                return t
+            storage = t.untyped_storage()
+            key = (storage.data_ptr(), storage.nbytes(), t._version, str(t.device))
+            with self._lock:
+                entry = self._live.get(key)
+                if entry is not None and not entry.storage_ref.expired():
+                    self._counts["dedup"] += 1
+                else:
+                    entry = self._new_entry(t, storage)
+                    self._live[key] = entry
+            return Saved(entry, t)
+        finally:
+            self._pack_time += time.perf_counter() - start
+
+    def _unpack(self, h: Any) -> torch.Tensor:
+        if isinstance(h, torch.Tensor):
+            return h
+        if h.tensor is not None:
+            return h.tensor
+        start = time.perf_counter()
+        try:
+            if self._active:
+                self._drain()
+            entry: Entry = h.entry
+            with self._lock:
+                out = h.view_of(entry.restore())
+                if not entry.seen:
+                    entry.seen = True
+                    self._unpack_log.append(entry.index)
+                    self._prefetch_after(entry)
+            return out
+        finally:
+            self._unpack_time += time.perf_counter() - start
+
+    # -- entries -------------------------------------------------------------
+
+    def _codec_for(self, entry: Entry, t: torch.Tensor) -> str | None:
+        """The codec to store ``t``'s storage with, or None to keep it resident."""
+        if self.policy == "none":
+            return None
+        if self._plan is not None and self._entries_match():
+            return self._plan.get(entry.index, "raw")
+        whole = entry.nbytes % t.element_size() == 0 and t.dtype.is_floating_point
+        fp16 = "fp16" in self.compression and whole and t.dtype == torch.float32
+        sparse = "sparse" in self.compression and whole and entry.relu
+        if fp16 and sparse:
+            return "fp16+sparse"
+        return "fp16" if fp16 else "sparse" if sparse else "raw"
+
+    def _entries_match(self) -> bool:
+        return True
+
+    def _new_entry(self, t: torch.Tensor, storage: torch.UntypedStorage) -> Entry:
+        nbytes = storage.nbytes()
+        entry = Entry(len(self._entries), nbytes, t.device, self._meter, StorageWeakRef(storage),
+                      is_relu_output(t))
+        self._entries.append(weakref.ref(entry))
+        raw = torch.empty(0, dtype=torch.uint8, device=t.device).set_(storage)
+        codec = self._codec_for(entry, t)
+        if codec is None:
+            return self._keep(entry, raw)
+        enc = codecs.encode(raw if codec == "raw" else raw.view(t.dtype), codec)
+        if codec != "raw" and enc.nbytes >= nbytes:  # did not pay: store as is
+            enc = codecs.encode(raw, "raw")
+        payload = enc.payload if t.device.type == "cpu" else enc.payload.to("cpu")  # thin staging
+        store = self._store
+        assert store is not None
+        try:
+            slot = store.put(payload.data_ptr(), payload.numel())
+        except NoSpaceError as e:  # the file could not even grow
+            self._full_disk(e)
+            return self._keep(entry, raw)
+        entry.held = Held(store, slot, payload, self._meter)
+        entry.enc = codecs.with_payload(enc, _EMPTY)
+        entry.payload_nbytes = payload.numel()
+        self._pending[slot] = entry.held
+        weakref.finalize(entry, entry.held.release, self._pending)
+        self._counts["offloaded"] += 1
+        self._raw_bytes += nbytes
+        sizes = self._codec_bytes.setdefault(enc.codec, [0, 0])
+        sizes[0] += nbytes
+        sizes[1] += payload.numel()
+        return entry
+
+    def _keep(self, entry: Entry, raw: torch.Tensor) -> Entry:
+        entry.resident = raw
+        self._meter.add(entry.nbytes)
+        weakref.finalize(entry, self._meter.sub, entry.nbytes)
+        self._counts["resident"] += 1
+        return entry
+
+    def _prefetch_after(self, entry: Entry) -> None:
+        pf = self._prefetcher
+        if pf is None or len(self._entries) != self._order_count:
+            return
+        if pf.window == 0:  # no budget: two of the largest stored tensors
+            sizes = [e.payload_nbytes for r in self._entries if (e := r()) is not None]
+            pf.window = 2 * max(sizes, default=0)
+        pf.unpacked(entry, self._entries, Entry.prefetch)
+
+    # -- write completion and full disks ---------------------------------------
+
+    def _drain(self) -> None:
+        store = self._store
+        if store is None or not self._pending:
+            return
+        for slot in store.completed():
+            held = self._pending.pop(slot, None)
+            if held is not None:
+                self._settle(held, store.poll)
+
+    def _settle_all(self, store: SpillStore) -> None:
+        for slot in list(self._pending):
+            held = self._pending.pop(slot, None)
+            if held is not None:
+                self._settle(held, store.wait)
+
+    def _settle(self, held: Held, check: Any) -> None:
+        try:
+            check(held.slot)
+        except NoSpaceError as e:
+            held.failed = True  # its payload stays in memory, where unpack finds it
+            self._full_disk(e)
+            return
+        held.written()
+
+    def _full_disk(self, e: NoSpaceError) -> None:
+        self._counts["full"] += 1
+        msg = (f"pyfastensor.offload: the spill filesystem is full ({e}); the tensor stays in memory. "
+               "Point spill_dir at a larger filesystem, or lower what is offloaded.")
+        if self.on_full == "raise":
+            raise NoSpaceError(msg + " (on_full='warn' keeps training instead of raising)") from e
+        if not self._warned:
+            self._warned = True
+            warnings.warn(msg + " Warned once per offload object.", RuntimeWarning, stacklevel=3)
+
+    # -- reporting -------------------------------------------------------------
+
+    def _make_summary(self, store: SpillStore) -> OffloadSummary:
+        st = store.stats()
+        desc = store.description
+        tier = desc.get("tier", "")
+        written = int(st.get("bytes_written", 0))
+        return OffloadSummary(
+            step=self.step,
+            tier=tier,
+            engines=dict(st.get("engine_bytes") or {}),
+            dictionary=self.dictionary,
+            saved_tensors=self._counts["saved"],
+            offloaded_tensors=self._counts["offloaded"],
+            resident_tensors=self._counts["resident"],
+            skipped_tensors=self._counts["skipped"],
+            deduplicated=self._counts["dedup"],
+            bytes_offloaded={tier: written} if written else {},
+            raw_bytes_offloaded=self._raw_bytes,
+            bytes_read=int(st.get("bytes_read", 0)),
+            resident_peak_bytes=self._meter.peak,
+            stall_seconds=st.get("stall_ns", 0) / 1e9,
+            pack_seconds=self._pack_time,
+            unpack_seconds=self._unpack_time,
+            compression={c: raw / max(stored, 1) for c, (raw, stored) in self._codec_bytes.items()},
+            prefetch_hits=int(st.get("prefetch_hits", 0)),
+            full_disk_events=self._counts["full"],
+            fallback=desc.get("fallback", ""),
+        )
+
+    def summary(self) -> OffloadSummary:
+        """The summary of the current or last step (refreshed while its store is open).
+
+        Returns:
+            An :class:`OffloadSummary`.
+        """
+        store = self._store or (self._last_store() if self._last_store else None)
+        if store is not None and not store.closed:
+            self._summary = self._make_summary(store)
+            self._summary.step = self.step - (0 if self._active else 1)
+        return self._summary
+
+
+def offload(**options: Any) -> Offload:
+    """Offload saved activations during training: ``with pyfastensor.offload(...):``.
+
+    Takes the keyword arguments of :class:`Offload` and returns one; see
+    there for what each does.
+
+    Example::
+
+        >>> import torch, pyfastensor
+        >>> model = torch.nn.Linear(1024, 1024)
+        >>> with pyfastensor.offload(tier="ssd", min_size=1 << 20) as off:
+        ...     model(torch.randn(512, 1024)).relu().sum().backward()
+        >>> off.summary().offloaded_tensors >= 1
+        True
+    """
+    return Offload(**options)

@@ -1,0 +1,79 @@
+"""What one step under :func:`pyfastensor.offload` did."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class OffloadSummary:
+    """Totals of one step (one entry of an offload context).
+
+    Attributes:
+        step: the step number (0 is the profiling step).
+        tier: the tier that served the step (``"ssd"`` or ``"host"``).
+        engines: bytes written per I/O engine (``"memory"`` for the host tier).
+        dictionary: the dictionary mode asked for (``"wr"``, ``"w"``, ``"r"``).
+        saved_tensors: tensors autograd saved while the context was active.
+        offloaded_tensors: storages written to the store.
+        resident_tensors: storages of at least ``min_size`` kept in memory.
+        skipped_tensors: parameters, buffers, small and unsupported tensors,
+            left to autograd untouched.
+        deduplicated: saves that reused the storage of an earlier save.
+        bytes_offloaded: bytes written per tier (after compression).
+        raw_bytes_offloaded: the same tensors' bytes before compression.
+        bytes_read: bytes read back (by get and prefetch).
+        resident_peak_bytes: peak bytes of saved tensors (of at least
+            ``min_size``) held in memory: resident ones, payloads waiting
+            for their write, prefetched and restored ones.
+        stall_seconds: time unpack waited for the store.
+        pack_seconds: time spent in the pack hook (codecs included).
+        unpack_seconds: time spent in the unpack hook (stalls included).
+        compression: ratio of raw to stored bytes, per codec used.
+        prefetch_hits: unpacks served by a prefetch.
+        full_disk_events: writes that failed because the spill filesystem
+            was full (their tensors stayed in memory).
+        fallback: why an engine other than the one asked for serves the
+            spill file, or "".
+    """
+
+    step: int = 0
+    tier: str = ""
+    engines: dict[str, int] = field(default_factory=dict)
+    dictionary: str = "wr"
+    saved_tensors: int = 0
+    offloaded_tensors: int = 0
+    resident_tensors: int = 0
+    skipped_tensors: int = 0
+    deduplicated: int = 0
+    bytes_offloaded: dict[str, int] = field(default_factory=dict)
+    raw_bytes_offloaded: int = 0
+    bytes_read: int = 0
+    resident_peak_bytes: int = 0
+    stall_seconds: float = 0.0
+    pack_seconds: float = 0.0
+    unpack_seconds: float = 0.0
+    compression: dict[str, float] = field(default_factory=dict)
+    prefetch_hits: int = 0
+    full_disk_events: int = 0
+    fallback: str = ""
+
+    def __str__(self) -> str:
+        mib = 1 << 20
+        written = ", ".join(f"{t} {b / mib:.1f} MiB" for t, b in self.bytes_offloaded.items()) or "nothing"
+        lines = [
+            f"offload step {self.step} ({self.tier}, engines {self.engines or '-'}, dictionary {self.dictionary})",
+            f"  saved {self.saved_tensors}: offloaded {self.offloaded_tensors}, resident {self.resident_tensors}, "
+            f"skipped {self.skipped_tensors}, deduplicated {self.deduplicated}",
+            f"  written {written} (raw {self.raw_bytes_offloaded / mib:.1f} MiB), read {self.bytes_read / mib:.1f} MiB",
+            f"  resident peak {self.resident_peak_bytes / mib:.1f} MiB, stall {self.stall_seconds * 1e3:.1f} ms, "
+            f"pack {self.pack_seconds * 1e3:.1f} ms, unpack {self.unpack_seconds * 1e3:.1f} ms, "
+            f"prefetch hits {self.prefetch_hits}",
+        ]
+        if self.compression:
+            lines.append("  compression " + ", ".join(f"{c} {r:.2f}x" for c, r in self.compression.items()))
+        if self.full_disk_events:
+            lines.append(f"  full disk: {self.full_disk_events} tensors kept in memory")
+        if self.fallback:
+            lines.append(f"  fallback: {self.fallback}")
+        return "\n".join(lines)

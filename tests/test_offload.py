@@ -1,0 +1,80 @@
+"""Training under pyfastensor.offload gives bit-identical gradients on small real models."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+from offload_models import inputs, train
+
+import pyfastensor
+from pyfastensor import _lib
+
+SMALL = 16 << 10  # offload tensors of 16 KiB and more
+
+
+def assert_same(a: list[list[torch.Tensor]], b: list[list[torch.Tensor]]) -> None:
+    assert len(a) == len(b)
+    for step, (ga, gb) in enumerate(zip(a, b, strict=True)):
+        for i, (x, y) in enumerate(zip(ga, gb, strict=True)):
+            assert torch.equal(x, y), f"step {step}, tensor {i} differs"
+
+
+@pytest.mark.parametrize("model_name", ["mlp", "cnn", "transformer"])
+@pytest.mark.parametrize("tier", ["ssd", "host"])
+def test_gradients_bit_identical(tmp_path, model_name, tier):
+    model, batch_of = inputs(model_name)
+    want = train(model, batch_of, steps=3)
+    off = pyfastensor.offload(tier=tier, spill_dir=str(tmp_path), min_size=SMALL, module=model)
+    got = train(model, batch_of, steps=3, ctx=lambda: off)
+    assert_same(want, got)
+    s = off.summary()
+    assert s.offloaded_tensors > 0
+    assert s.bytes_offloaded[tier] > 0
+    assert s.tier == tier
+    gc.collect()
+    assert _lib.handle_count() == 0
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("model_name", ["mlp", "cnn"])
+def test_sparse_compression_is_lossless(tmp_path, model_name):
+    model, batch_of = inputs(model_name)
+    want = train(model, batch_of, steps=2)
+    off = pyfastensor.offload(spill_dir=str(tmp_path), min_size=SMALL, compression="sparse")
+    got = train(model, batch_of, steps=2, ctx=lambda: off)
+    assert_same(want, got)
+    assert "sparse" in off.summary().compression
+    assert off.summary().compression["sparse"] > 1
+
+
+def test_fp16_compression_within_tolerance(tmp_path):
+    model, batch_of = inputs("mlp")
+    want = train(model, batch_of, steps=1)
+    off = pyfastensor.offload(spill_dir=str(tmp_path), min_size=SMALL, compression=("fp16", "sparse"))
+    got = train(model, batch_of, steps=1, ctx=lambda: off)
+    for x, y in zip(want[0], got[0], strict=True):
+        torch.testing.assert_close(y, x, rtol=2e-2, atol=2e-3)
+    assert set(off.summary().compression) <= {"fp16", "fp16+sparse", "raw"}
+    assert max(off.summary().compression.values()) >= 2
+
+
+def test_policy_none_measures_without_offloading(tmp_path):
+    model, batch_of = inputs("mlp")
+    off = pyfastensor.offload(spill_dir=str(tmp_path), min_size=SMALL, policy="none")
+    train(model, batch_of, steps=1, ctx=lambda: off)
+    s = off.summary()
+    assert s.offloaded_tensors == 0
+    assert s.resident_tensors > 0
+    assert s.resident_peak_bytes > 0
+
+
+def test_prefetch_follows_profiled_order(tmp_path):
+    model, batch_of = inputs("mlp", batch=256)
+    off = pyfastensor.offload(spill_dir=str(tmp_path), min_size=SMALL, budget=64 << 20)
+    want = train(model, batch_of, steps=3)
+    got = train(model, batch_of, steps=3, ctx=lambda: off)
+    assert_same(want, got)
+    assert off._order is not None and len(off._order) > 0
+    assert off.summary().prefetch_hits > 0
