@@ -99,8 +99,10 @@ func saveRoundTrip(t *testing.T, chooser Chooser) {
 	assert.Empty(t, left, "temporary files left behind")
 }
 
-func TestRoundTripPosix(t *testing.T)  { saveRoundTrip(t, FixedChooser("posix")) }
-func TestRoundTripDirect(t *testing.T) { saveRoundTrip(t, &ThresholdChooser{Direct: true, Threshold: 1}) }
+func TestRoundTripPosix(t *testing.T) { saveRoundTrip(t, FixedChooser("posix")) }
+func TestRoundTripDirect(t *testing.T) {
+	saveRoundTrip(t, &ThresholdChooser{Direct: true, Threshold: 1})
+}
 func TestRoundTripDefault(t *testing.T) {
 	saveRoundTrip(t, nil)
 }

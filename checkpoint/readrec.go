@@ -6,7 +6,6 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/pyfastensor/pyfastensor/gds"
@@ -29,7 +28,7 @@ type ReadOptions struct {
 	Chooser  Chooser
 	Engine   gds.Options
 	Workers  int
-	Progress *atomic.Int64
+	Progress func(n int64)
 }
 
 // Read fills each request's Dst with its record's bytes, in parallel, and
@@ -141,7 +140,7 @@ func (r *reader) count(engine string, n int64) {
 	r.engines[engine] += n
 	r.mu.Unlock()
 	if r.o.Progress != nil {
-		r.o.Progress.Add(n)
+		r.o.Progress(n)
 	}
 }
 

@@ -25,9 +25,9 @@ type WriteOptions struct {
 	Engine gds.Options
 	// Workers is the number of transfers in flight; 0 means DefaultWorkers.
 	Workers int
-	// Progress, when not nil, is advanced by the data bytes written, as
-	// they are written.
-	Progress *atomic.Int64
+	// Progress, when not nil, is called with each count of data bytes
+	// written, as they are written, from several goroutines.
+	Progress func(n int64)
 }
 
 // Stats describe a finished save or load.
@@ -146,7 +146,7 @@ func (w *writer) count(engine string, n int64) {
 	w.engines[engine] += n
 	w.mu.Unlock()
 	if w.o.Progress != nil {
-		w.o.Progress.Add(n)
+		w.o.Progress(n)
 	}
 }
 

@@ -38,5 +38,19 @@ __all__ = [
     "UnsupportedError",
     "__version__",
     "info",
+    "load",
+    "save",
     "offload",
 ]
+
+# Checkpoint functions import torch, so they load on first use: importing
+# pyfastensor stays cheap.
+_LAZY = {"save": ".checkpoint", "load": ".checkpoint"}
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

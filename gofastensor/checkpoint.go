@@ -1,0 +1,190 @@
+package main
+
+/*
+#include <stddef.h>
+#include <stdint.h>
+*/
+import "C"
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/pyfastensor/pyfastensor/checkpoint"
+	"github.com/pyfastensor/pyfastensor/gds"
+)
+
+// Checkpoints: write a whole archive in one call; open an archive (its
+// validated central directory, as JSON) and read chosen records into caller
+// memory. Python (pyfastensor/checkpoint) decides what the records hold.
+
+// corruptErr gives checkpoint.ErrCorrupt the stCorrupt status, keeping
+// the message.
+type corruptErr struct{ err error }
+
+func (e *corruptErr) Error() string   { return e.err.Error() }
+func (e *corruptErr) Unwrap() []error { return []error{errCorrupt, e.err} }
+
+func ckptErr(err error) error {
+	if errors.Is(err, checkpoint.ErrCorrupt) {
+		return &corruptErr{err}
+	}
+	return err
+}
+
+// chooser returns the fixed engine named by engine, or nil (the default
+// chooser) for NULL or "".
+func chooser(engine *C.char) checkpoint.Chooser {
+	if engine == nil || C.GoString(engine) == "" {
+		return nil
+	}
+	return checkpoint.FixedChooser(C.GoString(engine))
+}
+
+// progressFunc adds to the caller's counter, which another thread may poll
+// during the call.
+func progressFunc(p *C.int64_t) func(int64) {
+	if p == nil {
+		return nil
+	}
+	return func(n int64) { atomic.AddInt64((*int64)(unsafe.Pointer(p)), n) }
+}
+
+func putJSON(out **C.char, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	*out = cstring(string(b))
+	return nil
+}
+
+// pft_ckpt_save writes n records as a zip archive at path. names holds the
+// record names separated by '\n'; addrs (addresses), sizes and aligns are
+// arrays of n.
+// The memory of every record is read during the call only. engine: NULL or
+// "" for the default choice, else one engine for every record. progress:
+// NULL, or a counter advanced by data bytes written. out: the stats, JSON.
+//
+//export pft_ckpt_save
+func pft_ckpt_save(path *C.char, n C.int64_t, names *C.char, addrs *unsafe.Pointer, sizes, aligns *C.int64_t,
+	durable C.int, engine *C.char, threads C.int, taskSize C.int64_t, workers C.int, progress *C.int64_t,
+	out **C.char, errbuf *C.char, errlen C.size_t) C.int {
+	return call(errbuf, errlen, func() error {
+		recs, err := records(int(n), names, addrs, sizes, aligns)
+		if err != nil {
+			return err
+		}
+		st, err := checkpoint.Save(C.GoString(path), recs, checkpoint.WriteOptions{
+			NotDurable: durable == 0,
+			Chooser:    chooser(engine),
+			Engine:     gds.Options{Threads: int(threads), TaskSize: int64(taskSize)},
+			Workers:    int(workers),
+			Progress:   progressFunc(progress),
+		})
+		if err != nil {
+			return ckptErr(err)
+		}
+		return putJSON(out, st)
+	})
+}
+
+// records turns the C arrays of pft_ckpt_save into records over the
+// caller's memory.
+func records(n int, names *C.char, addrs *unsafe.Pointer, sizes, aligns *C.int64_t) ([]checkpoint.Record, error) {
+	if n < 0 || (n > 0 && (names == nil || addrs == nil || sizes == nil || aligns == nil)) {
+		return nil, fmt.Errorf("%w: %d records with missing arrays", gds.ErrInvalid, n)
+	}
+	if n == 0 {
+		return nil, nil
+	}
+	nameList := strings.Split(C.GoString(names), "\n")
+	if len(nameList) != n {
+		return nil, fmt.Errorf("%w: %d names for %d records", gds.ErrInvalid, len(nameList), n)
+	}
+	as := unsafe.Slice(addrs, n)
+	ss := unsafe.Slice(sizes, n)
+	als := unsafe.Slice(aligns, n)
+	recs := make([]checkpoint.Record, n)
+	for i := range recs {
+		p, err := memory(as[i], C.size_t(ss[i]))
+		if err != nil {
+			return nil, fmt.Errorf("record %q: %w", nameList[i], err)
+		}
+		recs[i] = checkpoint.Record{Name: nameList[i], Data: p, Align: int64(als[i])}
+	}
+	return recs, nil
+}
+
+// pft_ckpt_open parses and validates the archive at path; out receives
+// its description (checkpoint.Archive) as JSON and handle a handle for
+// pft_ckpt_read.
+//
+//export pft_ckpt_open
+func pft_ckpt_open(path *C.char, handle *C.uint64_t, out **C.char, errbuf *C.char, errlen C.size_t) C.int {
+	return call(errbuf, errlen, func() error {
+		a, err := checkpoint.OpenArchive(C.GoString(path))
+		if err != nil {
+			return ckptErr(err)
+		}
+		if err := putJSON(out, a); err != nil {
+			return err
+		}
+		*handle = newHandle(a)
+		return nil
+	})
+}
+
+// pft_ckpt_read reads n records (indices into the archive's entries) into
+// the caller's memory at addrs, whose sizes must be the records' sizes,
+// checking CRC-32s when verify is non-zero. The memory is used during the
+// call only.
+//
+//export pft_ckpt_read
+func pft_ckpt_read(h C.uint64_t, n C.int64_t, indices *C.int64_t, addrs *unsafe.Pointer, sizes *C.int64_t,
+	verify C.int, engine *C.char, threads C.int, taskSize C.int64_t, workers C.int, progress *C.int64_t,
+	out **C.char, errbuf *C.char, errlen C.size_t) C.int {
+	return call(errbuf, errlen, func() error {
+		a, err := lookup[*checkpoint.Archive](h)
+		if err != nil {
+			return err
+		}
+		if n < 0 || (n > 0 && (indices == nil || addrs == nil || sizes == nil)) {
+			return fmt.Errorf("%w: %d reads with missing arrays", gds.ErrInvalid, n)
+		}
+		reqs := make([]checkpoint.ReadRequest, int(n))
+		if n > 0 {
+			is, as, ss := unsafe.Slice(indices, int(n)), unsafe.Slice(addrs, int(n)), unsafe.Slice(sizes, int(n))
+			for i := range reqs {
+				p, err := memory(as[i], C.size_t(ss[i]))
+				if err != nil {
+					return err
+				}
+				reqs[i] = checkpoint.ReadRequest{Index: int(is[i]), Dst: p}
+			}
+		}
+		st, err := a.Read(reqs, checkpoint.ReadOptions{
+			NoVerify: verify == 0,
+			Chooser:  chooser(engine),
+			Engine:   gds.Options{Threads: int(threads), TaskSize: int64(taskSize)},
+			Workers:  int(workers),
+			Progress: progressFunc(progress),
+		})
+		if err != nil {
+			return ckptErr(err)
+		}
+		return putJSON(out, st)
+	})
+}
+
+//export pft_ckpt_close
+func pft_ckpt_close(h C.uint64_t, errbuf *C.char, errlen C.size_t) C.int {
+	return call(errbuf, errlen, func() error {
+		_, err := release[*checkpoint.Archive](h)
+		return err
+	})
+}

@@ -1,0 +1,11 @@
+"""Checkpoints in PyTorch's own zip format: :func:`save` and :func:`load`, drop-ins for torch's.
+
+The Go core (``checkpoint/``) lays out and validates the zip, moves records
+through the I/O engines in parallel and checks CRC-32s; this package pickles
+the object skeleton and unpickles it with torch's own machinery.
+"""
+
+from .load import load
+from .save import save
+
+__all__ = ["load", "save"]

@@ -1,0 +1,169 @@
+"""The checkpoint calls into the Go core: write a whole archive, open one, read records.
+
+Memory crosses as addresses: the Go side reads (save) or fills (load) it
+during the call only, and the callers here keep the owning objects alive
+until the call returns.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .. import _lib, config
+
+_P = ctypes.POINTER
+_lib.register({
+    "pft_ckpt_save": [_lib.c_char_p, _lib.i64, _lib.c_char_p, _P(_lib.c_void_p), _P(_lib.i64),
+                      _P(_lib.i64), _lib.c_int, _lib.c_char_p, _lib.c_int, _lib.i64, _lib.c_int,
+                      _P(_lib.i64), _P(_lib.c_void_p)],
+    "pft_ckpt_open": [_lib.c_char_p, _P(_lib.u64), _P(_lib.c_void_p)],
+    "pft_ckpt_read": [_lib.u64, _lib.i64, _P(_lib.i64), _P(_lib.c_void_p), _P(_lib.i64),
+                      _lib.c_int, _lib.c_char_p, _lib.c_int, _lib.i64, _lib.c_int, _P(_lib.i64),
+                      _P(_lib.c_void_p)],
+    "pft_ckpt_close": [_lib.u64],
+})
+
+#: Alignment of storage records in files we write (``.storage_alignment``).
+DATA_ALIGN = 4096
+
+
+@dataclass(frozen=True)
+class Record:
+    """One record to write: its full name, the address and length of its bytes, its alignment."""
+
+    name: str
+    addr: int
+    nbytes: int
+    align: int = 0
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One record of an opened archive, from its validated central directory."""
+
+    name: str
+    offset: int
+    size: int
+    crc32: int
+    method: int
+
+
+def _arrays(addrs: Sequence[int], sizes: Sequence[int]) -> tuple[Any, Any]:
+    n = len(addrs)
+    return (ctypes.c_void_p * n)(*[a or None for a in addrs]), (ctypes.c_int64 * n)(*sizes)
+
+
+def _engine(engine: str | None) -> bytes | None:
+    return engine.encode() if engine else None
+
+
+def write_archive(
+    path: str,
+    records: Sequence[Record],
+    *,
+    durable: bool,
+    engine: str | None,
+    counter: ctypes.c_int64 | None = None,
+) -> dict[str, Any]:
+    """Write ``records`` as a zip archive at ``path`` (see checkpoint/zipwrite.go); return stats."""
+    names = "\n".join(r.name for r in records)
+    if any("\n" in r.name for r in records):
+        raise ValueError("record names cannot contain a newline")
+    addrs, sizes = _arrays([r.addr for r in records], [r.nbytes for r in records])
+    aligns = (ctypes.c_int64 * len(records))(*[r.align for r in records])
+    out = ctypes.c_void_p()
+    _lib.call(
+        "pft_ckpt_save", _lib.cstr(path), len(records), names.encode(), addrs, sizes, aligns,
+        int(durable), _engine(engine), config.threads(), config.task_size(), 0,
+        ctypes.byref(counter) if counter is not None else None, ctypes.byref(out),
+    )
+    return json.loads(_lib.take_string(out))
+
+
+class Archive:
+    """An archive opened by the Go core, its central directory validated.
+
+    Args:
+        path: the zip file.
+
+    Raises:
+        CorruptFileError: when the central directory, a local header or a data
+            descriptor fails a check, or the file is truncated.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        self._handle = 0
+        handle = _lib.u64()
+        out = ctypes.c_void_p()
+        _lib.call("pft_ckpt_open", _lib.cstr(self.path), ctypes.byref(handle), ctypes.byref(out))
+        self._handle = handle.value
+        desc = json.loads(_lib.take_string(out))
+        self.size: int = desc["file_size"]
+        self.entries: list[Entry] = [
+            Entry(e["name"], e["offset"], e["size"], e["crc32"], e["method"])
+            for e in desc["entries"] or []
+        ]
+        self.index: dict[str, int] = {e.name: i for i, e in enumerate(self.entries)}
+        self._lock = threading.Lock()
+
+    def read(
+        self,
+        reads: Sequence[tuple[int, int, int]],
+        *,
+        verify: bool = True,
+        engine: str | None = None,
+        counter: ctypes.c_int64 | None = None,
+    ) -> dict[str, Any]:
+        """Fill memory with records: ``reads`` holds ``(entry index, address, nbytes)``.
+
+        The caller keeps the destination memory alive until this returns.
+        """
+        n = len(reads)
+        idx = (ctypes.c_int64 * n)(*[r[0] for r in reads])
+        addrs, sizes = _arrays([r[1] for r in reads], [r[2] for r in reads])
+        out = ctypes.c_void_p()
+        _lib.call(
+            "pft_ckpt_read", self._live(), n, idx, addrs, sizes, int(verify), _engine(engine),
+            config.threads(), config.task_size(), 0,
+            ctypes.byref(counter) if counter is not None else None, ctypes.byref(out),
+        )
+        return json.loads(_lib.take_string(out))
+
+    def read_bytes(self, name: str, *, verify: bool = True) -> bytes:
+        """Return the bytes of the record called ``name``."""
+        i = self.index[name]
+        buf = ctypes.create_string_buffer(max(self.entries[i].size, 1))
+        self.read([(i, ctypes.addressof(buf), self.entries[i].size)], verify=verify)
+        return buf.raw[: self.entries[i].size]
+
+    def _live(self) -> int:
+        if not self._handle:
+            raise ValueError(f"archive {self.path!r} is closed")
+        return self._handle
+
+    def close(self) -> None:
+        """Release the native handle (idempotent)."""
+        with self._lock:
+            h, self._handle = self._handle, 0
+        if h:
+            _lib.call("pft_ckpt_close", h)
+
+    def __enter__(self) -> Archive:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if getattr(self, "_handle", 0) and _lib.loaded():
+            try:
+                self.close()
+            except Exception:
+                pass

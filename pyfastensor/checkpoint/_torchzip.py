@@ -1,0 +1,129 @@
+"""The zip reader torch.serialization._load expects, served from records read by the Go core.
+
+torch's ``_load`` does the unpickling that makes ``pyfastensor.load`` a true
+drop-in (persistent ids, ``map_location``, byte order, the weights-only
+unpickler, storages shared between tensors). It asks its zip reader for
+records by name; :class:`PreloadedZip` answers from memory that one
+parallel, CRC-checked native read filled beforehand: small records as
+bytes, storage records as uint8 tensors allocated once and never copied.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+from typing import Any
+
+import torch
+
+from ..errors import CorruptFileError
+from ._native import Archive
+
+
+class PreloadedZip:
+    """Records of ``archive`` under ``prefix``, in the shape of ``torch._C.PyTorchFileReader``."""
+
+    def __init__(self, archive: Archive, prefix: str) -> None:
+        self.archive = archive
+        self.prefix = prefix
+        data = prefix + "data/"
+        self._small: dict[str, Any] = {}  # name -> ctypes buffer, then bytes
+        self._tensors: dict[str, torch.Tensor] = {}
+        for e in archive.entries:
+            if e.name.startswith(data):
+                self._tensors[e.name] = torch.empty(e.size, dtype=torch.uint8)
+            else:
+                self._small[e.name] = ctypes.create_string_buffer(max(e.size, 1))
+        #: Bytes of storage records.
+        self.data_bytes = sum(t.numel() for t in self._tensors.values())
+
+    def read_all(self, *, verify: bool, engine: str | None, counter: ctypes.c_int64 | None) -> None:
+        """Fill every record, in one parallel native read (CRC-32 checked unless ``verify=False``)."""
+        idx = self.archive.index
+        reads = [(idx[n], t.data_ptr(), t.numel()) for n, t in self._tensors.items()]
+        reads += [(idx[n], ctypes.addressof(b), self.archive.entries[idx[n]].size)
+                  for n, b in self._small.items()]
+        self.archive.read(reads, verify=verify, engine=engine, counter=counter)
+        self._small = {n: b.raw[: self.archive.entries[idx[n]].size] for n, b in self._small.items()}
+
+    # The reader interface torch.serialization._load uses.
+
+    def has_record(self, name: str) -> bool:
+        return self.prefix + name in self.archive.index
+
+    def get_record(self, name: str) -> bytes:
+        try:
+            return self._small[self.prefix + name]
+        except KeyError:
+            raise RuntimeError(f"record {name} not found in {self.archive.path}") from None
+
+    def get_storage_from_record(self, name: str, numel: int, _cls: Any) -> torch.Tensor:
+        full = self.prefix + name
+        t = self._tensors.get(full)
+        if t is None:
+            raise CorruptFileError(
+                f"checkpoint: {self.archive.path} is corrupt: record {full!r} is referenced by the "
+                "pickle but missing from the archive"
+            )
+        if t.numel() != numel:
+            raise CorruptFileError(
+                f"checkpoint: {self.archive.path} is corrupt: record {full!r} has {t.numel()} "
+                f"bytes, the pickle expects {numel}"
+            )
+        return t
+
+    def get_record_offset(self, name: str) -> int:
+        return self.archive.entries[self.archive.index[self.prefix + name]].offset
+
+    def get_all_records(self) -> list[str]:
+        return [n[len(self.prefix):] for n in self.archive.index]
+
+    def serialization_id(self) -> str:
+        return self._small.get(self.prefix + ".data/serialization_id", b"").decode("ascii", "replace")
+
+
+class _MetaZip(PreloadedZip):
+    """Like PreloadedZip, with storages on the meta device: the skeleton without the data."""
+
+    def __init__(self, archive: Archive, prefix: str) -> None:
+        self.archive, self.prefix = archive, prefix
+        self._small = {prefix + n: archive.read_bytes(prefix + n)
+                       for n in ("data.pkl", "byteorder", ".format_version", ".storage_alignment")
+                       if prefix + n in archive.index}
+        self.storages: dict[str, torch.Tensor] = {}
+
+    def get_storage_from_record(self, name: str, numel: int, _cls: Any) -> torch.Tensor:
+        t = self.storages.setdefault(name, torch.empty(numel, dtype=torch.uint8, device="meta"))
+        return t
+
+
+def key_paths(archive: Archive, prefix: str, message: str) -> list[str]:
+    """Key paths (``['model']['w']``) of the tensors whose storage is the record ``message`` names."""
+    m = re.search(r'record "([^"]+)"', message)
+    if not m or not m.group(1).startswith(prefix + "data/"):
+        return []
+    name = m.group(1)[len(prefix):]
+    zf = _MetaZip(archive, prefix)
+    obj = torch.serialization._load(zf, "cpu", torch.serialization._weights_only_unpickler,
+                                    weights_only=True, encoding="utf-8")
+    target = zf.storages.get(name)
+    if target is None:
+        return []
+    want = target.untyped_storage()._cdata
+    out: list[str] = []
+    _walk(obj, "", want, out, 0)
+    return out
+
+
+def _walk(obj: Any, path: str, want: int, out: list[str], depth: int) -> None:
+    if depth > 50:
+        return
+    if isinstance(obj, torch.Tensor):
+        if obj.untyped_storage()._cdata == want:
+            out.append(path or "<root>")
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            _walk(v, f"{path}[{k!r}]", want, out, depth + 1)
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            _walk(v, f"{path}[{i}]", want, out, depth + 1)

@@ -1,0 +1,193 @@
+"""pyfastensor.load: torch.load's drop-in, reading records in parallel with CRC checks."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+import tempfile
+import warnings
+from collections.abc import Callable
+from typing import IO, Any
+
+import torch
+
+from ..errors import CorruptFileError
+from . import _progress
+from ._native import Archive
+from ._torchzip import PreloadedZip, key_paths
+
+FileLike = str | os.PathLike[str] | IO[bytes]
+MapLocation = str | torch.device | dict[str, str] | Callable[..., Any] | None
+
+_ZIP_MAGIC = b"PK\x03\x04"
+_TRUE = ("1", "y", "yes", "true")
+
+
+def load(
+    f: FileLike,
+    map_location: MapLocation = None,
+    pickle_module: Any = None,
+    *,
+    weights_only: bool | None = None,
+    mmap: bool | None = None,
+    verify: bool = True,
+    engine: str | None = None,
+    progress: bool | None = None,
+    **pickle_load_args: Any,
+) -> Any:
+    """Load an object saved with :func:`torch.save` or :func:`pyfastensor.save`.
+
+    A drop-in for :func:`torch.load`: same arguments, same results, same
+    restricted unpickler by default (``weights_only=True``, which refuses
+    arbitrary globals: loading an untrusted file executes no code from it).
+    The central directory is validated first; then every storage record is
+    read in parallel straight into its destination tensor, its CRC-32
+    checked; then the object is unpickled by torch's own machinery, so
+    ``map_location`` (a string, :class:`torch.device`, dict or callable),
+    shared storages and views behave exactly as in torch.
+
+    Files torch.load understands but that are not zip archives of stored
+    records (legacy ``_use_new_zipfile_serialization=False`` files,
+    TorchScript archives, compressed zips), ``mmap=True`` loads and meta or
+    fake-tensor loads are handed to :func:`torch.load` unchanged.
+
+    Args:
+        f: a path, or a readable, seekable binary file-like object (spooled to
+            a temporary file first).
+        map_location: where to put the storages, as in :func:`torch.load`.
+            Default: where they were saved from.
+        pickle_module: unpickling module, only with ``weights_only=False``.
+        weights_only: restrict unpickling to tensors, primitive types, dicts
+            and allowlisted globals (``torch.serialization.add_safe_globals``).
+            Default: ``True`` (``TORCH_FORCE_WEIGHTS_ONLY_LOAD`` and
+            ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` work as in torch).
+        mmap: map the file instead of reading it (handed to torch.load).
+            Default: ``False``.
+        verify: check every record's CRC-32. Default: ``True``.
+        engine: one I/O engine for every record; default: direct for large
+            records where O_DIRECT works, else posix.
+        progress: show a progress bar for loads longer than about two seconds.
+            Default: the ``PYFASTENSOR_PROGRESS`` setting (on).
+        pickle_load_args: passed to the unpickler, as in :func:`torch.load`.
+
+    Returns:
+        The object that was saved.
+
+    Raises:
+        CorruptFileError: a record's CRC-32 does not match, the zip structure is
+            damaged, or the file is truncated; the message names the file, the
+            record (``archive/data/3``) and, where it can, the tensor's key path.
+        pickle.UnpicklingError: with ``weights_only=True``, the file needs a
+            global that is not allowed; nothing from the file was executed.
+
+    Example::
+
+        >>> import torch, pyfastensor
+        >>> pyfastensor.save({"w": torch.ones(3)}, "/tmp/w.pt")
+        >>> pyfastensor.load("/tmp/w.pt", map_location="cpu")["w"]
+        tensor([1., 1., 1.])
+    """
+    weights_only = _resolve_weights_only(weights_only, pickle_module)
+    if weights_only and pickle_module is not None:
+        raise RuntimeError("Can not safely load weights when explicit pickle_module is specified")
+    if not weights_only and pickle_module is None:
+        pickle_module = pickle
+    pickle_load_args.setdefault("encoding", "utf-8")
+
+    def to_torch(src: FileLike) -> Any:
+        return torch.load(src, map_location, pickle_module, weights_only=weights_only,
+                          mmap=mmap, **pickle_load_args)
+
+    if mmap or _is_meta(map_location) or _fake_or_skip():
+        return to_torch(f)
+    if isinstance(f, (str, os.PathLike)):
+        path = os.fspath(f)
+        if path.endswith(".safetensors"):
+            return to_torch(f)
+        with open(path, "rb") as fh:
+            if fh.read(4) != _ZIP_MAGIC:
+                return to_torch(f)
+        return _load_path(path, to_torch, map_location, pickle_module, weights_only,
+                          verify, engine, progress, pickle_load_args)
+    start = f.tell()
+    magic = f.read(4)
+    f.seek(start)
+    if magic != _ZIP_MAGIC:
+        return to_torch(f)
+    with tempfile.TemporaryDirectory(prefix="pyfastensor-") as d:
+        spooled = os.path.join(d, "spooled.pt")
+        with open(spooled, "wb") as out:
+            shutil.copyfileobj(f, out, 16 << 20)
+        f.seek(start)
+
+        def from_buffer(_: FileLike) -> Any:
+            return to_torch(f)
+
+        return _load_path(spooled, from_buffer, map_location, pickle_module, weights_only,
+                          verify, engine, progress, pickle_load_args)
+
+
+def _resolve_weights_only(weights_only: bool | None, pickle_module: Any) -> bool:
+    if os.getenv("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "0").lower() in _TRUE:
+        return True
+    if weights_only is None:
+        if os.getenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "0").lower() in _TRUE:
+            return False
+        return pickle_module is None
+    return bool(weights_only)
+
+
+def _is_meta(map_location: MapLocation) -> bool:
+    return bool(torch.serialization._is_meta_location(map_location))
+
+
+def _fake_or_skip() -> bool:
+    tls = getattr(torch.serialization, "_serialization_tls", None)
+    return torch._guards.detect_fake_mode(None) is not None or bool(getattr(tls, "skip_data", False))
+
+
+def _load_path(
+    path: str, to_torch: Callable[[FileLike], Any], map_location: MapLocation,
+    pickle_module: Any, weights_only: bool, verify: bool, engine: str | None,
+    progress: bool | None, pickle_load_args: dict[str, Any],
+) -> Any:
+    with Archive(path) as archive:
+        names = [e.name for e in archive.entries]
+        prefix = names[0].split("/", 1)[0] + "/" if names else ""
+        if (
+            not names or "/" not in names[0] or f"{prefix}constants.pkl" in archive.index
+            or any(e.method != 0 for e in archive.entries)
+        ):
+            return to_torch(path)  # TorchScript, compressed, or not torch's layout
+        zf = PreloadedZip(archive, prefix)
+        try:
+            _progress.run(lambda counter: zf.read_all(verify=verify, engine=engine, counter=counter),
+                          zf.data_bytes, f"load {os.path.basename(path)}", progress)
+        except CorruptFileError as e:
+            raise CorruptFileError(_with_keys(str(e), archive, prefix)) from None
+        module = torch.serialization._weights_only_unpickler if weights_only else pickle_module
+        try:
+            return torch.serialization._load(zf, map_location, module,
+                                             weights_only=weights_only, **pickle_load_args)
+        except pickle.UnpicklingError as e:
+            if not weights_only:
+                raise
+            raise pickle.UnpicklingError(
+                f"Weights only load of {path} failed: the file needs something the restricted "
+                "unpickler does not allow, and nothing from the file was executed. If you trust "
+                "the file's source, load it with weights_only=False, or allow the global with "
+                f"torch.serialization.add_safe_globals([...]).\n\n{e}"
+            ) from None
+
+
+def _with_keys(message: str, archive: Archive, prefix: str) -> str:
+    """Add the key paths of the tensors stored in the record a message names, if found."""
+    try:
+        paths = key_paths(archive, prefix, message)
+    except Exception as e:  # best effort: the message stands without them
+        warnings.warn(f"could not map the corrupt record to tensor keys: {e}", stacklevel=3)
+        return message
+    if not paths:
+        return message
+    return f"{message} (tensor {', '.join(paths[:5])}{' ...' if len(paths) > 5 else ''})"

@@ -1,0 +1,148 @@
+"""pyfastensor.save: torch.save's drop-in, durable by default, in torch's own zip format."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import secrets
+import shutil
+import sys
+import tempfile
+from typing import IO, Any
+
+import torch
+
+from .._buffers import address_of
+from . import _progress
+from ._native import DATA_ALIGN, Record, write_archive
+from ._skeleton import pickle_skeleton
+
+#: Name of the directory every record lives under, as torch names it for buffers.
+ARCHIVE = "archive"
+
+FileLike = str | os.PathLike[str] | IO[bytes]
+
+
+def save(
+    obj: object,
+    f: FileLike,
+    pickle_module: Any = pickle,
+    pickle_protocol: int = 2,
+    _use_new_zipfile_serialization: bool = True,
+    _disable_byteorder_record: bool = False,
+    *,
+    durable: bool = True,
+    engine: str | None = None,
+    progress: bool | None = None,
+) -> None:
+    """Save an object to a file, as :func:`torch.save` does, faster and durably.
+
+    The file is PyTorch's own zip format: stock :func:`torch.load` reads it.
+    Storage records are stored uncompressed and aligned to 4 KiB (so O_DIRECT
+    and GPUDirect Storage can read them in place), each with its CRC-32. The
+    records are written in parallel straight from the tensors' memory.
+
+    Durability: a save to a path writes a temporary file
+    ``.<name>.pyfastensor-tmp-<pid>-<random>`` in the same directory, fsyncs
+    it, renames it over ``f`` and fsyncs the directory, so after a crash ``f``
+    holds the old checkpoint or the new one, never a torn file. A temporary
+    file left by a killed process is removed by the next save to the same
+    path. ``durable=False`` skips the fsyncs (the rename stays atomic).
+
+    Args:
+        obj: any picklable object holding tensors (state dicts, optimizers...).
+        f: a path, or a writable binary file-like object; the same bytes are
+            written to it (built in a temporary file first, so without the
+            durability promise, which is the file-like's business).
+        pickle_module: module used for pickling metadata and objects.
+            Default: :mod:`pickle`.
+        pickle_protocol: pickle protocol. Default: 2, as torch.
+        _use_new_zipfile_serialization: ``False`` hands the save to
+            :func:`torch.save` (its legacy format).
+        _disable_byteorder_record: as in :func:`torch.save`.
+        durable: fsync the file and its directory. Default: ``True``.
+        engine: one I/O engine for every record (``"posix"``, ``"direct"``...);
+            default: direct for large records where O_DIRECT works, else posix.
+        progress: show a progress bar for saves longer than about two
+            seconds. Default: the ``PYFASTENSOR_PROGRESS`` setting (on).
+
+    Raises:
+        NoSpaceError: the filesystem is full; the previous file at ``f`` is
+            intact and no temporary file is left.
+        PermissionError: the directory is not writable (mode or read-only mount).
+        FileNotFoundError: the directory does not exist.
+
+    Example::
+
+        >>> import torch, pyfastensor
+        >>> model = torch.nn.Linear(4, 2)
+        >>> pyfastensor.save(model.state_dict(), "/tmp/linear.pt")
+        >>> torch.load("/tmp/linear.pt")["weight"].shape
+        torch.Size([2, 4])
+    """
+    if not _use_new_zipfile_serialization or _skip_data():
+        torch.save(obj, f, pickle_module, pickle_protocol,
+                   _use_new_zipfile_serialization=_use_new_zipfile_serialization,
+                   _disable_byteorder_record=_disable_byteorder_record)
+        return
+    if isinstance(f, (str, os.PathLike)):
+        _save_path(obj, os.fspath(f), pickle_module, pickle_protocol,
+                   _disable_byteorder_record, durable, engine, progress)
+        return
+    if not callable(getattr(f, "write", None)):
+        raise AttributeError(f"f must be a path or have a callable 'write', got {type(f).__name__}")
+    with tempfile.TemporaryDirectory(prefix="pyfastensor-") as d:
+        tmp = os.path.join(d, "archive.pt")
+        _save_path(obj, tmp, pickle_module, pickle_protocol,
+                   _disable_byteorder_record, False, engine, progress)
+        with open(tmp, "rb") as src:
+            shutil.copyfileobj(src, f, 16 << 20)
+    if callable(getattr(f, "flush", None)):
+        f.flush()
+
+
+def _skip_data() -> bool:
+    tls = getattr(torch.serialization, "_serialization_tls", None)
+    return bool(getattr(tls, "skip_data", False))
+
+
+def _save_path(
+    obj: object, path: str, pickle_module: Any, pickle_protocol: int,
+    disable_byteorder: bool, durable: bool, engine: str | None, progress: bool | None,
+) -> None:
+    skel = pickle_skeleton(obj, pickle_module, pickle_protocol)
+    keep: list[Any] = []  # owners of every address below, alive until the native call returns
+
+    def meta(name: str, data: bytes, align: int = 0) -> Record:
+        addr, n, owner = address_of(data, writable=False) if data else (0, 0, None)
+        keep.append(owner)
+        return Record(f"{ARCHIVE}/{name}", addr, n, align)
+
+    records = [
+        meta("data.pkl", skel.data),
+        meta(".format_version", b"1"),
+        meta(".storage_alignment", str(DATA_ALIGN).encode()),
+    ]
+    if not disable_byteorder:
+        records.append(meta("byteorder", sys.byteorder.encode()))
+    total = 0
+    for key, storage in skel.storages.items():
+        if storage.device.type == "meta":
+            raise ValueError(
+                f"storage {key} is on the meta device and has no data to save; use "
+                "torch.serialization.skip_data() with torch.save to write metadata only"
+            )
+        if storage.device.type != "cpu":
+            storage = storage.cpu()  # device-to-host staging, as torch.save does
+        keep.append(storage)
+        records.append(Record(f"{ARCHIVE}/data/{key}", storage.data_ptr(), storage.nbytes(), DATA_ALIGN))
+        total += storage.nbytes()
+    records.append(meta("version", b"3\n"))
+    serialization_id = "".join(str(secrets.randbelow(10)) for _ in range(40))
+    records.append(meta(".data/serialization_id", serialization_id.encode()))
+
+    _progress.run(
+        lambda counter: write_archive(path, records, durable=durable, engine=engine, counter=counter),
+        total, f"save {os.path.basename(path)}", progress,
+    )
+    keep.clear()  # the native call has returned: the memory may go
