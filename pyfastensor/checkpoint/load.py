@@ -93,11 +93,12 @@ def load(
         raise RuntimeError("Can not safely load weights when explicit pickle_module is specified")
     if not weights_only and pickle_module is None:
         pickle_module = pickle
+    torch_args = dict(pickle_load_args)  # torch.load adds its own default encoding
     pickle_load_args.setdefault("encoding", "utf-8")
 
     def to_torch(src: FileLike) -> Any:
         return torch.load(src, map_location, pickle_module, weights_only=weights_only,
-                          mmap=mmap, **pickle_load_args)
+                          mmap=mmap, **torch_args)
 
     if mmap or _is_meta(map_location) or _fake_or_skip():
         return to_torch(f)

@@ -1,0 +1,54 @@
+"""Shared helpers of the checkpoint tests: comparing loaded objects with torch's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def tensor_bytes(t: torch.Tensor) -> bytes:
+    """The tensor's values as bytes (bitwise: NaNs and float8 compare exactly)."""
+    return t.detach().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes()
+
+
+def assert_same(a: Any, b: Any, path: str = "") -> None:
+    """Assert that two loaded objects are identical, tensors bitwise and in layout."""
+    assert type(a) is type(b), f"{path}: {type(a)} != {type(b)}"
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype, path
+        assert a.shape == b.shape, path
+        assert a.stride() == b.stride(), path
+        assert a.storage_offset() == b.storage_offset(), path
+        assert a.requires_grad == b.requires_grad, path
+        assert a.device == b.device, path
+        assert a.untyped_storage().nbytes() == b.untyped_storage().nbytes(), path
+        assert tensor_bytes(a) == tensor_bytes(b), path
+    elif isinstance(a, dict):
+        assert list(a.keys()) == list(b.keys()), path
+        for k in a:
+            assert_same(a[k], b[k], f"{path}[{k!r}]")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same(x, y, f"{path}[{i}]")
+    else:
+        assert a == b, path
+
+
+def tensors(obj: Any) -> list[torch.Tensor]:
+    """Every tensor in a nested structure, in order."""
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, dict):
+        return [t for v in obj.values() for t in tensors(v)]
+    if isinstance(obj, (list, tuple)):
+        return [t for v in obj for t in tensors(v)]
+    return []
+
+
+def sharing(obj: Any) -> list[int]:
+    """For each tensor, the index of the first tensor with the same storage (the aliasing pattern)."""
+    ts = tensors(obj)
+    ptrs = [t.untyped_storage().data_ptr() for t in ts]
+    return [ptrs.index(p) if p else i for i, p in enumerate(ptrs)]

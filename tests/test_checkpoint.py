@@ -1,0 +1,226 @@
+"""pyfastensor.save / load as drop-ins for torch.save / torch.load."""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import subprocess
+import sys
+import zipfile
+
+import pytest
+import torch
+from checkpoint_helpers import assert_same, sharing
+
+import pyfastensor
+
+
+class Tiny(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(50, 16)
+        self.block = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 16))
+        self.norm = torch.nn.LayerNorm(16)
+        self.head = torch.nn.Linear(16, 50, bias=False)
+        self.head.weight = self.emb.weight  # tied
+        self.register_buffer("steps", torch.tensor(7))
+
+
+def training_state() -> dict:
+    torch.manual_seed(0)
+    model = Tiny()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    for _ in range(2):
+        x = torch.randint(0, 50, (4, 5))
+        model.head(model.norm(model.block(model.emb(x)))).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    return {"model": model.state_dict(), "optimizer": opt.state_dict(), "epoch": 3, "note": "hi"}
+
+
+DTYPES = [
+    torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64, torch.complex128,
+    torch.bool, torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64,
+    torch.uint16, torch.uint32, torch.uint64,
+    torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz,
+]
+
+
+def sample(dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1)
+    raw = torch.randint(0, 256, (max(1, torch.Size(shape).numel()) * torch.empty(0, dtype=dtype).element_size(),),
+                        dtype=torch.uint8, generator=g)
+    t = raw.view(dtype)[: torch.Size(shape).numel()].reshape(shape)
+    return t.clone()
+
+
+def odd_tensors() -> dict:
+    base = torch.arange(100, dtype=torch.float32)
+    mat = torch.randn(6, 7)
+    obj = {f"{d}".replace("torch.", ""): sample(d, (3, 5)) for d in DTYPES}
+    obj.update({
+        "base": base, "slice": base[10:20], "view2d": base.view(10, 10), "transposed": base.view(10, 10).t(),
+        "strided": mat[:, ::2], "mat": mat, "scalar": torch.tensor(3.5), "empty": torch.zeros(0, 4),
+        "empty_int": torch.zeros(0, dtype=torch.int64), "grad": torch.ones(3, requires_grad=True),
+        "param": torch.nn.Parameter(torch.randn(2, 2)), "nested": [{"a": (base[5:7], torch.tensor([1, 2]))}],
+        "frozen_param": torch.nn.Parameter(torch.randn(2), requires_grad=False),
+    })
+    return obj
+
+
+@pytest.mark.parametrize("make", [training_state, odd_tensors], ids=["train_state", "odd_tensors"])
+@pytest.mark.parametrize("weights_only", [True, False])
+def test_round_trip_matches_torch(tmp_path, make, weights_only):
+    obj = make()
+    ours, theirs = tmp_path / "ours.pt", tmp_path / "theirs.pt"
+    pyfastensor.save(obj, ours)
+    torch.save(obj, theirs)
+    reference = torch.load(theirs, weights_only=weights_only)
+    for got in (
+        pyfastensor.load(ours, weights_only=weights_only),  # ours by us
+        torch.load(ours, weights_only=weights_only),  # ours by stock torch
+        pyfastensor.load(theirs, weights_only=weights_only),  # torch's by us
+    ):
+        assert_same(got, reference)
+        assert sharing(got) == sharing(reference)
+
+
+def test_views_share_storage_after_load(tmp_path):
+    obj = odd_tensors()
+    pyfastensor.save(obj, tmp_path / "x.pt")
+    got = pyfastensor.load(tmp_path / "x.pt")
+    base = got["base"]
+    for k in ("slice", "view2d", "transposed"):
+        assert got[k].untyped_storage().data_ptr() == base.untyped_storage().data_ptr()
+    assert got["slice"].storage_offset() == 10
+    assert got["nested"][0]["a"][0].storage_offset() == 5
+    got["base"][12] = -1.0
+    assert got["slice"][2] == -1.0
+    m = training_state()["model"]
+    pyfastensor.save(m, tmp_path / "m.pt")
+    m2 = pyfastensor.load(tmp_path / "m.pt")
+    assert m2["head.weight"].data_ptr() == m2["emb.weight"].data_ptr()  # tied stays tied
+
+
+def test_storage_records_are_4k_aligned_and_zip_valid(tmp_path):
+    pyfastensor.save(odd_tensors(), tmp_path / "x.pt")
+    with zipfile.ZipFile(tmp_path / "x.pt") as z:
+        assert z.testzip() is None  # every CRC-32 right
+        assert z.read("archive/.storage_alignment") == b"4096"
+        for info in z.infolist():
+            if info.filename.startswith("archive/data/"):
+                data_off = info.header_offset + 30 + len(info.filename) + len(
+                    _local_extra(tmp_path / "x.pt", info.header_offset))
+                assert data_off % 4096 == 0, info.filename
+                assert info.compress_type == zipfile.ZIP_STORED
+
+
+def _local_extra(path, off: int) -> bytes:
+    with open(path, "rb") as f:
+        f.seek(off)
+        h = f.read(30)
+        n, m = int.from_bytes(h[26:28], "little"), int.from_bytes(h[28:30], "little")
+        f.seek(off + 30 + n)
+        return f.read(m)
+
+
+def test_torch_offset_arithmetic_agrees(tmp_path):
+    """torch's mmap loader computes record offsets from miniz's layout; ours must match."""
+    pyfastensor.save(odd_tensors(), tmp_path / "x.pt")
+    code = (
+        "import torch, sys\n"
+        "from torch.utils.serialization import config\n"
+        "config.load.calculate_storage_offsets = True\n"
+        "a = torch.load(sys.argv[1], mmap=True)\n"
+        "b = torch.load(sys.argv[1], map_location='meta')\n"
+        "assert torch.equal(a['base'], torch.arange(100, dtype=torch.float32))\n"
+    )
+    env = dict(os.environ, TORCH_SERIALIZATION_DEBUG="1")
+    subprocess.run([sys.executable, "-c", code, str(tmp_path / "x.pt")], check=True, env=env)
+
+
+@pytest.mark.parametrize("engine", ["posix", "direct"])
+def test_reads_torch_files_unaligned(tmp_path, engine):
+    obj = {"big": torch.randn(300_001), "small": torch.arange(7), "odd": torch.randn(5000, 3)[:, 1]}
+    torch.save(obj, tmp_path / "t.pt")
+    assert_same(pyfastensor.load(tmp_path / "t.pt", engine=engine), torch.load(tmp_path / "t.pt"))
+    pyfastensor.save(obj, tmp_path / "o.pt", engine=engine)
+    assert_same(pyfastensor.load(tmp_path / "o.pt", engine=engine), torch.load(tmp_path / "t.pt"))
+
+
+def test_legacy_format_is_handed_to_torch(tmp_path):
+    obj = training_state()
+    torch.save(obj, tmp_path / "legacy.pt", _use_new_zipfile_serialization=False)
+    assert_same(pyfastensor.load(tmp_path / "legacy.pt"), torch.load(tmp_path / "legacy.pt"))
+    pyfastensor.save(obj, tmp_path / "legacy2.pt", _use_new_zipfile_serialization=False)
+    with open(tmp_path / "legacy2.pt", "rb") as f:
+        assert not zipfile.is_zipfile(f)
+    assert_same(pyfastensor.load(tmp_path / "legacy2.pt"), torch.load(tmp_path / "legacy.pt"))
+
+
+def test_file_like_objects(tmp_path):
+    obj = training_state()
+    buf = io.BytesIO()
+    buf.write(b"prefix")
+    pyfastensor.save(obj, buf)
+    buf.seek(6)
+    assert_same(torch.load(buf), obj)
+    buf.seek(6)
+    assert_same(pyfastensor.load(buf), obj)
+    torch_buf = io.BytesIO()
+    torch.save(obj, torch_buf)
+    torch_buf.seek(0)
+    assert_same(pyfastensor.load(torch_buf), obj)
+    with open(tmp_path / "f.pt", "wb") as f:
+        pyfastensor.save(obj, f)
+    with open(tmp_path / "f.pt", "rb") as f:
+        assert_same(pyfastensor.load(f), obj)
+
+
+def test_map_location_forms(tmp_path):
+    obj = odd_tensors()
+    pyfastensor.save(obj, tmp_path / "x.pt")
+    seen = []
+
+    def relocate(storage, location):
+        seen.append((location, bytes(storage[:4]) if storage.nbytes() >= 4 else b""))
+        return storage
+
+    for ml in ("cpu", torch.device("cpu"), {"cpu": "cpu"}, relocate, lambda s, loc: None):
+        ours = pyfastensor.load(tmp_path / "x.pt", map_location=ml)
+        theirs = torch.load(tmp_path / "x.pt", map_location=ml)
+        assert_same(ours, theirs)
+    # The callable sees filled CPU storages, tagged with their saved location, as torch's does.
+    assert seen[: len(seen) // 2] == seen[len(seen) // 2:]
+    assert all(loc == "cpu" for loc, _ in seen)
+
+
+class Payload:
+    def __reduce__(self):
+        return (os.system, (f"touch {Payload.marker}",))
+
+
+def test_weights_only_refuses_code(tmp_path):
+    Payload.marker = str(tmp_path / "pwned")
+    torch.save({"w": torch.ones(2), "evil": Payload()}, tmp_path / "evil.pt")
+    with pytest.raises(pickle.UnpicklingError, match="weights_only=False"):
+        pyfastensor.load(tmp_path / "evil.pt")
+    assert not os.path.exists(Payload.marker)
+    pyfastensor.save({"w": torch.ones(2), "evil": Payload()}, tmp_path / "evil2.pt")
+    with pytest.raises(pickle.UnpicklingError):
+        pyfastensor.load(tmp_path / "evil2.pt", weights_only=True)
+    assert not os.path.exists(Payload.marker)
+
+
+def test_weights_only_false_loads_arbitrary_objects(tmp_path):
+    obj = {"set": {1, 2}, "t": torch.ones(2), "cls": Tiny}
+    pyfastensor.save(obj, tmp_path / "x.pt")
+    got = pyfastensor.load(tmp_path / "x.pt", weights_only=False)
+    assert got["set"] == {1, 2} and got["cls"] is Tiny
+
+
+def test_same_memory_as_two_dtypes_is_refused_like_torch(tmp_path):
+    t = torch.zeros(4)
+    with pytest.raises(RuntimeError, match="different types"):
+        pyfastensor.save([t, t.view(torch.int32)], tmp_path / "x.pt")
