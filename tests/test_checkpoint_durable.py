@@ -1,0 +1,132 @@
+"""Durable saves: crash safety under SIGKILL, full disks, unwritable directories, stale temp files."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import pyfastensor
+from pyfastensor import NoSpaceError
+
+CHILD = r"""
+import sys, torch, pyfastensor
+target, v = sys.argv[1], int(sys.argv[2])
+def make(v):
+    return {"w": torch.full((1_500_000,), float(v)), "b": torch.full((3000,), float(v), dtype=torch.float64),
+            "small": [torch.full((10,), v) for _ in range(20)], "v": v}
+print("ready", flush=True)
+while True:
+    v += 1
+    pyfastensor.save(make(v), target)
+"""
+
+
+def check_whole(path: Path) -> int:
+    """Load a checkpoint and check it is one complete version; return the version."""
+    got = pyfastensor.load(path)
+    v = got["v"]
+    assert torch.equal(got["w"], torch.full((1_500_000,), float(v)))
+    assert torch.equal(got["b"], torch.full((3000,), float(v), dtype=torch.float64))
+    assert all(torch.equal(t, torch.full((10,), v)) for t in got["small"])
+    return v
+
+
+def temp_files(d: Path) -> list[str]:
+    return sorted(p.name for p in d.iterdir() if ".pyfastensor-tmp-" in p.name)
+
+
+def test_sigkill_during_saves_leaves_old_or_new(tmp_path):
+    """Kill saving processes at random points: the target always loads as one whole version.
+
+    A killed process cannot remove its temporary file; what it leaves is a
+    ``.<name>.pyfastensor-tmp-<pid>-<random>`` file, which loads never look at
+    and the next save to the same target removes (its pid is dead).
+    """
+    rng = random.Random(1234)
+    targets = [tmp_path / f"t{i}" / "ck.pt" for i in range(3)]
+    versions = {}
+    for t in targets:
+        t.parent.mkdir()
+        pyfastensor.save({"w": torch.full((1_500_000,), 0.0), "b": torch.full((3000,), 0.0, dtype=torch.float64),
+                          "small": [torch.full((10,), 0) for _ in range(20)], "v": 0}, t)
+        versions[t] = 0
+    trials, deadline = 0, time.monotonic() + 30
+    left = 0
+    while time.monotonic() < deadline and trials < 30:
+        procs = []
+        for t in targets:
+            p = subprocess.Popen([sys.executable, "-c", CHILD, str(t), str(versions[t])],
+                                 stdout=subprocess.PIPE, text=True)
+            procs.append((t, p))
+        for _, p in procs:
+            assert p.stdout.readline().strip() == "ready"
+        for _, p in procs:
+            time.sleep(rng.uniform(0.0, 0.4))
+            p.send_signal(signal.SIGKILL)
+        for t, p in procs:
+            p.wait()
+            p.stdout.close()
+            v = check_whole(t)
+            assert v >= versions[t]
+            versions[t] = v
+            trials += 1
+            left = max(left, len(temp_files(t.parent)))
+    assert trials >= 9
+    assert any(v > 0 for v in versions.values()), "no save ever completed: the kills came too early"
+    print(f"{trials} kills; versions reached {sorted(versions.values())}; at most {left} temp files left at once")
+    for t in targets:
+        # Whatever temp files the kills left, the next save removes them.
+        pyfastensor.save({"v": -1}, t)
+        assert temp_files(t.parent) == []
+        assert pyfastensor.load(t) == {"v": -1}
+
+
+def test_durable_false_and_temp_names(tmp_path):
+    target = tmp_path / "ck.pt"
+    pyfastensor.save({"x": torch.ones(3)}, target, durable=False)
+    assert torch.equal(pyfastensor.load(target)["x"], torch.ones(3))
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = tmp_path / f".ck.pt.pyfastensor-tmp-{dead.pid}-abcdef"
+    stale.write_bytes(b"half a checkpoint")
+    live = tmp_path / f".ck.pt.pyfastensor-tmp-{os.getpid()}-abcdef"
+    live.write_bytes(b"someone else's save in progress")
+    pyfastensor.save({"x": torch.zeros(3)}, target)
+    assert not stale.exists() and live.exists()
+
+
+def test_full_disk_keeps_previous_checkpoint(mount_fs):
+    d = mount_fs("tmpfs", "size=2m")
+    target = d / "ck.pt"
+    old = {"w": torch.arange(25_000, dtype=torch.float32)}
+    pyfastensor.save(old, target)
+    with pytest.raises(NoSpaceError) as e:
+        pyfastensor.save({"w": torch.zeros(1_000_000)}, target)
+    assert str(target) in str(e.value)
+    assert isinstance(e.value, OSError)
+    assert torch.equal(pyfastensor.load(target)["w"], old["w"])
+    assert temp_files(d) == []
+
+
+def test_unwritable_directory_is_a_permission_error(mount_fs):
+    d = mount_fs("tmpfs", "size=4m")
+    target = d / "ck.pt"
+    pyfastensor.save({"w": torch.ones(4)}, target)
+    subprocess.run(["mount", "-o", "remount,ro", str(d)], check=True)
+    with pytest.raises(PermissionError) as e:
+        pyfastensor.save({"w": torch.zeros(4)}, target)
+    assert str(d) in str(e.value)
+    assert torch.equal(pyfastensor.load(target)["w"], torch.ones(4))
+
+
+def test_missing_directory(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        pyfastensor.save({"w": torch.ones(1)}, tmp_path / "nope" / "ck.pt")
