@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import threading
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from ..errors import NoSpaceError
 from . import codecs
 from ._store import SpillStore
 
@@ -63,10 +65,12 @@ class Held:
     tensor then simply lives in memory.
     """
 
-    __slots__ = ("store", "slot", "keep", "failed", "meter", "lock")
+    __slots__ = ("failed", "keep", "lock", "meter", "report", "slot", "store")
 
-    def __init__(self, store: SpillStore, slot: int, keep: torch.Tensor, meter: Meter) -> None:
+    def __init__(self, store: SpillStore, slot: int, keep: torch.Tensor, meter: Meter,
+                 report: Callable[[NoSpaceError], None]) -> None:
         self.store = store
+        self.report = report  # told of a full disk found only when the slot is freed
         self.slot = slot
         self.keep: torch.Tensor | None = keep
         self.failed = False
@@ -83,7 +87,11 @@ class Held:
 
     def release(self, pending: dict[int, Held]) -> None:
         """Free the slot (waiting for its write), then let the payload go."""
-        pending.pop(self.slot, None)
+        if pending.pop(self.slot, None) is not None and not self.store.closed:
+            try:  # nobody has looked at this write's outcome yet
+                self.store.wait(self.slot)
+            except NoSpaceError as e:
+                self.report(e)
         try:
             self.store.free(self.slot)
         finally:

@@ -173,6 +173,9 @@ class Offload:
                 self._pending.clear()
             else:
                 self._settle_all(store)
+                late, self._late_error = self._late_error, None
+                if late is not None:
+                    self._full_disk(late)
         finally:
             self._summary = self._make_summary(store)
             self.step += 1
@@ -194,6 +197,7 @@ class Offload:
         self._raw_bytes = 0
         self._codec_bytes: dict[str, list[int]] = {}
         self._pack_time = self._unpack_time = 0.0
+        self._late_error: NoSpaceError | None = None
         self._meter.reset_peak()
         stored = sum(1 for r in self._entries if (e := r()) is not None and e.stored)
         window = self.budget if self.budget is not None else 0
@@ -241,6 +245,14 @@ class Offload:
             if self._active:
                 self._drain()
             entry: Entry = h.entry
+            held = entry.held
+            if self._active and held is not None and held.slot in self._pending:
+                try:  # its write's outcome decides where the bytes come from
+                    done = held.store.poll(held.slot)
+                except NoSpaceError:
+                    done = True
+                if done and self._pending.pop(held.slot, None) is not None:
+                    self._settle(held, held.store.poll)
             with self._lock:
                 out = h.view_of(entry.restore())
                 if not entry.seen:
@@ -289,7 +301,7 @@ class Offload:
         except NoSpaceError as e:  # the file could not even grow
             self._full_disk(e)
             return self._keep(entry, raw)
-        entry.held = Held(store, slot, payload, self._meter)
+        entry.held = Held(store, slot, payload, self._meter, self._full_disk_late)
         entry.enc = codecs.with_payload(enc, _EMPTY)
         entry.payload_nbytes = payload.numel()
         self._pending[slot] = entry.held
@@ -343,6 +355,14 @@ class Offload:
             return
         held.written()
 
+    def _full_disk_late(self, e: NoSpaceError) -> None:
+        """A full disk seen when a slot was freed (a finalizer: cannot raise)."""
+        if self.on_full == "raise":
+            self._counts["full"] += 1
+            self._late_error = e
+        else:
+            self._full_disk(e)
+
     def _full_disk(self, e: NoSpaceError) -> None:
         self._counts["full"] += 1
         msg = (f"pyfastensor.offload: the spill filesystem is full ({e}); the tensor stays in memory. "
@@ -352,6 +372,19 @@ class Offload:
         if not self._warned:
             self._warned = True
             warnings.warn(msg + " Warned once per offload object.", RuntimeWarning, stacklevel=3)
+
+    def flush(self) -> None:
+        """Wait for every write in flight and let go of the tensors written.
+
+        Useful between forward and backward to free the activations' memory
+        at once, rather than as their writes complete.
+
+        Raises:
+            NoSpaceError: with ``on_full="raise"``, when a write found the
+                spill filesystem full.
+        """
+        if self._store is not None:
+            self._settle_all(self._store)
 
     # -- reporting -------------------------------------------------------------
 

@@ -1,0 +1,102 @@
+"""Faults under pyfastensor.offload: full disk, bad spill directory, exceptions mid-step."""
+
+from __future__ import annotations
+
+import gc
+import warnings
+
+import pytest
+import torch
+from offload_models import inputs, train
+from torch import nn
+
+import pyfastensor
+from pyfastensor import _lib
+
+
+def test_missing_spill_dir_fails_at_entry(tmp_path):
+    missing = tmp_path / "nope"
+    off = pyfastensor.offload(spill_dir=str(missing))
+    with pytest.raises(pyfastensor.NotFoundError, match=str(missing)):
+        with off:
+            pass
+    assert _lib.handle_count() == 0
+
+
+def test_read_only_spill_dir_fails_at_entry(mount_fs):
+    ro = mount_fs("tmpfs", "ro,size=1m")
+    with pytest.raises(pyfastensor.FastensorError, match=f"{ro}.*spill_dir"):
+        with pyfastensor.offload(spill_dir=str(ro)):
+            pass
+
+
+def test_bad_options_name_the_option():
+    with pytest.raises(ValueError, match="tier 'disk'"):
+        pyfastensor.offload(tier="disk")
+    with pytest.raises(ValueError, match="compression"):
+        pyfastensor.offload(compression="zip")
+    with pytest.raises(ValueError, match="on_full"):
+        pyfastensor.offload(on_full="ignore")
+
+
+def test_exception_mid_step_leaks_nothing(tmp_path):
+    lin = nn.Linear(256, 256)
+    off = pyfastensor.offload(spill_dir=str(tmp_path), min_size=4096)
+
+    def step():
+        with off:
+            loss = torch.relu(lin(torch.randn(128, 256))).sum()
+            assert off._store.stats()["live_slots"] > 0
+            raise KeyError("boom")
+        return loss
+
+    with pytest.raises(KeyError):
+        step()
+    gc.collect()
+    assert _lib.handle_count() == 0
+    assert list(tmp_path.iterdir()) == []
+    with off:  # the object is usable again
+        torch.relu(lin(torch.randn(128, 256))).sum().backward()
+    gc.collect()
+    assert _lib.handle_count() == 0
+
+
+def test_backward_after_failed_step_says_why(tmp_path):
+    lin = nn.Linear(256, 256)
+    off = pyfastensor.offload(spill_dir=str(tmp_path), min_size=4096)
+    loss = None
+    with pytest.raises(KeyError):
+        with off:
+            loss = torch.relu(lin(torch.randn(128, 256))).sum()
+            off.flush()
+            raise KeyError("boom")
+    with pytest.raises(RuntimeError, match="store is closed"):
+        loss.backward()
+
+
+def test_full_disk_warns_once_and_trains_correctly(mount_fs):
+    small = mount_fs("tmpfs", "size=1m")
+    model, batch_of = inputs("mlp", batch=256)
+    want = train(model, batch_of, steps=2)
+    off = pyfastensor.offload(spill_dir=str(small), min_size=16 << 10)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = train(model, batch_of, steps=2, ctx=lambda: off)
+    full = [w for w in caught if "spill filesystem is full" in str(w.message)]
+    assert len(full) == 1
+    assert off.summary().full_disk_events > 0
+    for a, b in zip(want, got, strict=True):
+        for x, y in zip(a, b, strict=True):
+            assert torch.equal(x, y)
+    gc.collect()
+    assert _lib.handle_count() == 0
+
+
+def test_full_disk_raises_on_request(mount_fs):
+    small = mount_fs("tmpfs", "size=1m")
+    model, batch_of = inputs("mlp", batch=256)
+    off = pyfastensor.offload(spill_dir=str(small), min_size=16 << 10, on_full="raise")
+    with pytest.raises(pyfastensor.NoSpaceError, match="on_full='warn'"):
+        train(model, batch_of, steps=1, ctx=lambda: off)
+    gc.collect()
+    assert _lib.handle_count() == 0

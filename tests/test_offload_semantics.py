@@ -1,0 +1,222 @@
+"""What autograd sees through pyfastensor.offload: params, dedupe, views, reuse, checkpoint."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+import torch.utils.checkpoint as cp
+from torch import nn
+
+import pyfastensor
+from pyfastensor import _lib
+from pyfastensor.offload._store import SpillStore
+
+KIB = 1 << 10
+
+
+@pytest.fixture
+def puts(monkeypatch):
+    """Addresses and sizes of every put into a spill store."""
+    seen: list[tuple[int, int]] = []
+    real = SpillStore.put
+
+    def spy(self, addr, n):
+        seen.append((addr, n))
+        return real(self, addr, n)
+
+    monkeypatch.setattr(SpillStore, "put", spy)
+    return seen
+
+
+class Probe(torch.autograd.Function):
+    """y = x * w; saves x and records what backward gets back."""
+
+    seen: list[torch.Tensor] = []
+
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x, w)
+        return x * w
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        Probe.seen.append(x)
+        return g * w, (g * x).sum_to_size(w.shape)
+
+
+def offload(tmp_path, **kw):
+    kw.setdefault("min_size", 4 * KIB)
+    return pyfastensor.offload(spill_dir=str(tmp_path), **kw)
+
+
+def test_parameters_and_buffers_never_offloaded(tmp_path, puts):
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(256, 256)
+            self.frozen = nn.Parameter(torch.randn(256, 256), requires_grad=False)
+            self.register_buffer("scale", torch.randn(64, 256))
+
+        def forward(self, x):
+            h = torch.relu(self.lin(x)) @ self.frozen
+            return h * self.scale
+
+    m = M()
+    x = torch.randn(64, 256)
+    with offload(tmp_path, module=m) as off:
+        m(x).sum().backward()
+    own = {t.untyped_storage().data_ptr() for t in [*m.parameters(), *m.buffers()]}
+    assert puts, "activations were offloaded"
+    assert not own & {addr for addr, _ in puts}
+    assert off.summary().skipped_tensors >= 2
+
+
+def test_same_storage_offloaded_once(tmp_path, puts):
+    lin = nn.Linear(128, 128)
+    x = torch.randn(64, 128)
+    with offload(tmp_path) as off:
+        y = torch.relu(lin(x))
+        (y * y).sum().backward()  # relu saves y, mul saves y twice
+    s = off.summary()
+    assert s.deduplicated >= 2
+    addrs = [a for a, _ in puts]
+    assert len(addrs) == len(set(addrs))
+
+
+@pytest.mark.parametrize("tier", ["ssd", "host"])
+def test_views_restored_exactly(tmp_path, tier):
+    leaf = torch.randn(64, 96, requires_grad=True)
+    views = {
+        "transpose": lambda b: b.t(),
+        "slice": lambda b: b[3:, 5::3],
+        "expand": lambda b: b[:1].expand(64, 96),
+        "dtype-strided": lambda b: b.double()[::2].t(),
+    }
+    for name, make in views.items():
+        v = make(leaf * 1)  # a view of a non-leaf
+        w = torch.randn(v.shape, requires_grad=True)
+        Probe.seen.clear()
+        with offload(tmp_path, tier=tier, min_size=1) as off:
+            y = Probe.apply(v, w).sum()
+            off.flush()  # the bytes come back from the store, not from v's memory
+            y.backward()
+        got = Probe.seen[0]
+        assert got.shape == v.shape, name
+        assert got.stride() == v.stride(), name
+        assert got.storage_offset() == v.storage_offset(), name
+        assert got.dtype == v.dtype and got.device == v.device, name
+        assert torch.equal(got, v), name
+        assert got.untyped_storage().data_ptr() != v.untyped_storage().data_ptr() or name == "expand"
+
+
+def test_small_tensors_stay_in_memory(tmp_path, puts):
+    x = torch.randn(16, 16) * 1
+    w = torch.randn(16, 16, requires_grad=True)
+    Probe.seen.clear()
+    with offload(tmp_path, min_size=1 << 20) as off:
+        Probe.apply(x, w).sum().backward()
+    assert Probe.seen[0] is x
+    assert not puts
+    assert off.summary().offloaded_tensors == 0
+
+
+def test_unpack_twice_with_retain_graph(tmp_path):
+    torch.manual_seed(0)
+    lin1, lin2 = nn.Linear(128, 256), nn.Linear(256, 8)
+    x = torch.randn(64, 128)
+
+    def run(ctx):
+        with ctx:
+            loss = lin2(torch.relu(lin1(x))).square().sum()
+            g1 = torch.autograd.grad(loss, [lin1.weight, lin2.weight], retain_graph=True)
+            gc.collect()
+            g2 = torch.autograd.grad(loss, [lin1.weight, lin2.weight])
+        return g1, g2
+
+    (a1, a2), (b1, b2) = run(torch.enable_grad()), run(offload(tmp_path))
+    for want, got in zip([*a1, *a2], [*b1, *b2], strict=True):
+        assert torch.equal(want, got)
+
+
+def test_double_backward(tmp_path):
+    torch.manual_seed(0)
+    lin = nn.Linear(64, 64)
+    x = torch.randn(128, 64, requires_grad=True)
+
+    def run(ctx):
+        lin.zero_grad()
+        with ctx:
+            y = torch.tanh(lin(x)).sum()
+            (gx,) = torch.autograd.grad(y, x, create_graph=True)
+            gx.square().sum().backward()
+        return lin.weight.grad.clone()
+
+    assert torch.equal(run(torch.enable_grad()), run(offload(tmp_path)))
+
+
+def test_checkpoint_inside_and_around(tmp_path):
+    torch.manual_seed(0)
+    blocks = nn.Sequential(*[nn.Sequential(nn.Linear(128, 128), nn.GELU()) for _ in range(3)])
+    x = torch.randn(64, 128)
+    inner = offload(tmp_path)
+
+    def run(mode):
+        blocks.zero_grad()
+        if mode == "plain":
+            blocks(x).sum().backward()
+        elif mode == "checkpoint-inside":
+            with offload(tmp_path):
+                h = cp.checkpoint(blocks[0], x, use_reentrant=False)
+                blocks[2](blocks[1](h)).sum().backward()
+        else:  # offload inside a checkpointed function (also during recomputation)
+            def fn(t):
+                with inner:
+                    return blocks[1](blocks[0](t))
+            blocks[2](cp.checkpoint(fn, x, use_reentrant=False)).sum().backward()
+        return [p.grad.clone() for p in blocks.parameters()]
+
+    want = run("plain")
+    for mode in ("checkpoint-inside", "offload-inside-checkpoint"):
+        for w, g in zip(want, run(mode), strict=True):
+            assert torch.equal(w, g), mode
+    gc.collect()
+    assert _lib.handle_count() == 0
+
+
+def test_inplace_ops_autograd_allows(tmp_path):
+    torch.manual_seed(0)
+    lin1, lin2 = nn.Linear(64, 128), nn.Linear(128, 64)
+    x = torch.randn(256, 64)
+
+    def run(ctx):
+        lin1.zero_grad()
+        lin2.zero_grad()
+        with ctx:
+            h = lin1(x)
+            h.relu_()  # relu_ saves its result; h is not saved by lin1
+            h2 = lin2(h)
+            h2.mul_(2)  # lin2 does not save its output
+            h2.sum().backward()
+        return [lin1.weight.grad.clone(), lin2.weight.grad.clone()]
+
+    for w, g in zip(run(torch.enable_grad()), run(offload(tmp_path)), strict=True):
+        assert torch.equal(w, g)
+
+
+def test_slot_freed_when_autograd_drops_it(tmp_path):
+    lin = nn.Linear(256, 256)
+    off = offload(tmp_path)
+    with off:
+        loss = torch.relu(lin(torch.randn(64, 256))).sum()
+        live = off._store.stats()["live_slots"]
+        assert live > 0
+        store = off._store
+    assert store.stats()["live_slots"] == live, "exit does not free what the graph still holds"
+    loss.backward()  # backward outside the context still works, then frees the slots
+    gc.collect()
+    assert store.stats()["live_slots"] == 0
+    del store  # the store closes with its last reference
+    assert _lib.handle_count() == 0
