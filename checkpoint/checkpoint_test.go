@@ -11,8 +11,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 
+	"github.com/pyfastensor/pyfastensor/gds"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -30,7 +32,7 @@ func randBytes(n int, seed uint64) []byte {
 // records, records under and over the extent and piece sizes, sizes that
 // are not multiples of any block.
 func sampleRecords() []Record {
-	sizes := []int{0, 1, 4095, 4096, 70001, extentMin, extentMin + 13, pieceSize + 4097, 2*pieceSize + 1}
+	sizes := []int{0, 1, 4095, 4096, 70001, extentMin, extentMin + 13, gds.DefaultTaskSize + 4097, 2*gds.DefaultTaskSize + 1}
 	recs := []Record{{Name: "archive/data.pkl", Data: []byte("pickle bytes")}}
 	for i, n := range sizes {
 		recs = append(recs, Record{Name: fmt.Sprintf("archive/data/%d", i), Data: randBytes(n, uint64(i)), Align: DataAlign})
@@ -238,4 +240,43 @@ func TestNotAZip(t *testing.T) {
 	require.NoError(t, os.WriteFile(path, []byte("hello, not a zip at all"), 0o644))
 	_, err := OpenArchive(path)
 	require.True(t, errors.Is(err, ErrCorrupt), "%v", err)
+}
+
+func TestTaskPanicReachesCaller(t *testing.T) {
+	assert.PanicsWithValue(t, true, func() {
+		defer func() {
+			if r := recover(); r != nil {
+				panic(strings.Contains(fmt.Sprint(r), "boom"))
+			}
+		}()
+		_ = runTasks(10, 4, func(i int) error {
+			if i == 3 {
+				panic("boom")
+			}
+			return nil
+		})
+	})
+}
+
+// A piece may be any size up to the engines' task size; a task size that
+// does not divide records must still work (pieces of odd sizes, straight
+// and bounced).
+func TestOddTaskSize(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "ck.pt")
+	recs := sampleRecords()
+	opts := gds.Options{TaskSize: 3<<20 + 4096}
+	_, err := Save(path, recs, WriteOptions{Chooser: &ThresholdChooser{Direct: true, Threshold: 1}, Engine: opts})
+	require.NoError(t, err)
+	a, err := OpenArchive(path)
+	require.NoError(t, err)
+	reqs := make([]ReadRequest, len(a.Entries))
+	for i, e := range a.Entries {
+		reqs[i] = ReadRequest{Index: i, Dst: make([]byte, e.Size)}
+	}
+	_, err = a.Read(reqs, ReadOptions{Chooser: &ThresholdChooser{Direct: true, Threshold: 1}, Engine: opts})
+	require.NoError(t, err)
+	for i := range reqs {
+		assert.True(t, bytes.Equal(recs[i].Data, reqs[i].Dst), recs[i].Name)
+	}
 }

@@ -1,8 +1,12 @@
 package checkpoint
 
 import (
+	"fmt"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
+
+	"github.com/pyfastensor/pyfastensor/gds"
 )
 
 // DefaultWorkers is the number of transfers in flight in a save or load.
@@ -10,13 +14,24 @@ import (
 // machine, since the goroutines mostly wait on I/O.
 const DefaultWorkers = 8
 
-// pieceSize is the largest transfer one task moves; larger records are
-// split so that their pieces (and their CRC-32s) run on several goroutines.
-const pieceSize = 16 << 20
+// pieceSize returns the largest transfer one task moves: the engines' task
+// size. Larger records are split so that their pieces (and their CRC-32s)
+// run on several goroutines; a piece never exceeds one engine task, so the
+// engine moves it in one go (and one bounce buffer holds it).
+func pieceSize(o gds.Options) int64 {
+	if o.TaskSize > 0 {
+		return o.TaskSize
+	}
+	return gds.DefaultTaskSize
+}
 
 // runTasks calls fn(i) for i in [0, n) on up to workers goroutines and
 // returns the error of the lowest-numbered task that failed. After a
 // failure, tasks not yet started are skipped.
+//
+// A panic in a task is recovered on its goroutine (where nothing could
+// recover it) and raised again on the caller's, once every worker has
+// stopped, so the C boundary's recovery sees it.
 func runTasks(n, workers int, fn func(i int) error) error {
 	if n == 0 {
 		return nil
@@ -29,11 +44,20 @@ func runTasks(n, workers int, fn func(i int) error) error {
 		errAt  = n
 		first  error
 		wg     sync.WaitGroup
+		panicV any
 	)
 	for range workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			defer func() {
+				if r := recover(); r != nil {
+					failed.Store(true)
+					mu.Lock()
+					panicV = fmt.Sprintf("%v\n%s", r, debug.Stack())
+					mu.Unlock()
+				}
+			}()
 			for !failed.Load() {
 				i := int(next.Add(1) - 1)
 				if i >= n {
@@ -51,6 +75,9 @@ func runTasks(n, workers int, fn func(i int) error) error {
 		}()
 	}
 	wg.Wait()
+	if panicV != nil {
+		panic(panicV)
+	}
 	return first
 }
 
@@ -61,13 +88,11 @@ type piece struct {
 	lo, hi int64
 }
 
-// splitPieces cuts a record of size bytes into pieces of at most pieceSize.
-func splitPieces(rec int, size int64) []piece {
+// splitPieces cuts a record of size bytes into pieces of at most ps bytes.
+func splitPieces(rec int, size, ps int64) []piece {
 	var out []piece
-	for lo, i := int64(0), 0; lo < size; lo, i = lo+pieceSize, i+1 {
-		out = append(out, piece{rec: rec, index: i, lo: lo, hi: min(lo+pieceSize, size)})
+	for lo, i := int64(0), 0; lo < size; lo, i = lo+ps, i+1 {
+		out = append(out, piece{rec: rec, index: i, lo: lo, hi: min(lo+ps, size)})
 	}
 	return out
 }
-
-func piecesOf(size int64) int { return int((size + pieceSize - 1) / pieceSize) }

@@ -61,7 +61,7 @@ func (a *Archive) Read(reqs []ReadRequest, o ReadOptions) (st Stats, err error) 
 		if e.Method != 0 {
 			return st, fmt.Errorf("%w: record %q is compressed (method %d)", gds.ErrUnsupported, e.Name, e.Method)
 		}
-		ps := splitPieces(i, e.Size)
+		ps := splitPieces(i, e.Size, pieceSize(o.Engine))
 		crcs[i] = newPieceCRCs(len(ps))
 		engines[i] = o.Chooser.Engine(OpRead, e.Size)
 		tasks = append(tasks, ps...)

@@ -166,7 +166,7 @@ func (w *writer) write() error {
 		if size == 0 {
 			continue
 		}
-		ps := splitPieces(i, size)
+		ps := splitPieces(i, size, pieceSize(w.o.Engine))
 		crcs[i] = newPieceCRCs(len(ps))
 		left[i].Store(int64(len(ps)))
 		if size >= extentMin {
