@@ -39,13 +39,14 @@ __all__ = [
     "__version__",
     "info",
     "load",
+    "open",
     "save",
     "offload",
 ]
 
 # Checkpoint functions import torch, so they load on first use: importing
 # pyfastensor stays cheap.
-_LAZY = {"save": ".checkpoint", "load": ".checkpoint"}
+_LAZY = {"save": ".checkpoint", "load": ".checkpoint", "open": ".checkpoint"}
 
 
 def __getattr__(name: str) -> object:

@@ -5,7 +5,8 @@ through the I/O engines in parallel and checks CRC-32s; this package pickles
 the object skeleton and unpickles it with torch's own machinery.
 """
 
+from .lazy import CheckpointReader, open
 from .load import load
 from .save import save
 
-__all__ = ["load", "save"]
+__all__ = ["CheckpointReader", "load", "open", "save"]

@@ -1,0 +1,229 @@
+"""pyfastensor.open: the keys of a checkpoint now, the tensors you choose when you ask."""
+
+from __future__ import annotations
+
+import copy
+import os
+import pickle
+import sys
+import weakref
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+
+from ._native import Archive
+from ._torchzip import PreloadedZip
+from .load import MapLocation
+
+
+class _SkeletonZip(PreloadedZip):
+    """Serves the small records for real and every storage as an empty meta storage."""
+
+    def __init__(self, archive: Archive, prefix: str) -> None:
+        self.archive, self.prefix = archive, prefix
+        self._small = {e.name: archive.read_bytes(e.name) for e in archive.entries
+                       if not e.name.startswith(prefix + "data/")}
+        self.meta: dict[int, str] = {}  # meta storage _cdata -> record name
+        self._keep: list[torch.Tensor] = []
+
+    def get_storage_from_record(self, name: str, numel: int, _cls: Any) -> torch.Tensor:
+        t = torch.empty(numel, dtype=torch.uint8, device="meta")
+        self._keep.append(t)
+        self.meta[t.untyped_storage()._cdata] = self.prefix + name
+        return t
+
+
+class CheckpointReader:
+    """A checkpoint opened for lazy, partial loading; see :func:`open`.
+
+    The object's skeleton is unpickled when the reader opens (tensors as
+    shape-only meta tensors, no data read); each :meth:`load` then reads only
+    the storage records its tensors need, in one parallel native read,
+    straight into their destination storages. Tensors that share a storage
+    share it in what you load too, across calls, for as long as the reader
+    lives. Not safe for concurrent use from several threads.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        map_location: MapLocation = None,
+        weights_only: bool = True,
+        verify: bool = True,
+        engine: str | None = None,
+    ) -> None:
+        self.path = os.fspath(path)
+        self._archive = Archive(self.path)
+        names = [e.name for e in self._archive.entries]
+        if not names or "/" not in names[0]:
+            raise ValueError(f"{self.path} is not a torch zip checkpoint")
+        prefix = names[0].split("/", 1)[0] + "/"
+        if self._archive.index.get(prefix + "byteorder") is not None:
+            order = self._archive.read_bytes(prefix + "byteorder").decode()
+            if order != sys.byteorder:
+                raise NotImplementedError(f"{self.path} is {order}-endian; use pyfastensor.load")
+        self._zip = _SkeletonZip(self._archive, prefix)
+        self._locations: dict[int, str] = {}
+
+        def note_location(storage: Any, location: str) -> Any:
+            self._locations[storage._cdata] = location
+            return storage
+
+        module = torch.serialization._weights_only_unpickler if weights_only else pickle
+        self._skeleton = torch.serialization._load(self._zip, note_location, module,
+                                                   weights_only=weights_only, encoding="utf-8")
+        self._restore = torch.serialization._get_restore_location(map_location)
+        self._verify, self._engine = verify, engine
+        # record name -> weak references to the tensors built on its storage, so
+        # a storage loaded once is shared by later loads while any of them lives.
+        self._loaded: dict[str, list[weakref.ref[torch.Tensor]]] = {}
+        self._by_name = {name: cdata for cdata, name in self._zip.meta.items()}
+
+    @property
+    def skeleton(self) -> Any:
+        """The whole object with every tensor as a meta tensor (shapes, dtypes, no data)."""
+        return self._skeleton
+
+    def keys(self) -> list[Any]:
+        """Top-level keys, when the saved object is a mapping (a state dict)."""
+        if not isinstance(self._skeleton, dict):
+            raise TypeError(f"{self.path} holds a {type(self._skeleton).__name__}, not a mapping")
+        return list(self._skeleton.keys())
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.keys())
+
+    def __len__(self) -> int:
+        return len(self.keys())
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(self._skeleton, dict) and key in self._skeleton
+
+    def __getitem__(self, key: Any) -> Any:
+        return self.load([key])[key]
+
+    def load(self, keys: Iterable[Any] | None = None) -> Any:
+        """Load the values of ``keys`` (all of the object when None), reading only their records.
+
+        Returns:
+            A dict of key to value for ``keys``; the whole object for None.
+        """
+        if keys is None:
+            return self._materialize([self._skeleton])[0]
+        keys = list(keys)
+        missing = [k for k in keys if k not in self]
+        if missing:
+            raise KeyError(f"{missing!r} not in {self.path}")
+        values = self._materialize([self._skeleton[k] for k in keys])
+        return dict(zip(keys, values, strict=True))
+
+    def _materialize(self, values: list[Any]) -> list[Any]:
+        metas: list[torch.Tensor] = []
+        _collect(values, metas)
+        storages: dict[str, Any] = {}
+        need: dict[str, int] = {}
+        for t in metas:
+            name = self._zip.meta[t.untyped_storage()._cdata]
+            if name in storages or name in need:
+                continue
+            alive = [r() for r in self._loaded.get(name, [])]
+            alive = [a for a in alive if a is not None]
+            if alive:
+                storages[name] = alive[0].untyped_storage()
+            else:
+                need[name] = self._archive.index[name]
+        fresh: dict[str, torch.Tensor] = {n: torch.empty(self._archive.entries[i].size, dtype=torch.uint8)
+                                          for n, i in need.items()}
+        if fresh:
+            self._archive.read([(need[n], t.data_ptr(), t.numel()) for n, t in fresh.items()],
+                               verify=self._verify, engine=self._engine)
+        for n, t in fresh.items():
+            location = self._locations.get(self._by_name[n], "cpu")
+            storages[n] = self._restore(t.untyped_storage(), location)
+        built = [_rebuild(v, self._zip.meta, storages) for v in values]
+        out: list[torch.Tensor] = []
+        _collect(built, out)
+        for meta_t, t in zip(metas, out, strict=True):
+            name = self._zip.meta[meta_t.untyped_storage()._cdata]
+            self._loaded.setdefault(name, []).append(weakref.ref(t))
+        return built
+
+    def close(self) -> None:
+        """Release the native handle."""
+        self._archive.close()
+
+    def __enter__(self) -> CheckpointReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _collect(obj: Any, out: list[torch.Tensor]) -> None:
+    if isinstance(obj, torch.Tensor):
+        out.append(obj)
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            _collect(v, out)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            _collect(v, out)
+
+
+def _rebuild(obj: Any, meta: dict[int, str], storages: dict[str, Any]) -> Any:
+    if isinstance(obj, torch.Tensor):
+        storage = storages[meta[obj.untyped_storage()._cdata]]
+        t = torch.empty(0, dtype=obj.dtype, device=storage.device)
+        t.set_(storage, obj.storage_offset(), obj.size(), obj.stride())
+        if isinstance(obj, torch.nn.Parameter):
+            return torch.nn.Parameter(t, requires_grad=obj.requires_grad)
+        return t.requires_grad_(obj.requires_grad) if obj.requires_grad else t
+    if isinstance(obj, dict):
+        out = copy.copy(obj)  # keeps the type and attributes (a state dict's _metadata)
+        for k, v in obj.items():
+            out[k] = _rebuild(v, meta, storages)
+        return out
+    if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
+        return tuple(_rebuild(v, meta, storages) for v in obj)
+    if isinstance(obj, list):
+        return [_rebuild(v, meta, storages) for v in obj]
+    return obj
+
+
+def open(  # noqa: A001 - the name is the API
+    path: str | os.PathLike[str],
+    *,
+    map_location: MapLocation = None,
+    weights_only: bool = True,
+    verify: bool = True,
+    engine: str | None = None,
+) -> CheckpointReader:
+    """Open a checkpoint for lazy, partial loading.
+
+    Only the central directory and the pickled skeleton are read at open;
+    the data of a tensor is read when you load it, straight into its
+    destination storage, CRC-32 checked.
+
+    Args:
+        path: a checkpoint written by :func:`pyfastensor.save` or :func:`torch.save`.
+        map_location: as in :func:`torch.load`. Default: where storages were saved from.
+        weights_only: restricted unpickler for the skeleton. Default: ``True``.
+        verify: check CRC-32s of the records read. Default: ``True``.
+        engine: one I/O engine for every record; default: chosen by size.
+
+    Returns:
+        A :class:`CheckpointReader`: ``keys()``, ``reader[key]``,
+        ``reader.load([k1, k2])``, ``reader.skeleton``.
+
+    Example::
+
+        >>> import torch, pyfastensor
+        >>> pyfastensor.save({"a": torch.ones(2), "b": torch.zeros(3)}, "/tmp/ab.pt")
+        >>> with pyfastensor.open("/tmp/ab.pt") as ck:
+        ...     ck.keys(), ck["b"]
+        (['a', 'b'], tensor([0., 0., 0.]))
+    """
+    return CheckpointReader(path, map_location=map_location, weights_only=weights_only,
+                            verify=verify, engine=engine)

@@ -1,0 +1,98 @@
+"""pyfastensor.open (lazy partial loads) and progress bars."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from checkpoint_helpers import assert_same
+
+import pyfastensor
+from pyfastensor.checkpoint import _native, _progress
+
+
+def state() -> dict:
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 8))
+    sd = m.state_dict()
+    sd["alias"] = sd["0.weight"]
+    sd["view"] = sd["1.weight"][2:4]
+    sd["nested"] = {"x": torch.arange(5), "p": torch.nn.Parameter(torch.ones(2))}
+    return sd
+
+
+def test_open_loads_only_chosen_records(tmp_path, monkeypatch):
+    sd = state()
+    torch.save(sd, tmp_path / "t.pt")  # torch's own file works too
+    pyfastensor.save(sd, tmp_path / "o.pt")
+    for path in (tmp_path / "t.pt", tmp_path / "o.pt"):
+        reads = []
+        real = _native.Archive.read
+
+        def spy(self, rd, reads=reads, real=real, **kw):
+            reads.append([self.entries[i].name for i, _, _ in rd])
+            return real(self, rd, **kw)
+
+        monkeypatch.setattr(_native.Archive, "read", spy)
+        with pyfastensor.open(path) as ck:
+            assert ck.keys() == list(sd.keys())
+            assert ck.skeleton["0.bias"].shape == (16,) and ck.skeleton["0.bias"].is_meta
+            reads.clear()
+            w = ck["0.weight"]
+            assert reads == [["archive/data/0"]] or len(reads[0]) == 1
+            assert_same(w, sd["0.weight"])
+            got = ck.load(["alias", "view", "nested"])
+            assert got["alias"].data_ptr() == w.data_ptr()  # shared across calls
+            assert got["view"].storage_offset() == sd["view"].storage_offset()
+            assert_same(got["nested"], sd["nested"])
+            assert_same(ck.load(), torch.load(path))
+        monkeypatch.undo()
+
+
+def test_open_rejects_missing_keys(tmp_path):
+    pyfastensor.save({"a": torch.ones(1)}, tmp_path / "x.pt")
+    with pyfastensor.open(tmp_path / "x.pt") as ck:
+        assert "a" in ck and "b" not in ck
+        with pytest.raises(KeyError):
+            ck.load(["b"])
+
+
+def slow_down(monkeypatch):
+    """Make every native save and read last 0.3 s, longer than the bar's delay."""
+    import pyfastensor.checkpoint.save as save_mod
+
+    real_write, real_read = save_mod.write_archive, _native.Archive.read
+
+    def write(*a, **kw):
+        time.sleep(0.3)
+        return real_write(*a, **kw)
+
+    def read(self, *a, **kw):
+        time.sleep(0.3)
+        return real_read(self, *a, **kw)
+
+    monkeypatch.setattr(save_mod, "write_archive", write)
+    monkeypatch.setattr(_native.Archive, "read", read)
+
+
+@pytest.mark.parametrize("env,arg,shown", [("1", None, True), ("0", None, False), ("0", True, True),
+                                           ("1", False, False)])
+def test_progress_bar_setting(tmp_path, monkeypatch, capsys, env, arg, shown):
+    monkeypatch.setenv("PYFASTENSOR_PROGRESS", env)
+    monkeypatch.setattr(_progress, "DELAY", 0.05)
+    monkeypatch.setattr(_progress, "MIN_BYTES", 0)
+    slow_down(monkeypatch)
+    obj = {"w": torch.randn(4_000_000)}
+    pyfastensor.save(obj, tmp_path / "x.pt", progress=arg)
+    got = pyfastensor.load(tmp_path / "x.pt", progress=arg)
+    assert torch.equal(got["w"], obj["w"])
+    err = capsys.readouterr().err
+    assert ("save x.pt" in err and "load x.pt" in err) == shown
+
+
+def test_progress_bar_surfaces_errors(tmp_path, monkeypatch):
+    monkeypatch.setattr(_progress, "DELAY", 0.0)
+    monkeypatch.setattr(_progress, "MIN_BYTES", 0)
+    with pytest.raises(FileNotFoundError):
+        pyfastensor.save({"w": torch.ones(10)}, tmp_path / "missing" / "x.pt", progress=True)
