@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 
 import pytest
@@ -60,7 +61,7 @@ def test_open_rejects_missing_keys(tmp_path):
 
 def slow_down(monkeypatch):
     """Make every native save and read last 0.3 s, longer than the bar's delay."""
-    import pyfastensor.checkpoint.save as save_mod
+    save_mod = sys.modules["pyfastensor.checkpoint.save"]  # the name `save` is the function
 
     real_write, real_read = save_mod.write_archive, _native.Archive.read
 
