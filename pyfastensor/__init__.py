@@ -37,6 +37,7 @@ __all__ = [
     "PermissionDeniedError",
     "UnsupportedError",
     "__version__",
+    "async_save",
     "info",
     "load",
     "open",
@@ -46,7 +47,8 @@ __all__ = [
 
 # Checkpoint functions import torch, so they load on first use: importing
 # pyfastensor stays cheap.
-_LAZY = {"save": ".checkpoint", "load": ".checkpoint", "open": ".checkpoint"}
+_LAZY = {"save": ".checkpoint", "load": ".checkpoint", "open": ".checkpoint",
+         "async_save": ".checkpoint"}
 
 
 def __getattr__(name: str) -> object:

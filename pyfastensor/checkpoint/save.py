@@ -15,7 +15,7 @@ import torch
 from .._buffers import address_of
 from . import _progress
 from ._native import DATA_ALIGN, Record, write_archive
-from ._skeleton import pickle_skeleton
+from ._skeleton import Skeleton, pickle_skeleton
 
 #: Name of the directory every record lives under, as torch names it for buffers.
 ARCHIVE = "archive"
@@ -111,6 +111,15 @@ def _save_path(
     disable_byteorder: bool, durable: bool, engine: str | None, progress: bool | None,
 ) -> None:
     skel = pickle_skeleton(obj, pickle_module, pickle_protocol)
+    write_skeleton(skel, path, disable_byteorder=disable_byteorder, durable=durable,
+                   engine=engine, progress=progress)
+
+
+def write_skeleton(
+    skel: Skeleton, path: str, *, disable_byteorder: bool = False, durable: bool = True,
+    engine: str | None = None, progress: bool | None = None,
+) -> None:
+    """Write a pickled skeleton and its storages' bytes as a torch zip archive at ``path``."""
     keep: list[Any] = []  # owners of every address below, alive until the native call returns
 
     def meta(name: str, data: bytes, align: int = 0) -> Record:
