@@ -78,3 +78,27 @@ def test_prefetch_follows_profiled_order(tmp_path):
     assert_same(want, got)
     assert off._order is not None and len(off._order) > 0
     assert off.summary().prefetch_hits > 0
+
+
+def test_scheduled_policy_plans_after_profiling(tmp_path, capsys):
+    model, batch_of = inputs("cnn")
+    want = train(model, batch_of, steps=3)
+    off = pyfastensor.offload(spill_dir=str(tmp_path), min_size=SMALL, policy="scheduled",
+                              budget=256 << 10, compression="sparse", verbose=True)
+    assert off.plan() is None
+    got = train(model, batch_of, steps=3, ctx=lambda: off)
+    assert_same(want, got)
+    plan = off.plan_details
+    assert plan is not None
+    assert "offload plan" in capsys.readouterr().out
+    decisions = plan["decisions"]
+    assert any(d["offload"] for d in decisions)
+    resident = sum(d["size"] for d in decisions if not d["offload"])
+    assert resident == plan["resident_bytes"]
+    assert resident <= 256 << 10 or not plan["fits_budget"]
+    assert off.summary().resident_tensors == sum(1 for d in decisions if not d["offload"])
+
+
+def test_scheduled_policy_needs_a_budget():
+    with pytest.raises(ValueError, match="budget"):
+        pyfastensor.offload(policy="scheduled")

@@ -17,6 +17,7 @@ from ..errors import NoSpaceError
 from . import codecs
 from ._filter import is_parameter, is_relu_output, storages_of, supported
 from ._order import Prefetcher
+from ._profile import Recorder, schedule
 from ._saved import Entry, Held, Meter, Saved
 from ._store import SpillStore
 from .summary import OffloadSummary
@@ -83,6 +84,7 @@ class Offload:
             without it as parameters and leaves that require grad).
         engine: force one spill engine (``"posix"``, ``"direct"``...);
             default: ``direct`` where O_DIRECT works, else ``posix``.
+        verbose: print the scheduler's plan when it is made.
 
     Raises:
         ValueError: for an unknown option value (the message names it).
@@ -114,6 +116,7 @@ class Offload:
         on_full: str = "warn",
         module: nn.Module | None = None,
         engine: str | None = None,
+        verbose: bool = False,
     ) -> None:
         if tier not in TIERS:
             raise ValueError(f"tier {tier!r}: expected one of {', '.join(TIERS)}")
@@ -125,12 +128,16 @@ class Offload:
             raise ValueError(f"on_full {on_full!r}: expected 'warn' or 'raise'")
         if budget is not None and budget < 0:
             raise ValueError(f"budget {budget!r}: expected None or a number of bytes >= 0")
+        if policy == "scheduled" and budget is None:
+            raise ValueError("policy='scheduled' needs budget= (bytes of saved tensors that may stay resident)")
         if min_size < 0:
             raise ValueError(f"min_size {min_size!r}: expected a number of bytes >= 0")
         self.tier, self.spill_dir, self.budget, self.min_size = tier, spill_dir, budget, min_size
         self.policy, self.dictionary, self.on_full = policy, dictionary, on_full
         self.compression = _compression(compression)
-        self.module, self.engine = module, engine
+        self.module, self.engine, self.verbose = module, engine, verbose
+        self._recorder: Recorder | None = None
+        self._plan_result: dict[str, Any] | None = None
         self.step = 0
         self._lock = threading.RLock()
         self._active = False
@@ -152,6 +159,8 @@ class Offload:
         self._learn_from_last_step()
         self._store = self._open_store()
         self._reset_step()
+        if self.policy == "scheduled" and self._plan is None:
+            self._recorder = Recorder(self.compression)  # this is the profiling step
         self._registered = storages_of(self.module)
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._hooks.__enter__()
@@ -162,6 +171,8 @@ class Offload:
                  tb: TracebackType | None) -> None:
         self._hooks.__exit__(exc_type, exc, tb)
         self._active = False
+        if self._recorder is not None:
+            self._recorder.end = time.perf_counter()
         store, self._store = self._store, None
         assert store is not None
         self._last_store = weakref.ref(store)
@@ -199,17 +210,22 @@ class Offload:
         self._pack_time = self._unpack_time = 0.0
         self._late_error: NoSpaceError | None = None
         self._meter.reset_peak()
-        stored = sum(1 for r in self._entries if (e := r()) is not None and e.stored)
-        window = self.budget if self.budget is not None else 0
-        self._prefetcher = (
-            Prefetcher(self._order, window) if self._order is not None and stored >= 0 else None
-        )
+        window = self.budget if self.budget is not None else 0  # 0: chosen at first unpack
+        self._prefetcher = Prefetcher(self._order, window) if self._order is not None else None
 
     def _learn_from_last_step(self) -> None:
         """After the profiling step: keep its unpack order for prefetching."""
         if self._order is None and self._unpack_log:
             self._order = list(self._unpack_log)
             self._order_count = len(self._entries)
+        rec, self._recorder = self._recorder, None
+        if rec is not None and rec.tensors and self._plan is None:
+            assert self.budget is not None
+            self._plan_result = schedule(rec.profile(self.budget))
+            self._plan = {d["index"]: (d["codec"] if d["offload"] else None)
+                          for d in self._plan_result["decisions"]}
+            if self.verbose:
+                print(self._plan_result["text"], end="")
 
     # -- hooks ---------------------------------------------------------------
 
@@ -231,9 +247,14 @@ class Offload:
                 else:
                     entry = self._new_entry(t, storage)
                     self._live[key] = entry
+                    if self._recorder is not None and entry.held is not None:
+                        self._recorder.packed(entry.index, entry.held.slot, t, entry.nbytes, entry.relu, start)
             return Saved(entry, t)
         finally:
-            self._pack_time += time.perf_counter() - start
+            spent = time.perf_counter() - start
+            self._pack_time += spent
+            if self._recorder is not None:
+                self._recorder.pack_done(spent)
 
     def _unpack(self, h: Any) -> torch.Tensor:
         if isinstance(h, torch.Tensor):
@@ -241,6 +262,9 @@ class Offload:
         if h.tensor is not None:
             return h.tensor
         start = time.perf_counter()
+        rec = self._recorder
+        if rec is not None:
+            rec.unpacking()
         try:
             if self._active:
                 self._drain()
@@ -255,13 +279,18 @@ class Offload:
                     self._settle(held, held.store.poll)
             with self._lock:
                 out = h.view_of(entry.restore())
+                if rec is not None and held is not None and not held.store.closed:
+                    rec.measured(held.slot, held.store.slot_info(held.slot))
                 if not entry.seen:
                     entry.seen = True
                     self._unpack_log.append(entry.index)
                     self._prefetch_after(entry)
             return out
         finally:
-            self._unpack_time += time.perf_counter() - start
+            spent = time.perf_counter() - start
+            self._unpack_time += spent
+            if rec is not None:
+                rec.unpack_time += spent
 
     # -- entries -------------------------------------------------------------
 
@@ -269,7 +298,7 @@ class Offload:
         """The codec to store ``t``'s storage with, or None to keep it resident."""
         if self.policy == "none":
             return None
-        if self._plan is not None and self._entries_match():
+        if self._plan is not None:  # indices past the profiled graph: offload as is
             return self._plan.get(entry.index, "raw")
         whole = entry.nbytes % t.element_size() == 0 and t.dtype.is_floating_point
         fp16 = "fp16" in self.compression and whole and t.dtype == torch.float32
@@ -277,9 +306,6 @@ class Offload:
         if fp16 and sparse:
             return "fp16+sparse"
         return "fp16" if fp16 else "sparse" if sparse else "raw"
-
-    def _entries_match(self) -> bool:
-        return True
 
     def _new_entry(self, t: torch.Tensor, storage: torch.UntypedStorage) -> Entry:
         nbytes = storage.nbytes()
@@ -353,6 +379,8 @@ class Offload:
             held.failed = True  # its payload stays in memory, where unpack finds it
             self._full_disk(e)
             return
+        if self._recorder is not None:
+            self._recorder.measured(held.slot, held.store.slot_info(held.slot))
         held.written()
 
     def _full_disk_late(self, e: NoSpaceError) -> None:
@@ -415,6 +443,24 @@ class Offload:
             full_disk_events=self._counts["full"],
             fallback=desc.get("fallback", ""),
         )
+
+    def plan(self) -> str | None:
+        """The scheduler's decision, printable, or None before it is made.
+
+        With ``policy="scheduled"``, the plan is made when the context is
+        entered after the profiling step: which tensors are offloaded, with
+        which codec, which stay resident, and the predicted overlap of
+        writes with forward compute. The full record is in ``plan_details``.
+
+        Returns:
+            The plan as text, or None.
+        """
+        return None if self._plan_result is None else str(self._plan_result["text"])
+
+    @property
+    def plan_details(self) -> dict[str, Any] | None:
+        """The plan as the scheduler returned it (decisions, phase, predicted times)."""
+        return self._plan_result
 
     def summary(self) -> OffloadSummary:
         """The summary of the current or last step (refreshed while its store is open).

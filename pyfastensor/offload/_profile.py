@@ -1,0 +1,101 @@
+"""The profiling step's record, and the scheduler's plan made from it.
+
+During the first step under ``policy="scheduled"`` everything eligible is
+offloaded (as FlashNeuron's profiling iteration does) while this records,
+for every stored tensor: its size, write and read times (measured by the
+store), its compression ratio under each codec the user allowed, whether it
+is a ReLU output, and the forward compute time since the previous save.
+The Go scheduler (``offload.Schedule``) turns that into a plan.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import time
+from typing import Any
+
+import torch
+
+from .. import _lib
+from . import codecs
+
+_lib.register({"pft_offload_plan": [_lib.c_char_p, ctypes.POINTER(_lib.c_void_p)]})
+
+
+class Recorder:
+    """Measures one profiling step."""
+
+    def __init__(self, compression: frozenset[str]) -> None:
+        self.compression = compression
+        self.tensors: dict[int, dict[str, Any]] = {}
+        self.slots: dict[int, int] = {}  # slot -> pack index
+        self.start = time.perf_counter()
+        self.last_pack_end = self.start
+        self.forward_pack_time = 0.0
+        self.first_unpack: float | None = None
+        self.unpack_time = 0.0
+        self.end: float | None = None
+
+    def packed(self, index: int, slot: int, t: torch.Tensor, nbytes: int, relu: bool,
+               started: float) -> None:
+        """Record a stored tensor; ``started`` is when its pack hook began."""
+        ratios: dict[str, float] = {}
+        whole = t.dtype.is_floating_point and nbytes % t.element_size() == 0
+        if whole:
+            flat = torch.empty(0, dtype=t.dtype, device=t.device).set_(
+                t.untyped_storage(), 0, (nbytes // t.element_size(),), (1,))
+            fp16 = "fp16" in self.compression and t.dtype == torch.float32
+            if fp16:
+                ratios["fp16"] = 2.0
+            if "sparse" in self.compression and relu:
+                ratios["sparse"] = nbytes / codecs.sparse_size(flat)
+                if fp16:
+                    ratios["fp16+sparse"] = nbytes / codecs.sparse_size(flat.to(torch.float16))
+        self.tensors[index] = {
+            "index": index, "size": nbytes, "relu": relu, "ratios": ratios,
+            "gap_ns": int(max(started - self.last_pack_end, 0) * 1e9), "write_ns": 0, "read_ns": 0,
+        }
+        self.slots[slot] = index
+
+    def pack_done(self, seconds: float) -> None:
+        self.last_pack_end = time.perf_counter()
+        if self.first_unpack is None:
+            self.forward_pack_time += seconds
+
+    def unpacking(self) -> None:
+        if self.first_unpack is None:
+            self.first_unpack = time.perf_counter()
+
+    def measured(self, slot: int, info: dict[str, Any]) -> None:
+        """Store-measured times of a slot (from ``slot_info``)."""
+        rec = self.tensors.get(self.slots.get(slot, -1))
+        if rec is not None:
+            rec["write_ns"] = max(rec["write_ns"], int(info.get("write_ns", 0)))
+            rec["read_ns"] = max(rec["read_ns"], int(info.get("read_ns", 0)))
+
+    def profile(self, budget: int) -> dict[str, Any]:
+        """The profile as the scheduler takes it (``offload.Profile``)."""
+        end = self.end or time.perf_counter()
+        fwd_end = self.first_unpack or end
+        recs = list(self.tensors.values())
+        # A slot freed before its write was observed has no time: estimate
+        # it from the bandwidth of those that do.
+        timed = [r for r in recs if r["write_ns"] > 0]
+        bw = sum(r["size"] for r in timed) / max(sum(r["write_ns"] for r in timed), 1) if timed else 1.0
+        for r in recs:
+            if r["write_ns"] == 0:
+                r["write_ns"] = int(r["size"] / bw)
+        return {
+            "tensors": recs,
+            "forward_ns": int(max(fwd_end - self.start - self.forward_pack_time, 0) * 1e9),
+            "backward_ns": int(max(end - fwd_end - self.unpack_time, 0) * 1e9),
+            "budget": budget,
+        }
+
+
+def schedule(profile: dict[str, Any]) -> dict[str, Any]:
+    """Run the Go scheduler over a profile; return the plan (with its ``text``)."""
+    out = _lib.c_void_p()
+    _lib.call("pft_offload_plan", json.dumps(profile).encode(), ctypes.byref(out))
+    return json.loads(_lib.take_string(out))
