@@ -280,3 +280,17 @@ func TestOddTaskSize(t *testing.T) {
 		assert.True(t, bytes.Equal(recs[i].Data, reqs[i].Dst), recs[i].Name)
 	}
 }
+
+func TestRawRoundTrip(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "x.bin")
+	a, b := randBytes(3<<20+5, 1), randBytes(777, 2)
+	_, err := SaveRaw(path, 8+int64(len(a)+len(b)), []Extent{{8, a}, {8 + int64(len(a)), b}}, WriteOptions{})
+	require.NoError(t, err)
+	ga, gb := make([]byte, len(a)), make([]byte, len(b))
+	_, err = ReadRaw(path, []Extent{{8, ga}, {8 + int64(len(a)), gb}}, ReadOptions{})
+	require.NoError(t, err)
+	assert.Equal(t, a, ga)
+	assert.Equal(t, b, gb)
+	_, err = ReadRaw(path, []Extent{{8 + int64(len(a)) + 700, make([]byte, 100)}}, ReadOptions{})
+	require.ErrorIs(t, err, ErrCorrupt)
+}

@@ -188,3 +188,75 @@ func pft_ckpt_close(h C.uint64_t, errbuf *C.char, errlen C.size_t) C.int {
 		return err
 	})
 }
+
+// extents turns C arrays of offsets, addresses and sizes into extents over
+// the caller's memory.
+func extents(n int, offsets *C.int64_t, addrs *unsafe.Pointer, sizes *C.int64_t) ([]checkpoint.Extent, error) {
+	if n < 0 || (n > 0 && (offsets == nil || addrs == nil || sizes == nil)) {
+		return nil, fmt.Errorf("%w: %d extents with missing arrays", gds.ErrInvalid, n)
+	}
+	if n == 0 {
+		return nil, nil
+	}
+	offs, as, ss := unsafe.Slice(offsets, n), unsafe.Slice(addrs, n), unsafe.Slice(sizes, n)
+	out := make([]checkpoint.Extent, n)
+	for i := range out {
+		p, err := memory(as[i], C.size_t(ss[i]))
+		if err != nil {
+			return nil, err
+		}
+		out[i] = checkpoint.Extent{Off: int64(offs[i]), Data: p}
+	}
+	return out, nil
+}
+
+// pft_raw_save writes n extents (offsets, addresses, sizes) into a new
+// file of size bytes at path, with the commit protocol of pft_ckpt_save.
+//
+//export pft_raw_save
+func pft_raw_save(path *C.char, size C.int64_t, n C.int64_t, offsets *C.int64_t, addrs *unsafe.Pointer, sizes *C.int64_t,
+	durable C.int, engine *C.char, threads C.int, taskSize C.int64_t, workers C.int, progress *C.int64_t,
+	out **C.char, errbuf *C.char, errlen C.size_t) C.int {
+	return call(errbuf, errlen, func() error {
+		ext, err := extents(int(n), offsets, addrs, sizes)
+		if err != nil {
+			return err
+		}
+		st, err := checkpoint.SaveRaw(C.GoString(path), int64(size), ext, checkpoint.WriteOptions{
+			NotDurable: durable == 0,
+			Chooser:    chooser(engine),
+			Engine:     gds.Options{Threads: int(threads), TaskSize: int64(taskSize)},
+			Workers:    int(workers),
+			Progress:   progressFunc(progress),
+		})
+		if err != nil {
+			return ckptErr(err)
+		}
+		return putJSON(out, st)
+	})
+}
+
+// pft_raw_read fills n extents (offsets, addresses, sizes) from the file
+// at path, in parallel.
+//
+//export pft_raw_read
+func pft_raw_read(path *C.char, n C.int64_t, offsets *C.int64_t, addrs *unsafe.Pointer, sizes *C.int64_t,
+	engine *C.char, threads C.int, taskSize C.int64_t, workers C.int, progress *C.int64_t,
+	out **C.char, errbuf *C.char, errlen C.size_t) C.int {
+	return call(errbuf, errlen, func() error {
+		ext, err := extents(int(n), offsets, addrs, sizes)
+		if err != nil {
+			return err
+		}
+		st, err := checkpoint.ReadRaw(C.GoString(path), ext, checkpoint.ReadOptions{
+			Chooser:  chooser(engine),
+			Engine:   gds.Options{Threads: int(threads), TaskSize: int64(taskSize)},
+			Workers:  int(workers),
+			Progress: progressFunc(progress),
+		})
+		if err != nil {
+			return ckptErr(err)
+		}
+		return putJSON(out, st)
+	})
+}

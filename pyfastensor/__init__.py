@@ -52,8 +52,10 @@ _LAZY = {"save": ".checkpoint", "load": ".checkpoint", "open": ".checkpoint",
 
 
 def __getattr__(name: str) -> object:
-    if name in _LAZY:
-        import importlib
+    import importlib
 
+    if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    if name == "safetensors":  # pyfastensor.safetensors.save_file / load_file
+        return importlib.import_module(".safetensors", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -27,6 +27,11 @@ _lib.register({
                       _lib.c_int, _lib.c_char_p, _lib.c_int, _lib.i64, _lib.c_int, _P(_lib.i64),
                       _P(_lib.c_void_p)],
     "pft_ckpt_close": [_lib.u64],
+    "pft_raw_save": [_lib.c_char_p, _lib.i64, _lib.i64, _P(_lib.i64), _P(_lib.c_void_p), _P(_lib.i64),
+                     _lib.c_int, _lib.c_char_p, _lib.c_int, _lib.i64, _lib.c_int, _P(_lib.i64),
+                     _P(_lib.c_void_p)],
+    "pft_raw_read": [_lib.c_char_p, _lib.i64, _P(_lib.i64), _P(_lib.c_void_p), _P(_lib.i64),
+                     _lib.c_char_p, _lib.c_int, _lib.i64, _lib.c_int, _P(_lib.i64), _P(_lib.c_void_p)],
 })
 
 #: Alignment of storage records in files we write (``.storage_alignment``).
@@ -83,6 +88,36 @@ def write_archive(
         int(durable), _engine(engine), config.threads(), config.task_size(), 0,
         ctypes.byref(counter) if counter is not None else None, ctypes.byref(out),
     )
+    return json.loads(_lib.take_string(out))
+
+
+def write_raw(
+    path: str, size: int, extents: Sequence[tuple[int, int, int]], *, durable: bool,
+    engine: str | None, counter: ctypes.c_int64 | None = None,
+) -> dict[str, Any]:
+    """Write ``extents`` (offset, address, nbytes) into a new file of ``size`` bytes, committed durably."""
+    n = len(extents)
+    offs = (ctypes.c_int64 * n)(*[e[0] for e in extents])
+    addrs, sizes = _arrays([e[1] for e in extents], [e[2] for e in extents])
+    out = ctypes.c_void_p()
+    _lib.call("pft_raw_save", _lib.cstr(path), size, n, offs, addrs, sizes, int(durable),
+              _engine(engine), config.threads(), config.task_size(), 0,
+              ctypes.byref(counter) if counter is not None else None, ctypes.byref(out))
+    return json.loads(_lib.take_string(out))
+
+
+def read_raw(
+    path: str, extents: Sequence[tuple[int, int, int]], *, engine: str | None,
+    counter: ctypes.c_int64 | None = None,
+) -> dict[str, Any]:
+    """Fill memory from ``extents`` (offset, address, nbytes) of the file at ``path``, in parallel."""
+    n = len(extents)
+    offs = (ctypes.c_int64 * n)(*[e[0] for e in extents])
+    addrs, sizes = _arrays([e[1] for e in extents], [e[2] for e in extents])
+    out = ctypes.c_void_p()
+    _lib.call("pft_raw_read", _lib.cstr(path), n, offs, addrs, sizes, _engine(engine),
+              config.threads(), config.task_size(), 0,
+              ctypes.byref(counter) if counter is not None else None, ctypes.byref(out))
     return json.loads(_lib.take_string(out))
 
 

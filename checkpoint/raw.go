@@ -1,0 +1,135 @@
+package checkpoint
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/pyfastensor/pyfastensor/gds"
+)
+
+// Raw files: byte extents at offsets the caller chose (a safetensors file,
+// say), written with the same engines, parallel pieces and durable commit
+// as an archive, and read back in parallel. No zip, no CRC.
+
+// Extent is a run of bytes at a file offset.
+type Extent struct {
+	Off  int64
+	Data []byte // read (SaveRaw) or filled (ReadRaw) during the call only
+}
+
+// SaveRaw writes extents into a new file of size bytes at path, committed
+// as commit.go describes. Bytes no extent covers are zero.
+func SaveRaw(path string, size int64, extents []Extent, o WriteOptions) (st Stats, err error) {
+	start := time.Now()
+	for _, e := range extents {
+		if e.Off < 0 || e.Off+int64(len(e.Data)) > size {
+			return st, fmt.Errorf("%w: extent of %d bytes at %d outside a file of %d", gds.ErrInvalid, len(e.Data), e.Off, size)
+		}
+	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return st, err
+	}
+	if o.Chooser == nil {
+		o.Chooser = DefaultChooser(filepath.Dir(abs))
+	}
+	CleanStale(abs)
+	tmp, err := createTemp(abs, size)
+	if err != nil {
+		return st, fmt.Errorf("checkpoint: save %s: %w", path, err)
+	}
+	w := &writer{o: o, tmp: tmp, files: map[string]gds.File{}, engines: map[string]int64{}}
+	err = w.extents(extents)
+	if err == nil && !o.NotDurable {
+		var f gds.File
+		if f, err = w.file("posix"); err == nil {
+			err = f.Sync()
+		}
+	}
+	if cerr := w.closeFiles(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = commit(tmp, abs, !o.NotDurable)
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return st, fmt.Errorf("checkpoint: save %s: %w", path, err)
+	}
+	st = Stats{FileBytes: size, Engines: w.engines, Seconds: time.Since(start).Seconds()}
+	for _, e := range extents {
+		st.DataBytes += int64(len(e.Data))
+	}
+	return st, nil
+}
+
+// extents writes each extent through its chosen engine, in parallel pieces.
+func (w *writer) extents(extents []Extent) error {
+	var tasks []piece
+	engines := make([]string, len(extents))
+	for i, e := range extents {
+		engines[i] = w.o.Chooser.Engine(OpWrite, int64(len(e.Data)))
+		tasks = append(tasks, splitPieces(i, int64(len(e.Data)), pieceSize(w.o.Engine))...)
+	}
+	return runTasks(len(tasks), max(w.o.Workers, DefaultWorkers), func(t int) error {
+		pc := tasks[t]
+		f, err := w.file(engines[pc.rec])
+		if err != nil {
+			return err
+		}
+		p := extents[pc.rec].Data[pc.lo:pc.hi]
+		if _, err := f.WriteAt(p, extents[pc.rec].Off+pc.lo); err != nil {
+			return err
+		}
+		w.count(f.Engine(), int64(len(p)))
+		return nil
+	})
+}
+
+// ReadRaw fills extents from the file at path, in parallel. A file shorter
+// than an extent's end gives an error wrapping ErrCorrupt.
+func ReadRaw(path string, extents []Extent, o ReadOptions) (st Stats, err error) {
+	start := time.Now()
+	if o.Chooser == nil {
+		abs, aerr := filepath.Abs(path)
+		if aerr != nil {
+			return st, aerr
+		}
+		o.Chooser = DefaultChooser(filepath.Dir(abs))
+	}
+	var tasks []piece
+	engines := make([]string, len(extents))
+	for i, e := range extents {
+		engines[i] = o.Chooser.Engine(OpRead, int64(len(e.Data)))
+		tasks = append(tasks, splitPieces(i, int64(len(e.Data)), pieceSize(o.Engine))...)
+		st.DataBytes += int64(len(e.Data))
+	}
+	rd := &reader{a: &Archive{Path: path}, o: o, files: map[string]gds.File{}, engines: map[string]int64{}}
+	defer func() {
+		if cerr := rd.close(); err == nil && cerr != nil {
+			err = cerr
+		}
+	}()
+	err = runTasks(len(tasks), max(o.Workers, DefaultWorkers), func(t int) error {
+		pc := tasks[t]
+		f, err := rd.file(engines[pc.rec])
+		if err != nil {
+			return err
+		}
+		p := extents[pc.rec].Data[pc.lo:pc.hi]
+		off := extents[pc.rec].Off + pc.lo
+		if _, err := f.ReadAt(p, off); err != nil {
+			if errors.Is(err, gds.ErrEOF) {
+				return corrupt(path, "", off, "file ends before the %d bytes expected here (truncated?)", len(p))
+			}
+			return err
+		}
+		rd.count(f.Engine(), int64(len(p)))
+		return nil
+	})
+	st.Engines, st.Seconds = rd.engines, time.Since(start).Seconds()
+	return st, err
+}

@@ -1,0 +1,68 @@
+"""pyfastensor.safetensors: files the safetensors package reads and validates, and vice versa."""
+
+from __future__ import annotations
+
+import pytest
+import safetensors.torch as st
+import torch
+from checkpoint_helpers import assert_same
+from safetensors import safe_open
+
+import pyfastensor
+from pyfastensor import CorruptFileError
+
+
+def tensors() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    out = {}
+    for i, dtype in enumerate(pyfastensor.safetensors.DTYPES.values()):
+        raw = torch.randint(0, 256, (3 * 5 * torch.empty(0, dtype=dtype).element_size(),),
+                            dtype=torch.uint8, generator=g)
+        out[f"t{i}"] = raw.view(dtype).reshape(3, 5).clone()
+    out["big"] = torch.randn(700_001, generator=g)
+    out["scalar"] = torch.tensor(2.5)
+    out["empty"] = torch.zeros(0, 4)
+    return out
+
+
+def test_round_trips_with_the_safetensors_package(tmp_path):
+    t = tensors()
+    pyfastensor.safetensors.save_file(t, tmp_path / "ours.safetensors", metadata={"format": "pt"})
+    with safe_open(tmp_path / "ours.safetensors", "pt") as f:
+        assert f.metadata() == {"format": "pt"}
+        assert sorted(f.keys()) == sorted(t)
+    theirs = st.load_file(tmp_path / "ours.safetensors")
+    for k in t:
+        assert_same(theirs[k], t[k])
+    st.save_file(t, tmp_path / "theirs.safetensors")
+    ours = pyfastensor.safetensors.load_file(tmp_path / "theirs.safetensors")
+    for k in t:
+        assert_same(ours[k], t[k])
+    with open(tmp_path / "ours.safetensors", "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+    assert (8 + n) % 4096 == 0
+    assert [p.name for p in tmp_path.iterdir() if "pyfastensor-tmp" in p.name] == []
+
+
+def test_refuses_what_safetensors_refuses(tmp_path):
+    base = torch.zeros(10)
+    with pytest.raises(RuntimeError, match="share memory"):
+        pyfastensor.safetensors.save_file({"a": base, "b": base[2:5]}, tmp_path / "x.safetensors")
+    with pytest.raises(ValueError, match="non contiguous"):
+        pyfastensor.safetensors.save_file({"a": torch.zeros(4, 4).t()}, tmp_path / "x.safetensors")
+    # Disjoint views of one storage are fine, as in safetensors.
+    pyfastensor.safetensors.save_file({"a": base[:5], "b": base[5:]}, tmp_path / "y.safetensors")
+    assert torch.equal(st.load_file(tmp_path / "y.safetensors")["b"], base[5:])
+
+
+def test_damaged_files(tmp_path):
+    path = tmp_path / "x.safetensors"
+    pyfastensor.safetensors.save_file(tensors(), path)
+    size = path.stat().st_size
+    with open(path, "r+b") as f:
+        f.truncate(size - 10)
+    with pytest.raises(CorruptFileError, match="truncated"):
+        pyfastensor.safetensors.load_file(path)
+    path.write_bytes(b"\xff" * 16)
+    with pytest.raises(CorruptFileError):
+        pyfastensor.safetensors.load_file(path)
