@@ -19,6 +19,9 @@ var (
 	// message names the directory; the cause (permission, missing,
 	// read-only) is wrapped too.
 	ErrSpillDir = errors.New("spill directory unusable")
+	// ErrInternal: a transfer panicked on a pool goroutine; the slot's
+	// write or prefetch failed with this error instead of crashing.
+	ErrInternal = errors.New("internal error")
 )
 
 // spillDirError explains why dir cannot hold a spill file.

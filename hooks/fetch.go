@@ -36,13 +36,14 @@ func (s *Store) Prefetch(id SlotID, dst []byte) error {
 	s.c.prefetches++
 	s.c.prefetchBytes += sl.n
 	s.c.peakPrefetch = max(s.c.peakPrefetch, s.c.prefetchBytes)
+	start := false
 	select {
 	case <-sl.written:
-		pf.queued = true
+		pf.queued, start = true, true
 	default: // runWrite queues it when the write finishes
 	}
 	s.mu.Unlock()
-	if pf.queued {
+	if start {
 		s.q.push(true, func() { s.runRead(sl, pf) })
 	}
 	return nil
@@ -55,7 +56,7 @@ func (s *Store) runRead(sl *slot, pf *fetch) {
 		return
 	}
 	t := time.Now()
-	eng, err := s.be.read(sl.ext, pf.buf)
+	eng, err := guard(func() (string, error) { return s.be.read(sl.ext, pf.buf) })
 	s.mu.Lock()
 	sl.rdur, sl.rengine = time.Since(t), eng
 	s.c.read(sl.n, sl.rdur, eng)

@@ -6,6 +6,7 @@ import (
 	"os"
 	"sync"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -16,6 +17,11 @@ import (
 // slots does not resize the file on every put. Growth is sparse (ftruncate):
 // disk blocks are only taken when slots are written.
 const growStep = 64 << 20
+
+// aligned reports whether p starts on a slotAlign boundary.
+func aligned(p []byte) bool {
+	return len(p) == 0 || uintptr(unsafe.Pointer(unsafe.SliceData(p)))%slotAlign == 0
+}
 
 // noTmpfile makes openSpill act as on a filesystem without O_TMPFILE (tests).
 var noTmpfile = false
@@ -35,6 +41,7 @@ type spillFile struct {
 	anchor int // a plain descriptor that keeps the inode alive
 	files  map[string]gds.File
 	picker Picker
+	chunk  int // largest piece of a transfer from unaligned memory
 	slots  allocator
 
 	// growMu orders growth against transfers: transfers hold it shared,
@@ -55,7 +62,10 @@ func openSpill(dir string, pick func() Picker, opts gds.Options) (_ *spillFile, 
 	if !st.IsDir() {
 		return nil, spillDirError(dir, fmt.Errorf("%w: not a directory", gds.ErrInvalid))
 	}
-	s := &spillFile{dir: dir, anchor: -1, files: map[string]gds.File{}}
+	s := &spillFile{dir: dir, anchor: -1, files: map[string]gds.File{}, chunk: gds.DefaultTaskSize}
+	if opts.TaskSize > 0 {
+		s.chunk = int(roundSlot(opts.TaskSize))
+	}
 	s.fsType, _ = gds.FSType(dir)
 	defer func() {
 		if err != nil {
@@ -176,11 +186,23 @@ func (s *spillFile) transfer(op Op, e extent, p []byte) (string, error) {
 	defer s.growMu.RUnlock()
 	name, f := s.file(op, int64(len(p)))
 	t := time.Now()
+	// Unaligned memory goes in pieces of at most one task size: the direct
+	// engine bounces unaligned memory through task-sized buffers, and a
+	// single transfer between one and two task sizes overflows them (a gds
+	// bug, see gds/direct.go piece). Piece boundaries stay 4 KiB aligned in
+	// the file since the task size is.
+	step := len(p)
+	if !aligned(p) {
+		step = s.chunk
+	}
 	var err error
-	if op == OpWrite {
-		_, err = f.WriteAt(p, e.off)
-	} else {
-		_, err = f.ReadAt(p, e.off)
+	for lo := 0; lo < len(p) && err == nil; lo += step {
+		hi := min(lo+step, len(p))
+		if op == OpWrite {
+			_, err = f.WriteAt(p[lo:hi], e.off+int64(lo))
+		} else {
+			_, err = f.ReadAt(p[lo:hi], e.off+int64(lo))
+		}
 	}
 	if err != nil {
 		// The engine's error names engine, path (/proc/self/fd/N) and

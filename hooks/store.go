@@ -176,7 +176,7 @@ func (s *Store) Put(p []byte) (SlotID, error) {
 
 func (s *Store) runWrite(id SlotID, sl *slot, p []byte) {
 	t := time.Now()
-	eng, err := s.be.write(sl.ext, p)
+	eng, err := guard(func() (string, error) { return s.be.write(sl.ext, p) })
 	d := time.Since(t)
 	if err != nil {
 		err = fmt.Errorf("slot %d (%d bytes): %w", id, sl.n, err)
@@ -196,6 +196,18 @@ func (s *Store) runWrite(id SlotID, sl *slot, p []byte) {
 	if start {
 		s.q.push(true, func() { s.runRead(sl, pf) })
 	}
+}
+
+// guard runs a transfer on a pool goroutine, where a panic would otherwise
+// kill the process (the C boundary's recovery covers only the caller's
+// goroutine): it becomes the transfer's error.
+func guard(fn func() (string, error)) (eng string, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%w: internal error (Go panic) in a transfer: %v", ErrInternal, r)
+		}
+	}()
+	return fn()
 }
 
 // lookup returns the slot behind id.

@@ -240,3 +240,22 @@ func TestBadSpillDirectory(t *testing.T) {
 	_, err = Open(Config{Tier: "disk"})
 	assert.ErrorIs(t, err, gds.ErrInvalid)
 }
+
+func TestUnalignedMemoryBetweenOneAndTwoTaskSizes(t *testing.T) {
+	s, err := Open(Config{Dir: t.TempDir(), Engine: "direct", Options: gds.Options{TaskSize: 64 << 10}})
+	require.NoError(t, err)
+	defer s.Close()
+	want := pattern(100<<10+1, 9)[1:] // 100 KiB at an unaligned address
+	id, err := s.Put(want)
+	require.NoError(t, err)
+	require.NoError(t, s.Wait(id))
+	got := make([]byte, len(want)+1)[1:]
+	require.NoError(t, s.Get(id, got))
+	assert.Equal(t, want, got)
+}
+
+func TestTransferPanicBecomesError(t *testing.T) {
+	_, err := guard(func() (string, error) { panic("boom") })
+	assert.ErrorIs(t, err, ErrInternal)
+	assert.Contains(t, err.Error(), "boom")
+}
