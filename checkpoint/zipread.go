@@ -264,11 +264,12 @@ func zip64Fields(extra []byte, usize, csize, hoff int64) (int64, int64, int64, e
 // checkLocal reads e's local header and data descriptor, checks them
 // against the central entry h and sets e.DataOff.
 func (p *parser) checkLocal(e *Entry, h []byte, cdOff int64) error {
-	lh, err := p.read(e.HeaderOff, localHeaderLen, e.Name, "local header")
+	// One read for the header and the name the central entry says it has.
+	lh, err := p.read(e.HeaderOff, min(localHeaderLen+int64(len(e.Name)), p.size-e.HeaderOff), e.Name, "local header")
 	if err != nil {
 		return err
 	}
-	if le.Uint32(lh) != sigLocal {
+	if len(lh) < localHeaderLen || le.Uint32(lh) != sigLocal {
 		return corrupt(p.path, e.Name, e.HeaderOff, "bad local header signature")
 	}
 	flags := le.Uint16(lh[6:])
@@ -276,12 +277,8 @@ func (p *parser) checkLocal(e *Entry, h []byte, cdOff int64) error {
 		return corrupt(p.path, e.Name, e.HeaderOff, "local header disagrees with the central directory (flags, method or time)")
 	}
 	nameLen, extraLen := int64(le.Uint16(lh[26:])), int64(le.Uint16(lh[28:]))
-	name, err := p.read(e.HeaderOff+localHeaderLen, nameLen, e.Name, "local header name")
-	if err != nil {
-		return err
-	}
-	if string(name) != e.Name {
-		return corrupt(p.path, e.Name, e.HeaderOff, "local header names %q", name)
+	if nameLen != int64(len(e.Name)) || len(lh) != localHeaderLen+len(e.Name) || string(lh[localHeaderLen:]) != e.Name {
+		return corrupt(p.path, e.Name, e.HeaderOff, "local header names %q", lh[localHeaderLen:])
 	}
 	e.DataOff = e.HeaderOff + localHeaderLen + nameLen + extraLen
 	if e.DataOff+e.Size > cdOff {
