@@ -62,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .bench import add_parsers as add_bench
 
     add_bench(bench_sub)
+    from .checkpoint.cli import add_parser as add_ckpt
+
+    add_ckpt(sub)
     return parser
 
 

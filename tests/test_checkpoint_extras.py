@@ -97,3 +97,19 @@ def test_progress_bar_surfaces_errors(tmp_path, monkeypatch):
     monkeypatch.setattr(_progress, "MIN_BYTES", 0)
     with pytest.raises(FileNotFoundError):
         pyfastensor.save({"w": torch.ones(10)}, tmp_path / "missing" / "x.pt", progress=True)
+
+
+def test_cli_verify_and_ls(tmp_path, capsys):
+    from pyfastensor.cli import main
+
+    path = tmp_path / "x.pt"
+    pyfastensor.save({"w": torch.ones(1000)}, path)
+    assert main(["ckpt", "verify", str(path)]) == 0
+    assert main(["ckpt", "ls", "--keys", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "archive/data/0" in out and "w: (1000,) torch.float32" in out
+    data = path.read_bytes()
+    at = data.index(torch.ones(1000).numpy().tobytes()[:64]) + 100
+    path.write_bytes(data[:at] + bytes([data[at] ^ 1]) + data[at + 1:])
+    assert main(["ckpt", "verify", str(path)]) == 1
+    assert "archive/data/0" in capsys.readouterr().out
