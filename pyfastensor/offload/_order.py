@@ -3,8 +3,10 @@
 The first step records the order in which backward unpacks the stored
 entries (by their pack index), without assuming it is the reverse of the
 packing order. Later steps with the same number of stored entries prefetch
-along that order, keeping at most ``window`` bytes prefetched and not yet
-unpacked.
+along that order, issuing a prefetch only while the saved tensors in memory
+(restored ones in use, prefetched ones waiting) plus the next stay within
+``window`` bytes, except that with nothing in memory the next one always
+goes.
 """
 
 from __future__ import annotations
@@ -18,10 +20,11 @@ from ._saved import Entry
 class Prefetcher:
     """Prefetches along a recorded unpack order within a byte window."""
 
-    def __init__(self, order: list[int], window: int) -> None:
+    def __init__(self, order: list[int], window: int, resident: Callable[[], int]) -> None:
         self.order = order
         self.position = {index: p for p, index in enumerate(order)}
         self.window = window
+        self.resident = resident  # bytes of saved tensors in memory now (prefetches included)
         self.cursor = 0
         self.outstanding: dict[int, int] = {}  # pack index -> bytes prefetched, not yet unpacked
 
@@ -37,7 +40,8 @@ class Prefetcher:
             nxt = entries[index]() if index < len(entries) else None
             if nxt is not None and nxt.enc is not None:
                 need = nxt.payload_nbytes
-                if self.outstanding and sum(self.outstanding.values()) + need > self.window:
+                now = self.resident()
+                if (self.outstanding or now > 0) and now + need > self.window:
                     return
                 got = issue(nxt)
                 if got:

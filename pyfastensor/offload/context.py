@@ -64,7 +64,9 @@ class Offload:
         spill_dir: directory of the spill file. Default: the system's
             temporary directory. Checked when the context is entered.
         budget: bytes of saved tensors that may stay resident. With
-            ``policy="all"`` it bounds prefetching (default: twice the
+            ``policy="all"``, pack waits for the oldest writes while more is
+            resident (writes in flight included), and prefetching stays
+            within it (default: no wait, and a prefetch window of twice the
             largest offloaded tensor); with ``"scheduled"`` the scheduler
             keeps tensors resident up to it.
         min_size: tensors smaller than this many bytes stay in memory.
@@ -211,7 +213,7 @@ class Offload:
         self._late_error: NoSpaceError | None = None
         self._meter.reset_peak()
         window = self.budget if self.budget is not None else 0  # 0: chosen at first unpack
-        self._prefetcher = Prefetcher(self._order, window) if self._order is not None else None
+        self._prefetcher = Prefetcher(self._order, window, lambda: self._meter.now) if self._order is not None else None
 
     def _learn_from_last_step(self) -> None:
         """After the profiling step: keep its unpack order for prefetching."""
@@ -247,6 +249,7 @@ class Offload:
                 else:
                     entry = self._new_entry(t, storage)
                     self._live[key] = entry
+                    self._hold_to_budget()
                     if self._recorder is not None and entry.held is not None:
                         self._recorder.packed(entry.index, entry.held.slot, t, entry.nbytes, entry.relu, start)
             return Saved(entry, t)
@@ -365,6 +368,16 @@ class Offload:
             held = self._pending.pop(slot, None)
             if held is not None:
                 self._settle(held, store.poll)
+
+    def _hold_to_budget(self) -> None:
+        """Backpressure: wait for the oldest writes while resident bytes exceed the budget."""
+        store = self._store
+        if self.budget is None or store is None:
+            return
+        while self._pending and self._meter.now > self.budget:
+            slot = next(iter(self._pending))
+            held = self._pending.pop(slot)
+            self._settle(held, store.wait)
 
     def _settle_all(self, store: SpillStore) -> None:
         for slot in list(self._pending):
