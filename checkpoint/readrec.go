@@ -32,11 +32,13 @@ type ReadOptions struct {
 }
 
 // Read fills each request's Dst with its record's bytes, in parallel, and
-// checks each record's CRC-32 against the central directory's. Dst is used
+// checks each record's CRC-32 against the central directory's (unless the
+// file carries none, see Archive.NoCRC). Dst is used
 // only during the call. A mismatch gives an error wrapping ErrCorrupt that
 // names the file and the record.
 func (a *Archive) Read(reqs []ReadRequest, o ReadOptions) (st Stats, err error) {
 	start := time.Now()
+	o.NoVerify = o.NoVerify || a.NoCRC
 	if o.Chooser == nil {
 		abs, aerr := filepath.Abs(a.Path)
 		if aerr != nil {

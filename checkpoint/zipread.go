@@ -26,6 +26,10 @@ type Archive struct {
 	Entries []Entry `json:"entries"`
 	// Ours is true when the file carries our central directory checksum.
 	Ours bool `json:"ours"`
+	// NoCRC is true when no record carries a CRC-32: every record with data
+	// says 0, as torch writes with torch.serialization.set_crc32_options(False).
+	// Reads cannot verify such a file.
+	NoCRC bool `json:"no_crc"`
 }
 
 // OpenArchive reads and validates the central directory of the zip file at
@@ -132,6 +136,15 @@ func (p *parser) parse() (*Archive, error) {
 	if err != nil {
 		return nil, err
 	}
+	a.NoCRC = !a.Ours
+	withData := false
+	for _, e := range a.Entries {
+		if e.Size > 0 {
+			withData = true
+			a.NoCRC = a.NoCRC && e.CRC == 0
+		}
+	}
+	a.NoCRC = a.NoCRC && withData
 	return a, nil
 }
 

@@ -224,3 +224,14 @@ def test_same_memory_as_two_dtypes_is_refused_like_torch(tmp_path):
     t = torch.zeros(4)
     with pytest.raises(RuntimeError, match="different types"):
         pyfastensor.save([t, t.view(torch.int32)], tmp_path / "x.pt")
+
+
+def test_torch_files_without_crcs_load(tmp_path):
+    """torch.serialization.set_crc32_options(False) writes 0 for every CRC: nothing to verify."""
+    obj = training_state()
+    torch.serialization.set_crc32_options(False)
+    try:
+        torch.save(obj, tmp_path / "nocrc.pt")
+    finally:
+        torch.serialization.set_crc32_options(True)
+    assert_same(pyfastensor.load(tmp_path / "nocrc.pt"), torch.load(tmp_path / "nocrc.pt"))
