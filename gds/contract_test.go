@@ -246,3 +246,17 @@ func TestUnknownEngine(t *testing.T) {
 	assert.Contains(t, err.Error(), `"floppy"`)
 	assert.Contains(t, err.Error(), "posix")
 }
+
+func TestUnalignedMemoryBetweenOneAndTwoTasks(t *testing.T) {
+	// A transfer of 1.5 tasks runs as one piece on the caller's goroutine;
+	// from unaligned memory it must still fit the task-sized bounce buffer.
+	for name, e := range enginesUnderTest(t) { // task size 64 KiB
+		t.Run(name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "f")
+			want := pattern(96<<10, 11)
+			writeWith(t, e, path, unaligned(want), 0)
+			got := readWith(t, e, path, len(want), 0)
+			require.True(t, bytes.Equal(want, got))
+		})
+	}
+}

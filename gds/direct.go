@@ -261,8 +261,9 @@ func threadedMiddle(f *directFile, write bool, p []byte, off int64) (int, error)
 	})
 }
 
-// piece moves one aligned piece of at most one task size, straight when the
-// memory is aligned (straight) and through a bounce buffer otherwise.
+// piece moves one aligned piece, straight when the memory is aligned
+// (straight) and otherwise through a pooled bounce buffer, one task size at
+// a time (splitRun hands the caller's goroutine up to two tasks' worth).
 func (f *directFile) piece(write, straight bool, p []byte, off int64) (int, error) {
 	if straight {
 		if write {
@@ -272,14 +273,24 @@ func (f *directFile) piece(write, straight bool, p []byte, off int64) (int, erro
 	}
 	bp := f.bounce.get()
 	defer f.bounce.put(bp)
-	buf := (*bp)[:len(p)]
-	if write {
-		copy(buf, p)
-		return pwriteFull(f.fd, buf, off)
+	done := 0
+	for done < len(p) {
+		buf := (*bp)[:min(len(*bp), len(p)-done)]
+		var n int
+		var err error
+		if write {
+			copy(buf, p[done:])
+			n, err = pwriteFull(f.fd, buf, off+int64(done))
+		} else {
+			n, err = preadFull(f.fd, buf, off+int64(done))
+			copy(p[done:], buf[:n])
+		}
+		done += n
+		if err != nil {
+			return done, err
+		}
 	}
-	n, err := preadFull(f.fd, buf, off)
-	copy(p, buf[:n])
-	return n, err
+	return done, nil
 }
 
 // reserve extends the logical size to end before the write reaches disk.
