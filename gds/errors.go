@@ -24,6 +24,8 @@ var (
 	ErrUnavailable = errors.New("engine unavailable")
 	// ErrUnsupported: the engine does not do this operation (mmap writes).
 	ErrUnsupported = errors.New("operation not supported by this engine")
+	// ErrInternal: a bug in pyfastensor (a recovered panic in a worker).
+	ErrInternal = errors.New("internal error")
 	// ErrClosed: the file was already closed.
 	ErrClosed = errors.New("file already closed")
 )

@@ -1,6 +1,8 @@
 package gds
 
 import (
+	"fmt"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 )
@@ -43,7 +45,7 @@ func splitRun(n int, taskSize int64, threads int, piece func(lo, hi int) (int, e
 				}
 				lo := i * ts
 				hi := min(lo+ts, n)
-				k, err := piece(lo, hi)
+				k, err := safePiece(piece, lo, hi)
 				if err != nil {
 					failed.Store(true)
 					mu.Lock()
@@ -60,4 +62,16 @@ func splitRun(n int, taskSize int64, threads int, piece func(lo, hi int) (int, e
 		return errAt + errDone, firstEr
 	}
 	return n, nil
+}
+
+// safePiece runs piece and turns a panic into an error wrapping ErrInternal:
+// a worker goroutine's panic would otherwise end the whole process, since
+// the C boundary's recover only covers the calling goroutine.
+func safePiece(piece func(lo, hi int) (int, error), lo, hi int) (n int, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			n, err = 0, fmt.Errorf("%w: panic in transfer worker: %v\n%s", ErrInternal, r, debug.Stack())
+		}
+	}()
+	return piece(lo, hi)
 }
