@@ -35,6 +35,7 @@ const (
 	stPoisoned    = 10 // refused: an earlier call panicked
 	stUnsupported = 11 // the engine does not do this
 	stCorrupt     = 12 // data failed a check (CRC, format)
+	stInternal    = 13 // a bug caught without a panic at the boundary
 )
 
 // errBadHandle: a handle that is not (or no longer) in the table.
@@ -50,7 +51,9 @@ func statusOf(err error) C.int {
 		return stBadHandle
 	case errors.Is(err, errCorrupt):
 		return stCorrupt
-	case errors.Is(err, gds.ErrInvalid):
+	case errors.Is(err, gds.ErrInternal):
+		return stInternal
+	case errors.Is(err, gds.ErrInvalid), errors.Is(err, gds.ErrClosed):
 		return stInvalid
 	case errors.Is(err, gds.ErrEOF):
 		return stEOF

@@ -14,14 +14,14 @@ var (
 	// ErrUnknownSlot: a slot id that was never issued or was already freed.
 	ErrUnknownSlot = fmt.Errorf("%w: unknown or freed slot", gds.ErrInvalid)
 	// ErrClosed: the store was closed.
-	ErrClosed = errors.New("store closed")
+	ErrClosed = fmt.Errorf("%w: store closed", gds.ErrClosed)
 	// ErrSpillDir: the spill directory cannot hold the spill file. The
 	// message names the directory; the cause (permission, missing,
 	// read-only) is wrapped too.
 	ErrSpillDir = errors.New("spill directory unusable")
 	// ErrInternal: a transfer panicked on a pool goroutine; the slot's
 	// write or prefetch failed with this error instead of crashing.
-	ErrInternal = errors.New("internal error")
+	ErrInternal = fmt.Errorf("%w: transfer panicked", gds.ErrInternal)
 )
 
 // spillDirError explains why dir cannot hold a spill file.

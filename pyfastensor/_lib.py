@@ -42,6 +42,7 @@ _STATUS: dict[int, type[Exception]] = {
     10: errors.InternalError,  # poisoned by an earlier panic
     11: errors.UnsupportedError,
     12: errors.CorruptFileError,
+    13: errors.InternalError,  # a bug caught without a panic at the boundary
 }
 
 _lock = threading.Lock()
