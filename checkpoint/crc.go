@@ -1,6 +1,10 @@
 package checkpoint
 
-import "hash/crc32"
+import (
+	"hash/crc32"
+
+	"github.com/pyfastensor/pyfastensor/gds"
+)
 
 // CRC-32 as zip defines it: the IEEE polynomial (hash/crc32.IEEE), not
 // Castagnoli. Large records are checksummed in pieces on several
@@ -83,4 +87,39 @@ func (p *pieceCRCs) total() uint32 {
 		c = crcCombine(c, p.crc[i], p.n[i])
 	}
 	return c
+}
+
+// sumChunk is the size of the sub-transfers of a piece whose CRC-32 is
+// computed alongside: small enough that the bytes just moved are still in
+// the CPU cache when they are summed, so the check costs little memory
+// bandwidth on top of the transfer.
+const sumChunk = 1 << 20
+
+// moveSummed writes (write) or reads p at off through f in sumChunk steps,
+// returning the CRC-32 of p when sum is set. On error it returns the bytes
+// moved before it.
+func moveSummed(f gds.File, write bool, p []byte, off int64, sum bool) (uint32, int, error) {
+	var crc uint32
+	done := 0
+	for done < len(p) {
+		q := p[done:min(done+sumChunk, len(p))]
+		if write && sum {
+			crc = crc32.Update(crc, crc32.IEEETable, q)
+		}
+		var n int
+		var err error
+		if write {
+			n, err = f.WriteAt(q, off+int64(done))
+		} else {
+			n, err = f.ReadAt(q, off+int64(done))
+		}
+		done += n
+		if err != nil {
+			return 0, done, err
+		}
+		if !write && sum {
+			crc = crc32.Update(crc, crc32.IEEETable, q)
+		}
+	}
+	return crc, done, nil
 }

@@ -83,14 +83,15 @@ func (a *Archive) Read(reqs []ReadRequest, o ReadOptions) (st Stats, err error) 
 		if err != nil {
 			return fmt.Errorf("checkpoint: read %s record %q: %w", a.Path, e.Name, err)
 		}
-		if _, err := f.ReadAt(p, e.DataOff+pc.lo); err != nil {
+		crc, _, err := moveSummed(f, false, p, e.DataOff+pc.lo, !o.NoVerify)
+		if err != nil {
 			if errors.Is(err, gds.ErrEOF) {
 				return corrupt(a.Path, e.Name, e.DataOff+pc.lo, "file ends inside the record's data (%v)", err)
 			}
 			return fmt.Errorf("checkpoint: read %s record %q: %w", a.Path, e.Name, err)
 		}
 		if !o.NoVerify {
-			crcs[pc.rec].set(pc.index, crcOf(p), int64(len(p)))
+			crcs[pc.rec].set(pc.index, crc, int64(len(p)))
 		}
 		rd.count(f.Engine(), int64(len(p)))
 		return nil

@@ -187,10 +187,11 @@ func (w *writer) write() error {
 		if err != nil {
 			return fmt.Errorf("record %q: %w", r.Name, err)
 		}
-		if _, err := f.WriteAt(p, r.dataOff+pc.lo); err != nil {
+		crc, _, err := moveSummed(f, true, p, r.dataOff+pc.lo, true)
+		if err != nil {
 			return fmt.Errorf("record %q: %w", r.Name, err)
 		}
-		crcs[pc.rec].set(pc.index, crcOf(p), int64(len(p)))
+		crcs[pc.rec].set(pc.index, crc, int64(len(p)))
 		w.count(f.Engine(), int64(len(p)))
 		if left[pc.rec].Add(-1) == 0 {
 			d := time.Duration(time.Now().UnixNano() - started[pc.rec].Load())
