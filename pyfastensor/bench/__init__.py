@@ -11,6 +11,7 @@ import argparse
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     """Add each benchmark's subcommand to ``sub``."""
-    from . import io
+    from . import io, offload
 
     io.add_parser(sub)
+    offload.add_parser(sub)

@@ -29,12 +29,19 @@ from ._store import SpillStore
 
 
 class Meter:
-    """Bytes of saved tensors resident in memory because of us, and their peak."""
+    """Bytes of saved tensors resident in memory because of us, and their peak.
+
+    Counted per storage, not per tensor object: a payload and the tensors
+    decoded over it (aliases and views share its storage) count once, from
+    :meth:`track` until the storage itself is freed (a finalizer on the
+    storage, whose Python object lives as long as its memory).
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.now = 0
         self.peak = 0
+        self._tracked: set[int] = set()  # data_ptr of storages counted by track()
 
     def add(self, n: int) -> None:
         with self._lock:
@@ -50,10 +57,20 @@ class Meter:
             self.peak = self.now
 
     def track(self, t: torch.Tensor) -> None:
-        """Count ``t``'s bytes until it is collected."""
-        n = t.untyped_storage().nbytes()
+        """Count the bytes of ``t``'s storage until that storage is freed (once per storage)."""
+        storage = t.untyped_storage()
+        key, n = storage.data_ptr(), storage.nbytes()
+        with self._lock:
+            if n == 0 or key in self._tracked:
+                return
+            self._tracked.add(key)
         self.add(n)
-        weakref.finalize(t, self.sub, n)
+        weakref.finalize(storage, self._untrack, key, n)
+
+    def _untrack(self, key: int, n: int) -> None:
+        with self._lock:
+            self._tracked.discard(key)
+        self.sub(n)
 
 
 class Held:

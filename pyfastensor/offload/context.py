@@ -247,9 +247,9 @@ class Offload:
                 if entry is not None and not entry.storage_ref.expired():
                     self._counts["dedup"] += 1
                 else:
+                    self._hold_to_budget(storage.nbytes())
                     entry = self._new_entry(t, storage)
                     self._live[key] = entry
-                    self._hold_to_budget()
                     if self._recorder is not None and entry.held is not None:
                         self._recorder.packed(entry.index, entry.held.slot, t, entry.nbytes, entry.relu, start)
             return Saved(entry, t)
@@ -369,12 +369,17 @@ class Offload:
             if held is not None:
                 self._settle(held, store.poll)
 
-    def _hold_to_budget(self) -> None:
-        """Backpressure: wait for the oldest writes while resident bytes exceed the budget."""
+    def _hold_to_budget(self, incoming: int) -> None:
+        """Backpressure: make room for ``incoming`` bytes by waiting for the oldest writes.
+
+        Waits while the resident bytes plus the incoming tensor's would
+        exceed the budget and writes are in flight, so the budget holds
+        unless one tensor alone exceeds it.
+        """
         store = self._store
-        if self.budget is None or store is None:
+        if self.budget is None or store is None or self.policy == "none":
             return
-        while self._pending and self._meter.now > self.budget:
+        while self._pending and self._meter.now + incoming > self.budget:
             slot = next(iter(self._pending))
             held = self._pending.pop(slot)
             self._settle(held, store.wait)
