@@ -285,7 +285,7 @@ def run(directory: str, *, quick: bool = False, min_size: int = 256 << 10, budge
             r["step_ratio"] = r["step_ms"] / max(none["step_ms"], 1e-9)
         entry: dict[str, Any] = {"batch": batch, "budget": budget, "rows": rows}
         if batch_search:
-            cap = batch * (4 if quick else 8)
+            cap = batch * 4
             entry["fit"] = {
                 "budget": budget,
                 "none": largest_batch(w, budget, directory, min_size, False, max(1, batch // 8), cap),
