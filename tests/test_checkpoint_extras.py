@@ -100,7 +100,16 @@ def test_progress_bar_surfaces_errors(tmp_path, monkeypatch):
 
 
 def test_cli_verify_and_ls(tmp_path, capsys):
-    from pyfastensor.cli import main
+    import argparse
+
+    from pyfastensor.checkpoint.cli import add_parser
+
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+
+    def main(argv):
+        args = parser.parse_args(argv)
+        return args.func(args)
 
     path = tmp_path / "x.pt"
     pyfastensor.save({"w": torch.ones(1000)}, path)
