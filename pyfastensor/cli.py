@@ -65,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .checkpoint.cli import add_parser as add_ckpt
 
     add_ckpt(sub)
+    from .dictionary import add_parser as add_dict
+
+    add_dict(sub)
     return parser
 
 

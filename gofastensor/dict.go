@@ -1,0 +1,278 @@
+package main
+
+/*
+#include <stddef.h>
+#include <stdint.h>
+*/
+import "C"
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/pyfastensor/pyfastensor/gds"
+)
+
+// The adaptive dictionaries (gds.Dictionaries) behind engine choice: where
+// their file lives, open/decide/observe/save/close by handle, reading a file
+// for display, and the hit-rate report. Structured arguments and results
+// cross as JSON.
+
+// dictOpenConfig is pft_dict_open's JSON argument.
+type dictOpenConfig struct {
+	Mode           string   `json:"mode"` // "aware" (default), "dict", "tool"
+	Tool           string   `json:"tool"`
+	Path           string   `json:"path"` // "" keeps the dictionaries in memory
+	Dir            string   `json:"dir"`  // the filesystem served: candidates and key
+	Write          []string `json:"write"`
+	Read           []string `json:"read"`
+	Explore        int      `json:"explore"`
+	Refresh        int      `json:"refresh"`
+	Alpha          float64  `json:"alpha"`
+	SaveIntervalMs int64    `json:"save_interval_ms"` // 0 default, negative only at save/close
+}
+
+// dictState is what a handle holds.
+type dictState struct {
+	d        *gds.Dictionaries
+	views    [2]*gds.DictChooser // by use: 0 separate, 1 write+read
+	excluded map[string]string
+}
+
+func parseJSON(s *C.char, v any) error {
+	if s == nil {
+		return nil
+	}
+	if err := json.Unmarshal([]byte(C.GoString(s)), v); err != nil {
+		return fmt.Errorf("%w: %v", gds.ErrInvalid, err)
+	}
+	return nil
+}
+
+func returnJSON(out **C.char, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	*out = cstring(string(b))
+	return nil
+}
+
+// pft_dict_path returns, as JSON, the dictionary file of the filesystem
+// holding dir inside cacheDir, and the machine key it is named after:
+// {"path": ..., "key": {...}}.
+//
+//export pft_dict_path
+func pft_dict_path(cacheDir, dir *C.char, out **C.char, errbuf *C.char, errlen C.size_t) C.int {
+	return call(errbuf, errlen, func() error {
+		p, key, err := gds.DictPath(C.GoString(cacheDir), C.GoString(dir))
+		if err != nil {
+			return err
+		}
+		return returnJSON(out, map[string]any{"path": p, "key": key})
+	})
+}
+
+// pft_dict_open opens dictionaries (config: dictOpenConfig as JSON). Without
+// write or read candidates, those of dir are used.
+//
+//export pft_dict_open
+func pft_dict_open(config *C.char, out *C.uint64_t, errbuf *C.char, errlen C.size_t) C.int {
+	return call(errbuf, errlen, func() error {
+		var oc dictOpenConfig
+		if err := parseJSON(config, &oc); err != nil {
+			return err
+		}
+		mode := gds.ModeAware
+		if oc.Mode != "" {
+			m, err := gds.ParseMode(oc.Mode)
+			if err != nil {
+				return err
+			}
+			mode = m
+		}
+		cfg := gds.DictConfig{Mode: mode, Tool: oc.Tool, Path: oc.Path, Write: oc.Write, Read: oc.Read,
+			Explore: oc.Explore, Refresh: oc.Refresh, Alpha: oc.Alpha, SaveInterval: time.Duration(oc.SaveIntervalMs) * time.Millisecond}
+		st := &dictState{}
+		if oc.Dir != "" {
+			key, err := gds.MachineKeyFor(oc.Dir)
+			if err != nil {
+				return err
+			}
+			cfg.Key = key
+			if cfg.Write == nil || cfg.Read == nil {
+				w, r, ex := gds.Candidates(oc.Dir, gds.Options{})
+				st.excluded = ex
+				if cfg.Write == nil {
+					cfg.Write = w
+				}
+				if cfg.Read == nil {
+					cfg.Read = r
+				}
+			}
+		}
+		d, err := gds.OpenDictionaries(cfg)
+		if err != nil {
+			return err
+		}
+		st.d = d
+		st.views = [2]*gds.DictChooser{d.Chooser(gds.UseSeparate), d.Chooser(gds.UseWriteRead)}
+		*out = newHandle(st)
+		return nil
+	})
+}
+
+func dictView(h C.uint64_t, use C.int) (*dictState, *gds.DictChooser, error) {
+	st, err := lookup[*dictState](h)
+	if err != nil {
+		return nil, nil, err
+	}
+	if use < 0 || use > 1 {
+		return nil, nil, fmt.Errorf("%w: use %d (0 separate, 1 write+read)", gds.ErrInvalid, int(use))
+	}
+	return st, st.views[use], nil
+}
+
+func dictOp(op C.int) (gds.Op, error) {
+	if op != 0 && op != 1 {
+		return 0, fmt.Errorf("%w: op %d (0 write, 1 read)", gds.ErrInvalid, int(op))
+	}
+	return gds.Op(op), nil
+}
+
+// pft_dict_decide returns, as JSON, the engine for a transfer of size bytes
+// (op: 0 write, 1 read) as the view use names it (0: WDic/RDic, 1: WRDic):
+// {"engine", "bucket", "exploring", "reason"}.
+//
+//export pft_dict_decide
+func pft_dict_decide(h C.uint64_t, use, op C.int, size C.int64_t, out **C.char, errbuf *C.char, errlen C.size_t) C.int {
+	return call(errbuf, errlen, func() error {
+		_, v, err := dictView(h, use)
+		if err != nil {
+			return err
+		}
+		o, err := dictOp(op)
+		if err != nil {
+			return err
+		}
+		return returnJSON(out, v.Decide(o, int64(size)))
+	})
+}
+
+// pft_dict_observe reports that a transfer of size bytes took nanos
+// nanoseconds with engine.
+//
+//export pft_dict_observe
+func pft_dict_observe(h C.uint64_t, op C.int, size C.int64_t, engine *C.char, nanos C.int64_t, errbuf *C.char, errlen C.size_t) C.int {
+	return call(errbuf, errlen, func() error {
+		_, v, err := dictView(h, 0)
+		if err != nil {
+			return err
+		}
+		o, err := dictOp(op)
+		if err != nil {
+			return err
+		}
+		v.Observe(o, int64(size), C.GoString(engine), time.Duration(nanos))
+		return nil
+	})
+}
+
+// pft_dict_describe returns, as JSON, the dictionaries in their file layout,
+// the load warnings, the candidates and the engines left out with reasons.
+//
+//export pft_dict_describe
+func pft_dict_describe(h C.uint64_t, out **C.char, errbuf *C.char, errlen C.size_t) C.int {
+	return call(errbuf, errlen, func() error {
+		st, err := lookup[*dictState](h)
+		if err != nil {
+			return err
+		}
+		cfg := st.d.Config()
+		return returnJSON(out, map[string]any{
+			"dictionaries": st.d.Snapshot(), "warnings": st.d.Warnings(), "path": cfg.Path,
+			"mode": cfg.Mode.String(), "write": cfg.Write, "read": cfg.Read, "excluded": st.excluded,
+		})
+	})
+}
+
+//export pft_dict_save
+func pft_dict_save(h C.uint64_t, errbuf *C.char, errlen C.size_t) C.int {
+	return call(errbuf, errlen, func() error {
+		st, err := lookup[*dictState](h)
+		if err != nil {
+			return err
+		}
+		return st.d.Save()
+	})
+}
+
+// pft_dict_close releases the handle and saves changed dictionaries.
+//
+//export pft_dict_close
+func pft_dict_close(h C.uint64_t, errbuf *C.char, errlen C.size_t) C.int {
+	return call(errbuf, errlen, func() error {
+		st, err := release[*dictState](h)
+		if err != nil {
+			return err
+		}
+		return st.d.Close()
+	})
+}
+
+// pft_dict_load reads a dictionary file for display, tolerantly (see
+// gds.ReadDictFile): {"dictionaries": {...}, "warnings": [...]}.
+//
+//export pft_dict_load
+func pft_dict_load(path *C.char, out **C.char, errbuf *C.char, errlen C.size_t) C.int {
+	return call(errbuf, errlen, func() error {
+		doc, warnings, err := gds.ReadDictFile(C.GoString(path))
+		if err != nil {
+			return err
+		}
+		return returnJSON(out, map[string]any{"dictionaries": doc, "warnings": warnings})
+	})
+}
+
+// hitRateConfig is pft_dict_hitrate's JSON argument (see gds.HitRateConfig).
+type hitRateConfig struct {
+	Dir        string   `json:"dir"`
+	Write      []string `json:"write"`
+	Read       []string `json:"read"`
+	Sizes      int      `json:"sizes"`
+	Iterations int      `json:"iterations"`
+	MinSize    int64    `json:"min_size"`
+	MaxSize    int64    `json:"max_size"`
+	Budget     int64    `json:"budget"`
+	Explore    int      `json:"explore"`
+	Refresh    int      `json:"refresh"`
+	Repeat     int      `json:"repeat"`
+	Seed       uint64   `json:"seed"`
+	DropCaches bool     `json:"drop_caches"`
+}
+
+// pft_dict_hitrate runs the hit-rate workload in dir and returns the
+// report as JSON (gds.HitRateReport). It does I/O for many seconds.
+//
+//export pft_dict_hitrate
+func pft_dict_hitrate(config *C.char, out **C.char, errbuf *C.char, errlen C.size_t) C.int {
+	return call(errbuf, errlen, func() error {
+		var hc hitRateConfig
+		if err := parseJSON(config, &hc); err != nil {
+			return err
+		}
+		if hc.Dir == "" {
+			return fmt.Errorf("%w: the hit-rate workload needs a directory", gds.ErrInvalid)
+		}
+		rep, err := gds.HitRate(gds.HitRateConfig{
+			Dir: hc.Dir, Write: hc.Write, Read: hc.Read, Sizes: hc.Sizes, Iterations: hc.Iterations,
+			MinSize: hc.MinSize, MaxSize: hc.MaxSize, Budget: hc.Budget, Explore: hc.Explore, Refresh: hc.Refresh,
+			Repeat: hc.Repeat, Seed: hc.Seed, DropCaches: hc.DropCaches,
+		})
+		if err != nil {
+			return err
+		}
+		return returnJSON(out, rep)
+	})
+}
