@@ -294,3 +294,21 @@ func TestRawRoundTrip(t *testing.T) {
 	_, err = ReadRaw(path, []Extent{{8 + int64(len(a)) + 700, make([]byte, 100)}}, ReadOptions{})
 	require.ErrorIs(t, err, ErrCorrupt)
 }
+
+func TestSaveThroughSymlinkKeepsModeAndLink(t *testing.T) {
+	dir := t.TempDir()
+	real := filepath.Join(dir, "real.pt")
+	link := filepath.Join(dir, "link.pt")
+	require.NoError(t, os.WriteFile(real, []byte("old"), 0o600))
+	require.NoError(t, os.Symlink("real.pt", link))
+	_, err := Save(link, sampleRecords()[:2], WriteOptions{})
+	require.NoError(t, err)
+	fi, err := os.Lstat(link)
+	require.NoError(t, err)
+	assert.NotZero(t, fi.Mode()&os.ModeSymlink, "the link stays a link")
+	st, err := os.Stat(real)
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o600), st.Mode().Perm())
+	_, err = OpenArchive(link)
+	require.NoError(t, err)
+}

@@ -97,15 +97,36 @@ func CleanStale(target string) []string {
 	return removed
 }
 
+// resolveTarget returns the file a save to path replaces: path itself, or
+// what it links to when it is a symbolic link (torch.save writes through
+// links too; renaming over the link would replace the link instead).
+func resolveTarget(path string) (string, error) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return "", err
+	}
+	if real, err := filepath.EvalSymlinks(abs); err == nil {
+		return real, nil
+	}
+	return abs, nil
+}
+
 // createTemp creates the temporary file for target and reserves size bytes
-// for it. On error nothing is left behind.
+// for it. It takes the permission bits of the file it will replace, if
+// any (else 0666 less the umask, as torch.save's files get). On error
+// nothing is left behind.
 func createTemp(target string, size int64) (string, error) {
 	path := tempPath(target)
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o666)
 	if err != nil {
 		return "", fmt.Errorf("cannot create a temporary file in %s: %w", filepath.Dir(target), classify(err))
 	}
-	err = reserve(f, size)
+	if st, serr := os.Stat(target); serr == nil {
+		err = f.Chmod(st.Mode().Perm())
+	}
+	if err == nil {
+		err = reserve(f, size)
+	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}

@@ -29,7 +29,7 @@ func SaveRaw(path string, size int64, extents []Extent, o WriteOptions) (st Stat
 			return st, fmt.Errorf("%w: extent of %d bytes at %d outside a file of %d", gds.ErrInvalid, len(e.Data), e.Off, size)
 		}
 	}
-	abs, err := filepath.Abs(path)
+	abs, err := resolveTarget(path)
 	if err != nil {
 		return st, err
 	}

@@ -58,7 +58,7 @@ func Save(path string, recs []Record, o WriteOptions) (st Stats, err error) {
 	if err := checkNames(recs); err != nil {
 		return st, err
 	}
-	abs, err := filepath.Abs(path)
+	abs, err := resolveTarget(path)
 	if err != nil {
 		return st, err
 	}
