@@ -235,3 +235,18 @@ def test_torch_files_without_crcs_load(tmp_path):
     finally:
         torch.serialization.set_crc32_options(True)
     assert_same(pyfastensor.load(tmp_path / "nocrc.pt"), torch.load(tmp_path / "nocrc.pt"))
+
+
+def test_mmap_and_weights_only_env_follow_torch(tmp_path, monkeypatch):
+    obj = odd_tensors()
+    pyfastensor.save(obj, tmp_path / "x.pt")
+    assert_same(pyfastensor.load(tmp_path / "x.pt", mmap=True), torch.load(tmp_path / "x.pt", mmap=True))
+    pyfastensor.save({"cls": Tiny}, tmp_path / "set.pt")
+    with pytest.raises(pickle.UnpicklingError):
+        pyfastensor.load(tmp_path / "set.pt")
+    monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
+    assert pyfastensor.load(tmp_path / "set.pt") == {"cls": Tiny}
+    monkeypatch.setenv("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "1")
+    monkeypatch.delenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD")
+    with pytest.raises(pickle.UnpicklingError):
+        pyfastensor.load(tmp_path / "set.pt", weights_only=False)
