@@ -57,6 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the raw JSON")
     p.set_defaults(func=_cmd_info)
 
+    from .demo import add_parser as add_demo
+
+    add_demo(sub)
+
     bench = sub.add_parser("bench", help="benchmarks against peers and the disk's own limit")
     bench_sub = bench.add_subparsers(dest="bench", metavar="BENCH", required=True)
     from .bench import add_parsers as add_bench
