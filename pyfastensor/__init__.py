@@ -4,7 +4,6 @@ A Go core (loaded on first use, never at import) moves bytes through
 several I/O engines; this package is the thin Python side.
 """
 
-from . import offload  # the package, which is callable: pyfastensor.offload(...)
 from ._version import __version__
 from .errors import (
     CorruptFileError,
@@ -20,7 +19,6 @@ from .errors import (
     UnsupportedError,
 )
 from .info import info
-from .offload import Offload, OffloadSummary
 
 __all__ = [
     "CorruptFileError",
@@ -45,10 +43,10 @@ __all__ = [
     "offload",
 ]
 
-# Checkpoint functions import torch, so they load on first use: importing
-# pyfastensor stays cheap.
+# Checkpoint and offload import torch, so they load on first use: importing
+# pyfastensor stays cheap (no torch, no Go runtime).
 _LAZY = {"save": ".checkpoint", "load": ".checkpoint", "open": ".checkpoint",
-         "async_save": ".checkpoint"}
+         "async_save": ".checkpoint", "Offload": ".offload", "OffloadSummary": ".offload"}
 
 
 def __getattr__(name: str) -> object:
@@ -56,6 +54,8 @@ def __getattr__(name: str) -> object:
 
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    if name == "offload":  # the package, which is callable: pyfastensor.offload(...)
+        return importlib.import_module(".offload", __name__)
     if name == "safetensors":  # pyfastensor.safetensors.save_file / load_file
         return importlib.import_module(".safetensors", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

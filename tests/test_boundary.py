@@ -125,3 +125,9 @@ def test_info_cli_json(tmp_path):
         capture_output=True, text=True, check=True, timeout=60,
     ).stdout
     assert "O_DIRECT" in text and "engines" in text
+
+
+def test_import_does_not_import_torch():
+    code = "import sys, pyfastensor; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
