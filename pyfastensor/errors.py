@@ -58,10 +58,11 @@ class CorruptFileError(FastensorError):
 
 
 class InternalError(FastensorError):
-    """The native library hit an internal error (a recovered Go panic).
+    """The native library hit an internal error (a bug in pyfastensor).
 
-    The library refuses further calls in this process afterwards, since its
-    state can no longer be trusted; restart the process.
+    After a Go panic at the boundary the library refuses further calls in
+    this process, since its state can no longer be trusted: restart the
+    process. A panic caught inside a transfer worker fails only that call.
     """
 
 
