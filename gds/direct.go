@@ -76,16 +76,24 @@ func (e *Direct) Open(path string, flag int, perm os.FileMode) (File, error) {
 	return f, nil
 }
 
-// dioAlign returns the memory and offset alignment O_DIRECT needs on fd:
-// statx's STATX_DIOALIGN where the kernel and filesystem give it, else 4096
-// for both, which every Linux filesystem with O_DIRECT accepts.
+// dioAlign returns the memory and offset alignment this engine uses on fd.
+// Memory: statx's STATX_DIOALIGN memory alignment where the kernel and
+// filesystem give it, else 4096. Offsets: the larger of statx's offset
+// alignment and the filesystem block size. O_DIRECT accepts sub-block
+// transfers (512 bytes on ext4), but the filesystem then zeroes the rest of
+// a newly allocated block and, racing with another extending write, was seen
+// to fail reads with EINVAL; whole filesystem blocks avoid both.
 func dioAlign(fd int) (mem, off int) {
+	mem, off = 4096, 4096
 	var st unix.Statx_t
 	err := unix.Statx(fd, "", unix.AT_EMPTY_PATH, unix.STATX_DIOALIGN, &st)
 	if err == nil && st.Mask&unix.STATX_DIOALIGN != 0 && st.Dio_offset_align != 0 {
-		return max(int(st.Dio_mem_align), 1), int(st.Dio_offset_align)
+		mem, off = max(int(st.Dio_mem_align), 1), int(st.Dio_offset_align)
 	}
-	return 4096, 4096
+	if err == nil && st.Blksize > 0 && st.Blksize&(st.Blksize-1) == 0 {
+		off = max(off, int(st.Blksize))
+	}
+	return mem, off
 }
 
 // directFile is an open file of the direct (or uring) engine.
