@@ -214,6 +214,9 @@ func (w *writer) write() error {
 	}
 	err = runTasks(len(runs), w.o.Workers, func(i int) error {
 		buf, data := runs[i].compose(recs)
+		if int64(len(buf)) != runs[i].n { // the layout and the encoders disagree: a bug
+			return fmt.Errorf("%w: run at %d composed %d bytes, planned %d", gds.ErrInternal, runs[i].off, len(buf), runs[i].n)
+		}
 		if _, err := f.WriteAt(buf, runs[i].off); err != nil {
 			return err
 		}
