@@ -405,8 +405,9 @@ def format_report(result: dict[str, Any]) -> str:
             for key, label in (("write", "write"), ("read_cold", "cold read"))
             if (e := entry.get(key)) and e["ratio"] > 1.1]
     if over:
-        lines.append(f"note: above the limit ({', '.join(over)}): the measured limit understates "
-                     "this disk (noisy disk or busy machine? try --repeat 3)")
+        hint = "" if s["repeat"] > 1 else "; --repeat 3 steadies both"
+        lines.append(f"note: above the limit ({', '.join(over)}): the disk or the machine was "
+                     f"noisy during this run and the limit understates it{hint}")
     lines.append(f"elapsed {result['elapsed_seconds']:.0f} s")
     return "\n".join(lines)
 
