@@ -464,7 +464,8 @@ def plot(result: dict[str, Any], path: str | os.PathLike[str]) -> Path:
     axes[0].set_ylabel("MB/s (10^6 bytes/s)")
     d = result["dir"]
     fig.suptitle(f"pyfastensor bench io: {d.get('fs_type', '?')} at {d['dir']}, "
-                 f"{size_label(s['total'])} per figure, {s['threads']} threads")
+                 f"{size_label(s['total'])} per figure, {s['threads']} threads"
+                 + (f", best of {s['repeat']}" if s.get("repeat", 1) > 1 else ""))
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
