@@ -1,6 +1,7 @@
 package checkpoint
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"os"
@@ -74,7 +75,7 @@ func (w *writer) extents(extents []Extent) error {
 		engines[i] = w.o.Chooser.Engine(OpWrite, int64(len(e.Data)))
 		tasks = append(tasks, splitPieces(i, int64(len(e.Data)), pieceSize(w.o.Engine))...)
 	}
-	return runTasks(len(tasks), max(w.o.Workers, DefaultWorkers), func(t int) error {
+	return runTasks(len(tasks), cmp.Or(w.o.Workers, DefaultWorkers), func(t int) error {
 		pc := tasks[t]
 		f, err := w.file(engines[pc.rec])
 		if err != nil {
@@ -113,7 +114,7 @@ func ReadRaw(path string, extents []Extent, o ReadOptions) (st Stats, err error)
 			err = cerr
 		}
 	}()
-	err = runTasks(len(tasks), max(o.Workers, DefaultWorkers), func(t int) error {
+	err = runTasks(len(tasks), cmp.Or(o.Workers, defaultReadWorkers()), func(t int) error {
 		pc := tasks[t]
 		f, err := rd.file(engines[pc.rec])
 		if err != nil {

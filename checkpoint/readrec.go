@@ -47,7 +47,7 @@ func (a *Archive) Read(reqs []ReadRequest, o ReadOptions) (st Stats, err error) 
 		o.Chooser = DefaultChooser(filepath.Dir(abs))
 	}
 	if o.Workers <= 0 {
-		o.Workers = DefaultWorkers
+		o.Workers = defaultReadWorkers()
 	}
 	var tasks []piece
 	crcs := make([]*pieceCRCs, len(reqs))

@@ -236,7 +236,7 @@ func (p *parser) entries(cd []byte, cdOff int64, n int64, strict bool) ([]Entry,
 	p.adviseHeaders(out)
 	// The checks read the file at scattered places: several in flight keep
 	// the device busy when the file is not in the page cache.
-	err := runTasks(len(out), DefaultWorkers, func(i int) error {
+	err := runTasks(len(out), defaultReadWorkers(), func(i int) error {
 		return p.checkLocal(&out[i], heads[i], cdOff)
 	})
 	if err != nil {
