@@ -6,8 +6,6 @@ import (
 	"io"
 	"os"
 	"unicode/utf8"
-
-	"golang.org/x/sys/unix"
 )
 
 // Entry is one record of an archive, as the central directory describes it
@@ -233,13 +231,7 @@ func (p *parser) entries(cd []byte, cdOff int64, n int64, strict bool) ([]Entry,
 	if pos != len(cd) {
 		return nil, corrupt(p.path, "", cdOff+int64(pos), "%d stray bytes after the last central directory entry", len(cd)-pos)
 	}
-	p.adviseHeaders(out)
-	// The checks read the file at scattered places: several in flight keep
-	// the device busy when the file is not in the page cache.
-	err := runTasks(len(out), defaultReadWorkers(), func(i int) error {
-		return p.checkLocal(&out[i], heads[i], cdOff)
-	})
-	if err != nil {
+	if err := p.checkLocals(out, heads, cdOff); err != nil {
 		return nil, err
 	}
 	var prevEnd int64
@@ -253,38 +245,70 @@ func (p *parser) entries(cd []byte, cdOff int64, n int64, strict bool) ([]Entry,
 	return out, nil
 }
 
-// adviseHeaders asks the kernel to read ahead, asynchronously and in large
-// requests, the parts of the file the local header and data descriptor
-// checks will read: one small read per header and per descriptor, which
-// on a cold cache would otherwise each wait for the disk in turn. Ranges
-// closer than a MiB are merged, so a file of many small records is read
-// ahead whole (its records are read next anyway) and one of large records
-// only around its headers.
-func (p *parser) adviseHeaders(es []Entry) {
-	const slack = 1 << 20
-	var lo, hi int64 = -1, -1
-	flush := func() {
-		if lo >= 0 {
-			_ = unix.Fadvise(int(p.f.Fd()), lo, hi-lo, unix.FADV_WILLNEED)
+// checkLocals checks every entry's local header and data descriptor. The
+// checks read the file at two small places per record; one at a time they
+// would each wait for the disk on a cold cache. Runs of small records are
+// therefore read in spans of up to spanMax bytes (one large sequential
+// read, which also leaves their data in the page cache for the loads that
+// follow) and checked from memory; large records get their two small
+// reads. Spans and large records are checked on several goroutines.
+func (p *parser) checkLocals(es []Entry, heads [][]byte, cdOff int64) error {
+	const spanMax = 8 << 20
+	// The extra field is unknown until the header is read: allow for the
+	// padding of DataAlign plus zip64 fields.
+	reach := func(e *Entry) int64 {
+		return min(e.HeaderOff+localHeaderLen+int64(len(e.Name))+DataAlign+64+e.Size+24, cdOff)
+	}
+	type group struct{ first, last int } // entries [first, last]
+	var groups []group
+	for i := range es {
+		e := &es[i]
+		if n := len(groups); n > 0 && e.Size < extentMin {
+			g := &groups[n-1]
+			if f := &es[g.first]; f.Size < extentMin && e.HeaderOff >= f.HeaderOff && reach(e)-f.HeaderOff <= spanMax {
+				g.last = i
+				continue
+			}
 		}
+		groups = append(groups, group{i, i})
 	}
-	add := func(a, b int64) {
-		if lo >= 0 && a <= hi+slack {
-			hi = max(hi, b)
-			return
+	return runTasks(len(groups), defaultReadWorkers(), func(gi int) error {
+		g := groups[gi]
+		v := &view{}
+		if f := &es[g.first]; f.Size < extentMin {
+			lo, hi := f.HeaderOff, reach(&es[g.last])
+			for i := g.first; i <= g.last; i++ {
+				hi = max(hi, reach(&es[i]))
+			}
+			if lo < hi {
+				b, err := p.read(lo, hi-lo, f.Name, "records")
+				if err != nil {
+					return err
+				}
+				v.off, v.b = lo, b
+			}
 		}
-		flush()
-		lo, hi = a, b
+		for i := g.first; i <= g.last; i++ {
+			if err := p.checkLocal(v, &es[i], heads[i], cdOff); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// view is a part of the file already in memory; reads it covers are served
+// from it, others from the file.
+type view struct {
+	off int64
+	b   []byte
+}
+
+func (v *view) read(p *parser, off, n int64, record, what string) ([]byte, error) {
+	if off >= v.off && off+n <= v.off+int64(len(v.b)) {
+		return v.b[off-v.off : off-v.off+n], nil
 	}
-	for _, e := range es {
-		// The extra field (padding, zip64) is not known yet: allow for
-		// DataAlign of padding, as our writer's largest, plus slack.
-		head := int64(localHeaderLen+len(e.Name)) + DataAlign + 64
-		add(e.HeaderOff, e.HeaderOff+head)
-		desc := e.HeaderOff + int64(localHeaderLen+len(e.Name)) + e.Size
-		add(desc, desc+DataAlign+64+24)
-	}
-	flush()
+	return p.read(off, n, record, what)
 }
 
 // zip64Fields replaces 0xFFFFFFFF fields by their zip64 extra values.
@@ -323,9 +347,9 @@ func zip64Fields(extra []byte, usize, csize, hoff int64) (int64, int64, int64, e
 
 // checkLocal reads e's local header and data descriptor, checks them
 // against the central entry h and sets e.DataOff.
-func (p *parser) checkLocal(e *Entry, h []byte, cdOff int64) error {
+func (p *parser) checkLocal(v *view, e *Entry, h []byte, cdOff int64) error {
 	// One read for the header and the name the central entry says it has.
-	lh, err := p.read(e.HeaderOff, min(localHeaderLen+int64(len(e.Name)), p.size-e.HeaderOff), e.Name, "local header")
+	lh, err := v.read(p, e.HeaderOff, min(localHeaderLen+int64(len(e.Name)), p.size-e.HeaderOff), e.Name, "local header")
 	if err != nil {
 		return err
 	}
@@ -351,14 +375,14 @@ func (p *parser) checkLocal(e *Entry, h []byte, cdOff int64) error {
 		}
 		return nil
 	}
-	return p.checkDescriptor(e, cdOff)
+	return p.checkDescriptor(v, e, cdOff)
 }
 
 // checkDescriptor compares a record's data descriptor (signature optional,
 // 32- or 64-bit sizes) with its central entry.
-func (p *parser) checkDescriptor(e *Entry, cdOff int64) error {
+func (p *parser) checkDescriptor(v *view, e *Entry, cdOff int64) error {
 	off := e.DataOff + e.Size
-	d, err := p.read(off, min(24, cdOff-off), e.Name, "data descriptor")
+	d, err := v.read(p, off, min(24, cdOff-off), e.Name, "data descriptor")
 	if err != nil {
 		return err
 	}
