@@ -7,33 +7,22 @@ import (
 	"github.com/pyfastensor/pyfastensor/gds"
 )
 
-// Op is the direction of a transfer, for engine choice.
-type Op int
+// Op is the direction of a transfer: gds's, shared with the adaptive
+// dictionaries and the offload store.
+type Op = gds.Op
 
+// Transfer directions.
 const (
-	OpWrite Op = iota
-	OpRead
+	OpWrite = gds.OpWrite
+	OpRead  = gds.OpRead
 )
 
-func (o Op) String() string {
-	if o == OpRead {
-		return "read"
-	}
-	return "write"
-}
-
 // Chooser picks the engine for each record's transfer and learns from the
-// time it took. The adaptive dictionaries (write, read, write+read, keyed by
-// size bucket) implement it; until then ThresholdChooser does.
-//
-// Implementations must be safe for concurrent use: Observe is called from
-// the goroutines that move records.
-type Chooser interface {
-	// Engine names the gds engine for a transfer of size bytes.
-	Engine(op Op, size int64) string
-	// Observe reports that a transfer of size bytes took d with engine.
-	Observe(op Op, size int64, engine string, d time.Duration)
-}
+// time it took: gds's interface, which the adaptive dictionaries
+// (gds.DictChooser) implement; until they are wired in, ThresholdChooser
+// serves. Implementations are safe for concurrent use: Observe is called
+// from the goroutines that move records.
+type Chooser = gds.Chooser
 
 // DefaultDirectThreshold is the record size from which ThresholdChooser
 // uses O_DIRECT. Below it the page cache's copy costs less than a direct
