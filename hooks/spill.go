@@ -121,7 +121,7 @@ func openSpill(dir string, pick func() Picker, opts gds.Options) (_ *spillFile, 
 // file returns the open file of the engine the picker names, or the first
 // engine's file for a name it does not know.
 func (s *spillFile) file(op Op, n int64) (string, gds.File) {
-	name := s.picker.Pick(op, n)
+	name := s.picker.Engine(op, n)
 	if f, ok := s.files[name]; ok {
 		return name, f
 	}
