@@ -34,7 +34,10 @@ type Picker interface {
 // FixedPicker always picks one engine ("specific tool" mode).
 type FixedPicker string
 
-var _ Picker = FixedPicker("")
+var (
+	_ Picker = FixedPicker("")
+	_ Picker = (*gds.DictChooser)(nil) // the dictionaries plug in as they are
+)
 
 // Engines implements Picker.
 func (p FixedPicker) Engines() []string { return []string{string(p)} }
