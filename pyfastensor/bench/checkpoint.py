@@ -1,0 +1,571 @@
+"""``python -m pyfastensor bench checkpoint``: pyfastensor.save/load against its peers (issue 3).
+
+State dicts built in code, no downloads: a GPT-2-small-shaped model (about
+124M fp32 parameters), a ResNet-50-shaped model (about 25.6M, BN running
+statistics and ``num_batches_tracked`` included) and a dict of 10,000 small
+tensors (4 KiB to 64 KiB). Each tool saves the whole dict durably, then loads
+it cold and warm:
+
+- ``pyfastensor``: ``pyfastensor.save(sd, path, durable=True)`` (temp file,
+  fsync, rename, fsync of the directory) and ``pyfastensor.load(path)``;
+- ``torch``: ``torch.save`` into an open file, ``os.fsync`` of it and of the
+  directory; ``torch.load(path, weights_only=True)``;
+- ``torch-mmap``: the same file (written by torch.save, its save is not
+  timed again), ``torch.load(path, mmap=True, weights_only=True)``;
+- ``safetensors``: ``safetensors.torch.save_file``, fsync of the file and of
+  the directory; ``safetensors.torch.load_file``;
+- ``numpy``: one ``.npy`` per tensor in a directory (``np.save`` into an open
+  file, fsync of each file, then of the directory); load is
+  ``torch.from_numpy(np.load(f))`` per tensor.
+
+Every timed load, for every tool, ends by touching every page of every
+loaded storage (one byte per 4 KiB page and the last byte, summed): free for
+tensors already in memory, it makes lazily mapped results (torch-mmap, and
+safetensors' load_file, which maps the file) read what they would otherwise
+defer, so no tool scores by not reading.
+
+Figures are GB/s (10^9 bytes per second) of tensor payload (the sum of the
+tensors' bytes, the same for every tool), wall time from the first call to
+the last byte durable or loaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from . import disk
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+#: Rows of every table, pyfastensor first.
+TOOLS = ("pyfastensor", "torch", "torch-mmap", "safetensors", "numpy")
+#: Peers of pyfastensor.
+PEERS = TOOLS[1:]
+#: Figures of every row.
+KEYS = ("save_gbps", "cold_gbps", "warm_gbps")
+#: Workloads, in the order they run.
+WORKLOADS = ("gpt2", "resnet50", "small")
+#: Workloads held to the disk-limit targets.
+MODELS = ("gpt2", "resnet50")
+#: Fraction of the disk's O_DIRECT limit the models' save and cold load must reach.
+LIMIT_TARGET = 0.85
+
+StateDict = dict[str, torch.Tensor]
+
+
+# ---------------------------------------------------------------- workloads
+
+
+def _randn(shape: tuple[int, ...], g: torch.Generator) -> torch.Tensor:
+    return torch.randn(shape, generator=g)
+
+
+def gpt2_state_dict(layers: int = 12, vocab: int = 50257, d: int = 768, n_ctx: int = 1024,
+                    seed: int = 0) -> StateDict:
+    """A GPT-2-shaped state dict of random fp32 tensors (HF ``transformer.*`` names, Conv1D layout).
+
+    The default is GPT-2 small: about 124M parameters (498 MB).
+
+    Args:
+        layers: transformer blocks. Default 12.
+        vocab: token embedding rows. Default 50257.
+        d: model width. Default 768.
+        n_ctx: position embedding rows. Default 1024.
+        seed: generator seed. Default 0.
+    """
+    g = torch.Generator().manual_seed(seed)
+    sd: StateDict = {"transformer.wte.weight": _randn((vocab, d), g),
+                     "transformer.wpe.weight": _randn((n_ctx, d), g)}
+    for i in range(layers):
+        p = f"transformer.h.{i}."
+        shapes = {
+            "ln_1.weight": (d,), "ln_1.bias": (d,),
+            "attn.c_attn.weight": (d, 3 * d), "attn.c_attn.bias": (3 * d,),
+            "attn.c_proj.weight": (d, d), "attn.c_proj.bias": (d,),
+            "ln_2.weight": (d,), "ln_2.bias": (d,),
+            "mlp.c_fc.weight": (d, 4 * d), "mlp.c_fc.bias": (4 * d,),
+            "mlp.c_proj.weight": (4 * d, d), "mlp.c_proj.bias": (d,),
+        }
+        for name, shape in shapes.items():
+            sd[p + name] = _randn(shape, g)
+    sd["transformer.ln_f.weight"] = _randn((d,), g)
+    sd["transformer.ln_f.bias"] = _randn((d,), g)
+    return sd
+
+
+def resnet50_state_dict(width: int = 64, classes: int = 1000, seed: int = 0) -> StateDict:
+    """A ResNet-50-shaped state dict (torchvision names), about 25.6M parameters at the defaults.
+
+    Bottleneck blocks [3, 4, 6, 3], expansion 4; every BatchNorm has weight,
+    bias, running_mean, running_var (fp32) and num_batches_tracked (int64, 0-d).
+
+    Args:
+        width: channels of the stem and the first stage. Default 64.
+        classes: rows of the classifier. Default 1000.
+        seed: generator seed. Default 0.
+    """
+    g = torch.Generator().manual_seed(seed)
+    sd: StateDict = {}
+
+    def conv(name: str, c_out: int, c_in: int, k: int) -> None:
+        sd[f"{name}.weight"] = _randn((c_out, c_in, k, k), g)
+
+    def bn(name: str, c: int) -> None:
+        sd[f"{name}.weight"] = _randn((c,), g)
+        sd[f"{name}.bias"] = _randn((c,), g)
+        sd[f"{name}.running_mean"] = _randn((c,), g)
+        sd[f"{name}.running_var"] = _randn((c,), g).abs()
+        sd[f"{name}.num_batches_tracked"] = torch.tensor(1000, dtype=torch.int64)
+
+    conv("conv1", width, 3, 7)
+    bn("bn1", width)
+    c_in = width
+    for stage, blocks in enumerate((3, 4, 6, 3)):
+        planes = width * 2**stage
+        for b in range(blocks):
+            p = f"layer{stage + 1}.{b}"
+            conv(f"{p}.conv1", planes, c_in, 1)
+            bn(f"{p}.bn1", planes)
+            conv(f"{p}.conv2", planes, planes, 3)
+            bn(f"{p}.bn2", planes)
+            conv(f"{p}.conv3", planes * 4, planes, 1)
+            bn(f"{p}.bn3", planes * 4)
+            if b == 0:
+                conv(f"{p}.downsample.0", planes * 4, c_in, 1)
+                bn(f"{p}.downsample.1", planes * 4)
+            c_in = planes * 4
+    sd["fc.weight"] = _randn((classes, c_in), g)
+    sd["fc.bias"] = _randn((classes,), g)
+    return sd
+
+
+def small_state_dict(count: int = 10_000, lo: int = 4 << 10, hi: int = 64 << 10, seed: int = 0) -> StateDict:
+    """``count`` fp32 tensors of uniformly random sizes between ``lo`` and ``hi`` bytes (multiples of 4).
+
+    Args:
+        count: tensors. Default 10,000.
+        lo: smallest size in bytes. Default 4 KiB.
+        hi: largest size in bytes. Default 64 KiB.
+        seed: generator seed. Default 0.
+    """
+    g = torch.Generator().manual_seed(seed)
+    sizes = torch.randint(lo // 4, hi // 4 + 1, (count,), generator=g).tolist()
+    return {f"t{i:05d}": _randn((n,), g) for i, n in enumerate(sizes)}
+
+
+@dataclass
+class Workload:
+    """A named state dict to save and load."""
+
+    name: str
+    state: StateDict
+
+    @property
+    def nbytes(self) -> int:
+        """Tensor payload in bytes."""
+        return sum(t.numel() * t.element_size() for t in self.state.values())
+
+    @property
+    def params(self) -> int:
+        """Elements in all tensors."""
+        return sum(t.numel() for t in self.state.values())
+
+
+def build_workloads(names: tuple[str, ...] | list[str] = WORKLOADS, quick: bool = False) -> list[Workload]:
+    """Build the named workloads; ``quick`` shrinks GPT-2 to 4 layers and vocab 8192, small to 1,000 tensors.
+
+    Raises:
+        ValueError: on an unknown name.
+    """
+    out = []
+    for name in names:
+        if name == "gpt2":
+            sd = gpt2_state_dict(4, 8192) if quick else gpt2_state_dict()
+        elif name == "resnet50":
+            sd = resnet50_state_dict()
+        elif name == "small":
+            sd = small_state_dict(1_000 if quick else 10_000)
+        else:
+            raise ValueError(f"unknown workload {name!r}: expected some of {', '.join(WORKLOADS)}")
+        out.append(Workload(name, sd))
+    return out
+
+
+# ---------------------------------------------------------------- tools
+
+
+def _fsync_path(path: str, directory: bool = False) -> None:
+    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _save_pyfastensor(sd: StateDict, path: str) -> None:
+    import pyfastensor
+
+    pyfastensor.save(sd, path, durable=True, progress=False)
+
+
+def _save_torch(sd: StateDict, path: str) -> None:
+    with open(path, "wb") as f:
+        torch.save(sd, f)
+        f.flush()
+        os.fsync(f.fileno())
+    _fsync_path(os.path.dirname(path), directory=True)
+
+
+def _save_safetensors(sd: StateDict, path: str) -> None:
+    from safetensors.torch import save_file
+
+    save_file(sd, path)
+    _fsync_path(path)
+    _fsync_path(os.path.dirname(path), directory=True)
+
+
+def _npy_names(sd: StateDict) -> list[str]:
+    return [f"{i:06d}.npy" for i in range(len(sd))]
+
+
+def _save_numpy(sd: StateDict, path: str) -> None:
+    os.mkdir(path)
+    for name, t in zip(_npy_names(sd), sd.values(), strict=True):
+        with open(os.path.join(path, name), "wb") as f:
+            np.save(f, t.numpy())
+            f.flush()
+            os.fsync(f.fileno())
+    _fsync_path(path, directory=True)
+    _fsync_path(os.path.dirname(path), directory=True)
+
+
+def _load_pyfastensor(path: str, keys: list[str]) -> StateDict:
+    import pyfastensor
+
+    return pyfastensor.load(path, progress=False)
+
+
+def _load_torch(path: str, keys: list[str]) -> StateDict:
+    return torch.load(path, weights_only=True)
+
+
+def touch_pages(sd: StateDict) -> int:
+    """Read one byte of every 4 KiB page (and the last byte) of every storage; return their sum.
+
+    On an mmap'd load this faults every page in, so the lazy reads are timed.
+    """
+    total = 0
+    for t in sd.values():
+        s = t.untyped_storage()
+        if s.nbytes() == 0:
+            continue
+        u = torch.empty(0, dtype=torch.uint8).set_(s)
+        total += int(u[::4096].sum()) + int(u[-1])
+    return total
+
+
+def _load_torch_mmap(path: str, keys: list[str]) -> StateDict:
+    return torch.load(path, mmap=True, weights_only=True)
+
+
+def _load_safetensors(path: str, keys: list[str]) -> StateDict:
+    from safetensors.torch import load_file
+
+    return load_file(path)
+
+
+def _load_numpy(path: str, keys: list[str]) -> StateDict:
+    return {k: torch.from_numpy(np.load(os.path.join(path, n)))
+            for k, n in zip(keys, [f"{i:06d}.npy" for i in range(len(keys))], strict=True)}
+
+
+Saver = Callable[[StateDict, str], None]
+Loader = Callable[[str, list[str]], StateDict]
+
+#: tool: (saver, loader, file name, whether its save is timed).
+_TOOLS: dict[str, tuple[Saver, Loader, str, bool]] = {
+    "pyfastensor": (_save_pyfastensor, _load_pyfastensor, "ckpt-pft.pt", True),
+    "torch": (_save_torch, _load_torch, "ckpt-torch.pt", True),
+    "torch-mmap": (_save_torch, _load_torch_mmap, "ckpt-torch-mmap.pt", False),
+    "safetensors": (_save_safetensors, _load_safetensors, "ckpt.safetensors", True),
+    "numpy": (_save_numpy, _load_numpy, "ckpt-npy", True),
+}
+
+
+def _remove(path: str) -> None:
+    if os.path.isdir(path):
+        shutil.rmtree(path)
+    elif os.path.exists(path):
+        os.remove(path)
+
+
+def _files(path: str) -> list[str]:
+    if os.path.isdir(path):
+        return [os.path.join(path, n) for n in sorted(os.listdir(path))]
+    return [path]
+
+
+def check_equal(tool: str, want: StateDict, got: Any) -> None:
+    """Raise AssertionError unless ``got`` holds the same keys and equal tensors (dtype and shape) as ``want``.
+
+    Key order is not compared: safetensors stores keys sorted.
+    """
+    if not isinstance(got, dict) or set(got) != set(want) or len(got) != len(want):
+        raise AssertionError(f"{tool}: loaded keys differ from the saved ones")
+    for k, t in want.items():
+        u = got[k]
+        if not isinstance(u, torch.Tensor) or u.dtype != t.dtype or u.shape != t.shape or not torch.equal(u, t):
+            raise AssertionError(f"{tool}: tensor {k!r} differs after load")
+
+
+def measure_tool(tool: str, w: Workload, directory: str, *, repeat: int = 1) -> dict[str, Any]:
+    """Save ``w`` durably with ``tool``, load it cold then warm; best of ``repeat``; verify once.
+
+    Returns:
+        ``{"save_gbps" (None when the save is not this row's), "cold_gbps", "warm_gbps",
+        "save_s", "cold_s", "warm_s", "cold_method"}``; seconds are the best.
+    """
+    saver, loader, fname, timed_save = _TOOLS[tool]
+    path = os.path.join(directory, fname)
+    keys = list(w.state)
+    best = {"save_s": math.inf, "cold_s": math.inf, "warm_s": math.inf}
+    method = ""
+    try:
+        for i in range(max(1, repeat)):
+            _remove(path)
+            start = time.perf_counter()
+            saver(w.state, path)
+            best["save_s"] = min(best["save_s"], time.perf_counter() - start)
+
+            method = disk.drop_caches(_files(path))
+            start = time.perf_counter()
+            got = loader(path, keys)
+            touch_pages(got)
+            best["cold_s"] = min(best["cold_s"], time.perf_counter() - start)
+            if i == 0:
+                check_equal(tool, w.state, got)
+            del got
+
+            start = time.perf_counter()
+            got = loader(path, keys)
+            touch_pages(got)
+            best["warm_s"] = min(best["warm_s"], time.perf_counter() - start)
+            if i == 0:
+                check_equal(f"{tool} (warm)", w.state, got)
+            del got
+    finally:
+        _remove(path)
+    n = w.nbytes
+    out: dict[str, Any] = {f"{k[:-2]}_gbps": n / v / 1e9 for k, v in best.items()}
+    out.update(best)
+    if not timed_save:
+        out["save_gbps"] = out["save_s"] = None
+    out["cold_method"] = method
+    return out
+
+
+# ---------------------------------------------------------------- run and report
+
+
+def _ratios(rows: dict[str, dict[str, Any]]) -> None:
+    pft = rows.get("pyfastensor")
+    for tool, r in rows.items():
+        r["ratio"] = {}
+        for k in KEYS:
+            ok = pft is not None and tool != "pyfastensor" and pft[k] and r[k]
+            r["ratio"][k] = pft[k] / r[k] if ok else None
+
+
+def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """The issue's targets, each ``{"workload", "what", "met", "figures"}``, from a :func:`run` result."""
+    out: list[dict[str, Any]] = []
+    lim = result.get("limit") or {}
+    for name, m in result["workloads"].items():
+        rows = m["rows"]
+        if "pyfastensor" not in rows:
+            continue
+        pft = rows["pyfastensor"]
+        peers = {t: r for t, r in rows.items() if t != "pyfastensor"}
+
+        def add(what: str, met: bool, figures: str, name: str = name) -> None:
+            out.append({"workload": name, "what": what, "met": bool(met), "figures": figures})
+
+        if name in MODELS:
+            for k, lk, word in (("save_gbps", "write_mbps", "write"), ("cold_gbps", "read_mbps", "read")):
+                if lk in lim:
+                    frac = pft[k] * 1e3 / lim[lk]
+                    add(f"{'durable save' if k == 'save_gbps' else 'cold load'} >= {LIMIT_TARGET:.0%} of "
+                        f"the disk's {word} limit", frac >= LIMIT_TARGET,
+                        f"{pft[k]:.2f} GB/s = {frac:.0%} of {lim[lk] / 1e3:.2f} GB/s")
+                others = {t: r[k] for t, r in peers.items() if r[k]}
+                if others:
+                    top = max(others, key=lambda t: others[t])
+                    add(f"{'durable save' if k == 'save_gbps' else 'cold load'} faster than every peer",
+                        pft[k] > others[top], f"{pft[k]:.2f} GB/s vs best peer {top} {others[top]:.2f} GB/s")
+            others = {t: r["warm_gbps"] for t, r in peers.items()}
+            if others:
+                top = max(others, key=lambda t: others[t])
+                add("warm load no slower than the fastest peer", pft["warm_gbps"] >= others[top],
+                    f"{pft['warm_gbps']:.2f} GB/s vs {top} {others[top]:.2f} GB/s")
+        elif name == "small" and "torch" in rows:
+            t = rows["torch"]
+            for k, word in (("save_gbps", "durable save"), ("cold_gbps", "cold load"), ("warm_gbps", "warm load")):
+                add(f"{word} no slower than torch", pft[k] >= t[k],
+                    f"{pft[k]:.2f} GB/s vs torch {t[k]:.2f} GB/s ({pft[k] / t[k]:.2f}x)")
+    return out
+
+
+def run(directory: str, *, workloads: list[Workload] | None = None, quick: bool = False,
+        tools: tuple[str, ...] = TOOLS, repeat: int = 1, limit: bool = True, limit_size: int | None = None,
+        progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run the benchmark in ``directory`` (left as found); return the tables as a dict.
+
+    Args:
+        directory: where the checkpoints go; each is removed after its loads.
+        workloads: the state dicts (default :func:`build_workloads` of every workload).
+        quick: smaller default workloads and a 256 MiB disk limit.
+        tools: rows to run. Default every tool.
+        repeat: passes per figure; the best counts. Default 1.
+        limit: measure the disk's O_DIRECT limit first (fio when installed).
+        limit_size: bytes per direction for the limit (default 1 GiB; 256 MiB with quick).
+        progress: called with a line before each row.
+
+    Returns:
+        ``{"workloads": {name: {"nbytes", "params", "tensors", "rows": {tool: {KEYS..., "ratio"}}}},
+        "limit": {...} or absent, "cold_method", "targets": [...]}``.
+    """
+    result: dict[str, Any] = {"workloads": {}, "repeat": repeat, "cold_method": disk.cold_cache_method()}
+    if limit:
+        size = limit_size or ((256 * MiB) if quick else GiB)
+        try:
+            lim = disk.measure_limit(directory, size=size)
+            result["limit"] = {"write_mbps": lim.write_mbps, "read_mbps": lim.read_mbps,
+                               "describe": lim.describe()}
+        except Exception as e:  # noqa: BLE001 - the limit is context; the rows still mean something
+            result["limit_error"] = f"disk limit not measured: {e}"
+    for w in workloads if workloads is not None else build_workloads(quick=quick):
+        rows: dict[str, dict[str, Any]] = {}
+        for tool in tools:
+            if progress:
+                progress(f"{w.name}: {tool}")
+            rows[tool] = measure_tool(tool, w, directory, repeat=repeat)
+        _ratios(rows)
+        lim = result.get("limit")
+        for r in rows.values():
+            r["save_frac"] = r["save_gbps"] * 1e3 / lim["write_mbps"] if lim and r["save_gbps"] else None
+            r["cold_frac"] = r["cold_gbps"] * 1e3 / lim["read_mbps"] if lim else None
+        result["workloads"][w.name] = {"nbytes": w.nbytes, "params": w.params, "tensors": len(w.state),
+                                       "rows": rows}
+    result["targets"] = targets(result)
+    return result
+
+
+def _f(v: float | None, fmt: str) -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def format_report(result: dict[str, Any]) -> str:
+    """The per-workload tables, the disk limit and the targets block."""
+    lines = []
+    if "limit" in result:
+        lines.append(result["limit"]["describe"])
+    elif "limit_error" in result:
+        lines.append(result["limit_error"])
+    lines.append(f"cold cache: {result['cold_method']}; best of {result['repeat']}")
+    for name, m in result["workloads"].items():
+        lines.append(f"\n{name}: {m['tensors']} tensors, {m['params'] / 1e6:.1f}M elements, "
+                     f"{m['nbytes'] / 1e6:.0f} MB")
+        lines.append(f"  {'tool':<12}{'save GB/s':>10}{'cold GB/s':>10}{'warm GB/s':>10}"
+                     f"{'pft/peer save':>15}{'cold':>6}{'warm':>6}{'save/wlim':>11}{'cold/rlim':>10}")
+        for tool, r in m["rows"].items():
+            rt = r["ratio"]
+            lines.append(
+                f"  {tool:<12}{_f(r['save_gbps'], '.2f'):>10}{_f(r['cold_gbps'], '.2f'):>10}"
+                f"{_f(r['warm_gbps'], '.2f'):>10}{_f(rt['save_gbps'], '.2f'):>15}{_f(rt['cold_gbps'], '.2f'):>6}"
+                f"{_f(rt['warm_gbps'], '.2f'):>6}{_f(r['save_frac'], '.0%'):>11}{_f(r['cold_frac'], '.0%'):>10}")
+    if any(m["rows"].get("torch-mmap") for m in result["workloads"].values()):
+        lines.append("\nevery load ends by reading one byte per 4 KiB page of every loaded storage (counts "
+                     "mmap's lazy reads); torch-mmap's file comes from torch.save (save not timed again)")
+    if result["targets"]:
+        lines.append("\ntargets (issue 3):")
+        for t in result["targets"]:
+            lines.append(f"  {'MET   ' if t['met'] else 'MISSED'} {t['workload']:<9}{t['what']}: {t['figures']}")
+    return "\n".join(lines)
+
+
+_DESCRIPTION = __doc__.split("\n", 2)[2] + """
+Each tool and workload: one durable save, one cold load, one warm load (the
+same load again at once, file in the page cache); --repeat N keeps the best
+of N such rounds. Every tool's first cold and warm loads are checked against
+the saved dict (same keys, torch.equal per tensor), so a fast wrong answer
+fails the run instead of scoring.
+
+Cold cache: as root, sync and `echo 3 > /proc/sys/vm/drop_caches` before
+every cold load (the whole page cache goes); otherwise fsync and
+posix_fadvise(POSIX_FADV_DONTNEED) of the tool's files, which drops only
+their pages. Run as root for figures comparable with the disk's.
+
+The disk's limit: fio, libaio O_DIRECT sequential write (fsync) and read,
+in the same directory, once at the start (the engines' best at 64 MiB blocks
+when fio is missing). Columns: GB/s of each tool, pyfastensor's figure over
+the peer's (>1: pyfastensor faster), save over the write limit and cold
+load over the read limit.
+
+Targets (issue 3): on gpt2 and resnet50, pyfastensor's durable save >= 85%
+of the write limit and cold load >= 85% of the read limit, both faster than
+every peer; warm load no slower than the fastest peer; on the small-tensor
+dict, no slower than torch to save or load.
+"""
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Add ``checkpoint`` to the ``bench`` subcommands and set its handler."""
+    p = sub.add_parser("checkpoint", help="pyfastensor.save/load vs torch, torch mmap, safetensors, numpy",
+                       description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dir", default=None,
+                   help="parent directory on the filesystem to measure (default: .); the run uses a "
+                        "temporary directory inside it and leaves nothing behind")
+    p.add_argument("--workloads", default=None,
+                   help=f"comma list among {', '.join(WORKLOADS)} (default: all)")
+    p.add_argument("--repeat", type=int, default=1, help="rounds per tool; the best counts (default 1)")
+    p.add_argument("--quick", action="store_true",
+                   help="GPT-2 shape with 4 layers and vocab 8192, 1,000 small tensors, 256M disk limit")
+    p.add_argument("--no-limit", action="store_true", help="skip measuring the disk's limit")
+    p.add_argument("--json", default=None, metavar="PATH", help="write the raw results as JSON")
+    p.set_defaults(func=_cmd_checkpoint)
+
+
+def _cmd_checkpoint(args: argparse.Namespace) -> int:
+    names = [n.strip() for n in args.workloads.split(",") if n.strip()] if args.workloads else list(WORKLOADS)
+    parent = args.dir or "."
+    if not os.path.isdir(parent):
+        raise ValueError(f"--dir {parent!r} is not a directory")
+
+    def progress(line: str) -> None:
+        print(f"  running {line}", file=sys.stderr, flush=True)
+
+    with tempfile.TemporaryDirectory(prefix="pft-bench-checkpoint-", dir=parent) as d:
+        ws = build_workloads(names, quick=args.quick)
+        result = run(d, workloads=ws, quick=args.quick, repeat=args.repeat, limit=not args.no_limit,
+                     progress=progress)
+    print(format_report(result))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2))
+        print(f"raw results: {args.json}")
+    return 0

@@ -1,0 +1,67 @@
+"""Smoke test of ``python -m pyfastensor bench checkpoint`` on tiny state dicts (no timing assertions)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import torch
+
+from pyfastensor.bench import checkpoint as bench
+from pyfastensor.bench.checkpoint import Workload
+
+
+def _tiny() -> list[Workload]:
+    return [
+        Workload("gpt2", bench.gpt2_state_dict(layers=1, vocab=64, d=16, n_ctx=8)),
+        Workload("resnet50", bench.resnet50_state_dict(width=4, classes=10)),
+        Workload("small", bench.small_state_dict(20)),
+    ]
+
+
+def test_tables_have_every_row_and_key(tmp_path):
+    result = bench.run(str(tmp_path), workloads=_tiny(), limit=False)
+    assert list(result["workloads"]) == list(bench.WORKLOADS)
+    for m in result["workloads"].values():
+        assert tuple(m["rows"]) == bench.TOOLS
+        for tool, r in m["rows"].items():
+            assert set(bench.KEYS) <= set(r)
+            assert r["cold_gbps"] > 0 and r["warm_gbps"] > 0
+            assert (r["save_gbps"] is None) == (tool == "torch-mmap")
+            assert r["ratio"]["cold_gbps"] is None if tool == "pyfastensor" else r["ratio"]["cold_gbps"] > 0
+    whats = {(t["workload"], t["what"]) for t in result["targets"]}
+    assert ("small", "durable save no slower than torch") in whats
+    assert ("gpt2", "warm load no slower than the fastest peer") in whats
+    text = bench.format_report(result)
+    for tool in bench.TOOLS:
+        assert tool in text
+    assert "targets" in text
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_limit_targets_are_reported(tmp_path):
+    result = bench.run(str(tmp_path), workloads=[Workload("resnet50", bench.resnet50_state_dict(width=4))],
+                       tools=("pyfastensor", "torch"), limit=True, limit_size=4 << 20)
+    assert "limit" in result
+    r = result["workloads"]["resnet50"]["rows"]["pyfastensor"]
+    assert r["save_frac"] > 0 and r["cold_frac"] > 0
+    assert any("write limit" in t["what"] for t in result["targets"])
+    assert "MET" in bench.format_report(result) or "MISSED" in bench.format_report(result)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_wrong_load_is_caught():
+    sd = {"a": torch.arange(4.0)}
+    bench.check_equal("ok", sd, {"a": torch.arange(4.0)})
+    for bad in ({"a": torch.zeros(4)}, {"b": torch.arange(4.0)}, {"a": torch.arange(4, dtype=torch.float64)}):
+        try:
+            bench.check_equal("bad", sd, bad)
+        except AssertionError:
+            continue
+        raise AssertionError(f"{bad} passed")
+
+
+def test_help_explains_the_benchmark():
+    out = subprocess.run([sys.executable, "-m", "pyfastensor", "bench", "checkpoint", "--help"],
+                         capture_output=True, text=True, check=True).stdout
+    assert "--quick" in out and "drop_caches" in out and "torch.equal" in out
