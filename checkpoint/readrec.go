@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/pyfastensor/pyfastensor/gds"
@@ -69,6 +70,13 @@ func (a *Archive) Read(reqs []ReadRequest, o ReadOptions) (st Stats, err error) 
 		tasks = append(tasks, ps...)
 		st.DataBytes += e.Size
 	}
+	// Per record: pieces left and the start of its first piece, so the
+	// chooser learns the record's time when its last piece lands.
+	left := make([]atomic.Int64, len(reqs))
+	started := make([]atomic.Int64, len(reqs))
+	for _, t := range tasks {
+		left[t.rec].Add(1)
+	}
 	rd := &reader{a: a, o: o, files: map[string]gds.File{}, engines: map[string]int64{}}
 	defer func() {
 		if cerr := rd.close(); err == nil && cerr != nil {
@@ -79,6 +87,7 @@ func (a *Archive) Read(reqs []ReadRequest, o ReadOptions) (st Stats, err error) 
 		pc := tasks[t]
 		e := &a.Entries[reqs[pc.rec].Index]
 		p := reqs[pc.rec].Dst[pc.lo:pc.hi]
+		started[pc.rec].CompareAndSwap(0, time.Now().UnixNano())
 		f, err := rd.file(engines[pc.rec])
 		if err != nil {
 			return fmt.Errorf("checkpoint: read %s record %q: %w", a.Path, e.Name, err)
@@ -94,6 +103,10 @@ func (a *Archive) Read(reqs []ReadRequest, o ReadOptions) (st Stats, err error) 
 			crcs[pc.rec].set(pc.index, crc, int64(len(p)))
 		}
 		rd.count(f.Engine(), int64(len(p)))
+		if left[pc.rec].Add(-1) == 0 {
+			d := time.Duration(time.Now().UnixNano() - started[pc.rec].Load())
+			o.Chooser.Observe(OpRead, e.Size, engines[pc.rec], d)
+		}
 		return nil
 	})
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"unsafe"
@@ -36,13 +37,27 @@ func ckptErr(err error) error {
 	return err
 }
 
-// chooser returns the fixed engine named by engine, or nil (the default
-// chooser) for NULL or "".
-func chooser(engine *C.char) checkpoint.Chooser {
-	if engine == nil || C.GoString(engine) == "" {
-		return nil
+// chooser returns the engine choice named by engine: nil (the default
+// chooser) for NULL or "", the adaptive dictionaries behind a pft_dict_open
+// handle for "dict:<handle>" (WDic for writes, RDic for reads), else that one
+// engine for every record.
+func chooser(engine *C.char) (checkpoint.Chooser, error) {
+	name := ""
+	if engine != nil {
+		name = C.GoString(engine)
 	}
-	return checkpoint.FixedChooser(C.GoString(engine))
+	if h, ok := strings.CutPrefix(name, "dict:"); ok {
+		n, err := strconv.ParseUint(h, 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("%w: engine %q: expected dict:<handle>", gds.ErrInvalid, name)
+		}
+		_, view, err := dictView(C.uint64_t(n), 0)
+		return view, err
+	}
+	if name == "" {
+		return nil, nil
+	}
+	return checkpoint.FixedChooser(name), nil
 }
 
 // progressFunc adds to the caller's counter, which another thread may poll
@@ -79,9 +94,13 @@ func pft_ckpt_save(path *C.char, n C.int64_t, names *C.char, addrs *unsafe.Point
 		if err != nil {
 			return err
 		}
+		ch, err := chooser(engine)
+		if err != nil {
+			return err
+		}
 		st, err := checkpoint.Save(C.GoString(path), recs, checkpoint.WriteOptions{
 			NotDurable: durable == 0,
-			Chooser:    chooser(engine),
+			Chooser:    ch,
 			Engine:     gds.Options{Threads: int(threads), TaskSize: int64(taskSize)},
 			Workers:    int(workers),
 			Progress:   progressFunc(progress),
@@ -149,6 +168,10 @@ func pft_ckpt_read(h C.uint64_t, n C.int64_t, indices *C.int64_t, addrs *unsafe.
 	verify C.int, engine *C.char, threads C.int, taskSize C.int64_t, workers C.int, progress *C.int64_t,
 	out **C.char, errbuf *C.char, errlen C.size_t) C.int {
 	return call(errbuf, errlen, func() error {
+		ch, err := chooser(engine)
+		if err != nil {
+			return err
+		}
 		a, err := lookup[*checkpoint.Archive](h)
 		if err != nil {
 			return err
@@ -169,7 +192,7 @@ func pft_ckpt_read(h C.uint64_t, n C.int64_t, indices *C.int64_t, addrs *unsafe.
 		}
 		st, err := a.Read(reqs, checkpoint.ReadOptions{
 			NoVerify: verify == 0,
-			Chooser:  chooser(engine),
+			Chooser:  ch,
 			Engine:   gds.Options{Threads: int(threads), TaskSize: int64(taskSize)},
 			Workers:  int(workers),
 			Progress: progressFunc(progress),
@@ -218,13 +241,17 @@ func pft_raw_save(path *C.char, size C.int64_t, n C.int64_t, offsets *C.int64_t,
 	durable C.int, engine *C.char, threads C.int, taskSize C.int64_t, workers C.int, progress *C.int64_t,
 	out **C.char, errbuf *C.char, errlen C.size_t) C.int {
 	return call(errbuf, errlen, func() error {
+		ch, err := chooser(engine)
+		if err != nil {
+			return err
+		}
 		ext, err := extents(int(n), offsets, addrs, sizes)
 		if err != nil {
 			return err
 		}
 		st, err := checkpoint.SaveRaw(C.GoString(path), int64(size), ext, checkpoint.WriteOptions{
 			NotDurable: durable == 0,
-			Chooser:    chooser(engine),
+			Chooser:    ch,
 			Engine:     gds.Options{Threads: int(threads), TaskSize: int64(taskSize)},
 			Workers:    int(workers),
 			Progress:   progressFunc(progress),
@@ -244,12 +271,16 @@ func pft_raw_read(path *C.char, n C.int64_t, offsets *C.int64_t, addrs *unsafe.P
 	engine *C.char, threads C.int, taskSize C.int64_t, workers C.int, progress *C.int64_t,
 	out **C.char, errbuf *C.char, errlen C.size_t) C.int {
 	return call(errbuf, errlen, func() error {
+		ch, err := chooser(engine)
+		if err != nil {
+			return err
+		}
 		ext, err := extents(int(n), offsets, addrs, sizes)
 		if err != nil {
 			return err
 		}
 		st, err := checkpoint.ReadRaw(C.GoString(path), ext, checkpoint.ReadOptions{
-			Chooser:  chooser(engine),
+			Chooser:  ch,
 			Engine:   gds.Options{Threads: int(threads), TaskSize: int64(taskSize)},
 			Workers:  int(workers),
 			Progress: progressFunc(progress),

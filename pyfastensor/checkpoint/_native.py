@@ -64,8 +64,18 @@ def _arrays(addrs: Sequence[int], sizes: Sequence[int]) -> tuple[Any, Any]:
     return (ctypes.c_void_p * n)(*[a or None for a in addrs]), (ctypes.c_int64 * n)(*sizes)
 
 
-def _engine(engine: str | None) -> bytes | None:
-    return engine.encode() if engine else None
+def _engine(engine: Any) -> bytes | None:
+    """The engine argument of the native calls: NULL (default choice), an
+    engine name, or ``dict:<handle>`` for open :class:`~pyfastensor.dictionary.Dictionaries`
+    (WDic for writes, RDic for reads, learning from every record moved)."""
+    if engine is None or engine == "":
+        return None
+    if isinstance(engine, str):
+        return engine.encode()
+    live = getattr(engine, "_live", None)
+    if live is None:
+        raise TypeError(f"engine={engine!r}: expected an engine name or pyfastensor.dictionary.Dictionaries")
+    return f"dict:{live()}".encode()
 
 
 def write_archive(

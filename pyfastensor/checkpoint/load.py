@@ -8,9 +8,12 @@ import shutil
 import tempfile
 import warnings
 from collections.abc import Callable
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from ..dictionary import Dictionaries
 
 from ..errors import CorruptFileError
 from . import _progress
@@ -32,7 +35,7 @@ def load(
     weights_only: bool | None = None,
     mmap: bool | None = None,
     verify: bool = True,
-    engine: str | None = None,
+    engine: str | Dictionaries | None = None,
     progress: bool | None = None,
     **pickle_load_args: Any,
 ) -> Any:
@@ -65,8 +68,9 @@ def load(
         mmap: map the file instead of reading it (handed to torch.load).
             Default: ``False``.
         verify: check every record's CRC-32. Default: ``True``.
-        engine: one I/O engine for every record; default: direct for large
-            records where O_DIRECT works, else posix.
+        engine: one I/O engine for every record, or open
+            :class:`pyfastensor.dictionary.Dictionaries` to choose per record
+            size from the read dictionary. Default: the page cache (posix).
         progress: show a progress bar for loads longer than about two seconds.
             Default: the ``PYFASTENSOR_PROGRESS`` setting (on).
         pickle_load_args: passed to the unpickler, as in :func:`torch.load`.

@@ -8,9 +8,12 @@ import secrets
 import shutil
 import sys
 import tempfile
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from ..dictionary import Dictionaries
 
 from .._buffers import address_of
 from . import _progress
@@ -32,7 +35,7 @@ def save(
     _disable_byteorder_record: bool = False,
     *,
     durable: bool = True,
-    engine: str | None = None,
+    engine: str | Dictionaries | None = None,
     progress: bool | None = None,
 ) -> None:
     """Save an object to a file, as :func:`torch.save` does, faster and durably.
@@ -61,8 +64,12 @@ def save(
             :func:`torch.save` (its legacy format).
         _disable_byteorder_record: as in :func:`torch.save`.
         durable: fsync the file and its directory. Default: ``True``.
-        engine: one I/O engine for every record (``"posix"``, ``"direct"``...);
-            default: direct for large records where O_DIRECT works, else posix.
+        engine: one I/O engine for every record (``"posix"``, ``"direct"``...:
+            the paper's "specific tool" mode), or open
+            :class:`pyfastensor.dictionary.Dictionaries` to choose per record
+            size from the write dictionary (aware or specific-dictionary
+            mode). Default: direct for large records where O_DIRECT works,
+            else posix.
         progress: show a progress bar for saves longer than about two
             seconds. Default: the ``PYFASTENSOR_PROGRESS`` setting (on).
 
