@@ -42,7 +42,7 @@ func SaveRaw(path string, size int64, extents []Extent, o WriteOptions) (st Stat
 	if err != nil {
 		return st, fmt.Errorf("checkpoint: save %s: %w", path, err)
 	}
-	w := &writer{o: o, tmp: tmp, files: map[string]gds.File{}, engines: map[string]int64{}}
+	w := &writer{o: o, tmp: tmp, engineFiles: newEngineFiles(tmp, os.O_RDWR, o.Engine, o.Progress)}
 	err = w.extents(extents)
 	if err == nil && !o.NotDurable {
 		var f gds.File
@@ -50,7 +50,7 @@ func SaveRaw(path string, size int64, extents []Extent, o WriteOptions) (st Stat
 			err = f.Sync()
 		}
 	}
-	if cerr := w.closeFiles(); err == nil {
+	if cerr := w.close(); err == nil {
 		err = cerr
 	}
 	if err == nil {
@@ -108,7 +108,7 @@ func ReadRaw(path string, extents []Extent, o ReadOptions) (st Stats, err error)
 		tasks = append(tasks, splitPieces(i, int64(len(e.Data)), pieceSize(o.Engine))...)
 		st.DataBytes += int64(len(e.Data))
 	}
-	rd := &reader{a: &Archive{Path: path}, o: o, files: map[string]gds.File{}, engines: map[string]int64{}}
+	rd := newEngineFiles(path, os.O_RDONLY, o.Engine, o.Progress)
 	defer func() {
 		if cerr := rd.close(); err == nil && cerr != nil {
 			err = cerr

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -77,7 +76,7 @@ func (a *Archive) Read(reqs []ReadRequest, o ReadOptions) (st Stats, err error) 
 	for _, t := range tasks {
 		left[t.rec].Add(1)
 	}
-	rd := &reader{a: a, o: o, files: map[string]gds.File{}, engines: map[string]int64{}}
+	rd := newEngineFiles(a.Path, os.O_RDONLY, o.Engine, o.Progress)
 	defer func() {
 		if cerr := rd.close(); err == nil && cerr != nil {
 			err = cerr
@@ -122,50 +121,6 @@ func (a *Archive) Read(reqs []ReadRequest, o ReadOptions) (st Stats, err error) 
 	}
 	st.FileBytes, st.Engines, st.Seconds = a.Size, rd.engines, time.Since(start).Seconds()
 	return st, nil
-}
-
-// reader holds the files of one Read, one per engine.
-type reader struct {
-	a       *Archive
-	o       ReadOptions
-	mu      sync.Mutex
-	files   map[string]gds.File
-	engines map[string]int64
-}
-
-func (r *reader) file(engine string) (gds.File, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if f, ok := r.files[engine]; ok {
-		return f, nil
-	}
-	e, err := gds.New(engine, r.o.Engine)
-	if err != nil {
-		return nil, err
-	}
-	f, err := e.Open(r.a.Path, os.O_RDONLY, 0)
-	if err != nil {
-		return nil, err
-	}
-	r.files[engine] = f
-	return f, nil
-}
-
-func (r *reader) count(engine string, n int64) {
-	r.mu.Lock()
-	r.engines[engine] += n
-	r.mu.Unlock()
-	if r.o.Progress != nil {
-		r.o.Progress(n)
-	}
-}
-
-func (r *reader) close() error {
-	var errs []error
-	for _, f := range r.files {
-		errs = append(errs, f.Close())
-	}
-	return errors.Join(errs...)
 }
 
 // Index returns the position of the record called name, or -1.

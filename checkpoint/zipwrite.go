@@ -2,11 +2,9 @@ package checkpoint
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -74,9 +72,9 @@ func Save(path string, recs []Record, o WriteOptions) (st Stats, err error) {
 	if err != nil {
 		return st, fmt.Errorf("checkpoint: save %s: %w", path, err)
 	}
-	w := &writer{l: l, o: o, tmp: tmp, files: map[string]gds.File{}, engines: map[string]int64{}}
+	w := &writer{l: l, o: o, tmp: tmp, engineFiles: newEngineFiles(tmp, os.O_RDWR, o.Engine, o.Progress)}
 	err = w.write()
-	if cerr := w.closeFiles(); err == nil {
+	if cerr := w.close(); err == nil {
 		err = cerr
 	}
 	if err == nil {
@@ -113,41 +111,10 @@ func checkNames(recs []Record) error {
 
 // writer is one save in progress.
 type writer struct {
-	l   layout
-	o   WriteOptions
-	tmp string
-
-	mu      sync.Mutex
-	files   map[string]gds.File // by engine asked for
-	engines map[string]int64
-}
-
-// file returns the temporary file opened through engine (once per engine).
-func (w *writer) file(engine string) (gds.File, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if f, ok := w.files[engine]; ok {
-		return f, nil
-	}
-	e, err := gds.New(engine, w.o.Engine)
-	if err != nil {
-		return nil, err
-	}
-	f, err := e.Open(w.tmp, os.O_RDWR, 0)
-	if err != nil {
-		return nil, err
-	}
-	w.files[engine] = f
-	return f, nil
-}
-
-func (w *writer) count(engine string, n int64) {
-	w.mu.Lock()
-	w.engines[engine] += n
-	w.mu.Unlock()
-	if w.o.Progress != nil {
-		w.o.Progress(n)
-	}
+	l            layout
+	o            WriteOptions
+	tmp          string
+	*engineFiles // the temporary file, once per engine
 }
 
 // write moves everything: first the extents (large records, straight from
@@ -304,15 +271,6 @@ func (w *writer) central() []byte {
 	}
 	b = append(b, endRecords(len(w.l.recs), w.l.cdOff, w.l.cdSize, cdCommentLen)...)
 	return append(b, fmt.Sprintf("%s%08x", cdCommentPrefix, crcOf(b))...)
-}
-
-// closeFiles closes every engine file of the save.
-func (w *writer) closeFiles() error {
-	var errs []error
-	for _, f := range w.files {
-		errs = append(errs, f.Close())
-	}
-	return errors.Join(errs...)
 }
 
 // le is shorthand for the zip's byte order.
