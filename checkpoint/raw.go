@@ -30,35 +30,18 @@ func SaveRaw(path string, size int64, extents []Extent, o WriteOptions) (st Stat
 			return st, fmt.Errorf("%w: extent of %d bytes at %d outside a file of %d", gds.ErrInvalid, len(e.Data), e.Off, size)
 		}
 	}
-	abs, err := resolveTarget(path)
+	w, err := saveTemp(path, size, o, func(w *writer) error {
+		if err := w.extents(extents); err != nil || o.NotDurable {
+			return err
+		}
+		f, err := w.file("posix")
+		if err != nil {
+			return err
+		}
+		return f.Sync()
+	})
 	if err != nil {
 		return st, err
-	}
-	if o.Chooser == nil {
-		o.Chooser = DefaultChooser(filepath.Dir(abs))
-	}
-	CleanStale(abs)
-	tmp, err := createTemp(abs, size)
-	if err != nil {
-		return st, fmt.Errorf("checkpoint: save %s: %w", path, err)
-	}
-	w := &writer{o: o, tmp: tmp, engineFiles: newEngineFiles(tmp, os.O_RDWR, o.Engine, o.Progress)}
-	err = w.extents(extents)
-	if err == nil && !o.NotDurable {
-		var f gds.File
-		if f, err = w.file("posix"); err == nil {
-			err = f.Sync()
-		}
-	}
-	if cerr := w.close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = commit(tmp, abs, !o.NotDurable)
-	}
-	if err != nil {
-		os.Remove(tmp)
-		return st, fmt.Errorf("checkpoint: save %s: %w", path, err)
 	}
 	st = Stats{FileBytes: size, Engines: w.engines, Seconds: time.Since(start).Seconds()}
 	for _, e := range extents {

@@ -56,33 +56,16 @@ func Save(path string, recs []Record, o WriteOptions) (st Stats, err error) {
 	if err := checkNames(recs); err != nil {
 		return st, err
 	}
-	abs, err := resolveTarget(path)
-	if err != nil {
-		return st, err
-	}
-	if o.Chooser == nil {
-		o.Chooser = DefaultChooser(filepath.Dir(abs))
-	}
 	if o.Workers <= 0 {
 		o.Workers = DefaultWorkers
 	}
-	CleanStale(abs)
 	l := plan(recs)
-	tmp, err := createTemp(abs, l.total)
+	w, err := saveTemp(path, l.total, o, func(w *writer) error {
+		w.l = l
+		return w.write()
+	})
 	if err != nil {
-		return st, fmt.Errorf("checkpoint: save %s: %w", path, err)
-	}
-	w := &writer{l: l, o: o, tmp: tmp, engineFiles: newEngineFiles(tmp, os.O_RDWR, o.Engine, o.Progress)}
-	err = w.write()
-	if cerr := w.close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = commit(tmp, abs, !o.NotDurable)
-	}
-	if err != nil {
-		os.Remove(tmp)
-		return st, fmt.Errorf("checkpoint: save %s: %w", path, err)
+		return st, err
 	}
 	st = Stats{FileBytes: l.total, Engines: w.engines, Seconds: time.Since(start).Seconds()}
 	for _, r := range recs {
@@ -275,3 +258,36 @@ func (w *writer) central() []byte {
 
 // le is shorthand for the zip's byte order.
 var le = binary.LittleEndian
+
+// saveTemp is the save protocol shared by archives and raw files: resolve
+// the target, clean stale temporaries, create a temporary file of size
+// bytes beside it, let fill write it (fill syncs it unless o.NotDurable),
+// close the engine files and commit (commit.go). On error the temporary
+// file is removed and nothing new is left at path.
+func saveTemp(path string, size int64, o WriteOptions, fill func(*writer) error) (*writer, error) {
+	abs, err := resolveTarget(path)
+	if err != nil {
+		return nil, err
+	}
+	if o.Chooser == nil {
+		o.Chooser = DefaultChooser(filepath.Dir(abs))
+	}
+	CleanStale(abs)
+	tmp, err := createTemp(abs, size)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint: save %s: %w", path, err)
+	}
+	w := &writer{o: o, tmp: tmp, engineFiles: newEngineFiles(tmp, os.O_RDWR, o.Engine, o.Progress)}
+	err = fill(w)
+	if cerr := w.close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = commit(tmp, abs, !o.NotDurable)
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return nil, fmt.Errorf("checkpoint: save %s: %w", path, err)
+	}
+	return w, nil
+}
