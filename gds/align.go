@@ -26,7 +26,7 @@ func addrAligned(p []byte, a int) bool {
 	if len(p) == 0 {
 		return true
 	}
-	return uintptr(unsafe.Pointer(unsafe.SliceData(p)))&uintptr(a-1) == 0
+	return addrOf(p)&uintptr(a-1) == 0
 }
 
 // alignedBuf returns an n-byte slice whose address is a multiple of a, by
@@ -40,21 +40,22 @@ func alignedBuf(n, a int) []byte {
 	return raw[shift : shift+n : shift+n]
 }
 
-// bouncePool hands out aligned buffers of one size (a task size), reused
-// across transfers so large saves do not churn the garbage collector.
-type bouncePool struct {
-	size, align int
-	pool        sync.Pool
-}
+// addrOf returns the address of p's first byte.
+func addrOf(p []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(p))) }
+
+// bouncePool hands out aligned buffers of one size (a task size) from the
+// process's huge-page buffers (hugebuf.go), which outlive the file.
+type bouncePool struct{ size int }
 
 func newBouncePool(size, align int) *bouncePool {
-	b := &bouncePool{size: size, align: align}
-	b.pool.New = func() any { buf := alignedBuf(size, align); return &buf }
-	return b
+	if align > hugePage {
+		panic("gds: memory alignment above 2 MiB")
+	}
+	return &bouncePool{size: size}
 }
 
-func (b *bouncePool) get() *[]byte  { return b.pool.Get().(*[]byte) }
-func (b *bouncePool) put(p *[]byte) { b.pool.Put(p) }
+func (b *bouncePool) get() *hugeBuf  { return getHuge(b.size) }
+func (b *bouncePool) put(p *hugeBuf) { putHuge(p) }
 
 // blockLocks serialises read-modify-write of partial blocks: two writers
 // whose unaligned edges share a block take turns, so neither overwrites the

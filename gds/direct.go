@@ -283,7 +283,7 @@ func (f *directFile) piece(write, straight bool, p []byte, off int64) (int, erro
 	defer f.bounce.put(bp)
 	done := 0
 	for done < len(p) {
-		buf := (*bp)[:min(len(*bp), len(p)-done)]
+		buf := bp.b[:min(len(bp.b), len(p)-done)]
 		var n int
 		var err error
 		if write {

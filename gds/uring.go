@@ -204,12 +204,12 @@ func uringMiddle(f *directFile, write bool, p []byte, off int64) (int, error) {
 
 // uringReq is one request slot of a batch; its index is the SQE's user data.
 type uringReq struct {
-	lo     int     // where the piece starts in the batch's p
-	user   []byte  // the caller's bytes of the piece
-	buf    []byte  // the memory the kernel moves: user, or a bounce buffer
-	bounce *[]byte // the pooled bounce buffer, when buf is one
-	done   int     // bytes moved so far
-	flags  uint8   // SQE flags for the next (re)submission
+	lo     int      // where the piece starts in the batch's p
+	user   []byte   // the caller's bytes of the piece
+	buf    []byte   // the memory the kernel moves: user, or a bounce buffer
+	bounce *hugeBuf // the pooled bounce buffer, when buf is one
+	done   int      // bytes moved so far
+	flags  uint8    // SQE flags for the next (re)submission
 }
 
 // uringBatch moves one middle through one ring. The reqs slice holds every
@@ -292,7 +292,7 @@ func (b *uringBatch) start(piece []byte, straight bool) {
 	*s = uringReq{lo: b.next, user: piece, buf: piece}
 	if !straight {
 		s.bounce = b.f.bounce.get()
-		s.buf = (*s.bounce)[:len(piece)]
+		s.buf = s.bounce.b[:len(piece)]
 		if b.write {
 			copy(s.buf, piece)
 		}
