@@ -17,6 +17,7 @@ import (
 	"github.com/pyfastensor/pyfastensor/gds"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 )
 
 func randBytes(n int, seed uint64) []byte {
@@ -311,4 +312,36 @@ func TestSaveThroughSymlinkKeepsModeAndLink(t *testing.T) {
 	assert.Equal(t, os.FileMode(0o600), st.Mode().Perm())
 	_, err = OpenArchive(link)
 	require.NoError(t, err)
+}
+
+// The default chooser reads a cold record direct and a cached one through
+// the page cache, deciding per load from mincore.
+func TestDefaultReadFollowsResidency(t *testing.T) {
+	dir := t.TempDir()
+	if !gds.ProbeDir(dir).Direct {
+		t.Skip("no O_DIRECT in the temporary directory")
+	}
+	path := filepath.Join(dir, "ck.pt")
+	data := randBytes(3<<20, 7)
+	_, err := Save(path, []Record{{Name: "archive/data/0", Data: data, Align: DataAlign}}, WriteOptions{})
+	require.NoError(t, err)
+	read := func() map[string]int64 {
+		a, err := OpenArchive(path)
+		require.NoError(t, err)
+		dst := make([]byte, len(data))
+		st, err := a.Read([]ReadRequest{{Index: 0, Dst: dst}}, ReadOptions{})
+		require.NoError(t, err)
+		require.True(t, bytes.Equal(data, dst))
+		return st.Engines
+	}
+
+	f, err := os.Open(path)
+	require.NoError(t, err)
+	defer f.Close()
+	require.NoError(t, unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED))
+	assert.Equal(t, map[string]int64{"direct": int64(len(data))}, read(), "cold: direct")
+
+	_, err = io.Copy(io.Discard, f) // the whole file into the page cache
+	require.NoError(t, err)
+	assert.Equal(t, map[string]int64{"posix": int64(len(data))}, read(), "cached: posix")
 }

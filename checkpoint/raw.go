@@ -85,19 +85,20 @@ func ReadRaw(path string, extents []Extent, o ReadOptions) (st Stats, err error)
 		o.Chooser = DefaultChooser(filepath.Dir(abs))
 	}
 	var tasks []piece
-	engines := make([]string, len(extents))
+	offs, sizes := make([]int64, len(extents)), make([]int64, len(extents))
 	for i, e := range extents {
-		engines[i] = o.Chooser.Engine(OpRead, int64(len(e.Data)))
+		offs[i], sizes[i] = e.Off, int64(len(e.Data))
 		tasks = append(tasks, splitPieces(i, int64(len(e.Data)), pieceSize(o.Engine))...)
 		st.DataBytes += int64(len(e.Data))
 	}
+	engines := readEngines(path, o.Chooser, offs, sizes)
 	rd := newEngineFiles(path, os.O_RDONLY, o.Engine, o.Progress)
 	defer func() {
 		if cerr := rd.close(); err == nil && cerr != nil {
 			err = cerr
 		}
 	}()
-	err = runTasks(len(tasks), cmp.Or(o.Workers, defaultReadWorkers()), func(t int) error {
+	err = runTasks(len(tasks), cmp.Or(o.Workers, readWorkers(engines)), func(t int) error {
 		pc := tasks[t]
 		f, err := rd.file(engines[pc.rec])
 		if err != nil {

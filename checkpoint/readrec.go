@@ -46,12 +46,9 @@ func (a *Archive) Read(reqs []ReadRequest, o ReadOptions) (st Stats, err error) 
 		}
 		o.Chooser = DefaultChooser(filepath.Dir(abs))
 	}
-	if o.Workers <= 0 {
-		o.Workers = defaultReadWorkers()
-	}
 	var tasks []piece
 	crcs := make([]*pieceCRCs, len(reqs))
-	engines := make([]string, len(reqs))
+	offs, sizes := make([]int64, len(reqs)), make([]int64, len(reqs))
 	for i, r := range reqs {
 		if r.Index < 0 || r.Index >= len(a.Entries) {
 			return st, fmt.Errorf("%w: record index %d out of range (%d records)", gds.ErrInvalid, r.Index, len(a.Entries))
@@ -65,9 +62,13 @@ func (a *Archive) Read(reqs []ReadRequest, o ReadOptions) (st Stats, err error) 
 		}
 		ps := splitPieces(i, e.Size, pieceSize(o.Engine))
 		crcs[i] = newPieceCRCs(len(ps))
-		engines[i] = o.Chooser.Engine(OpRead, e.Size)
+		offs[i], sizes[i] = e.DataOff, e.Size
 		tasks = append(tasks, ps...)
 		st.DataBytes += e.Size
+	}
+	engines := readEngines(a.Path, o.Chooser, offs, sizes)
+	if o.Workers <= 0 {
+		o.Workers = readWorkers(engines)
 	}
 	// Per record: pieces left and the start of its first piece, so the
 	// chooser learns the record's time when its last piece lands.

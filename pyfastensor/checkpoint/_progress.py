@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import ctypes
 import threading
+import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 from .. import config
 
@@ -35,28 +36,51 @@ def run(
     """Call ``fn(counter)`` and show a bar of ``counter`` against ``total`` bytes if it runs long."""
     if not enabled(progress) or total < MIN_BYTES:
         return fn(None)
-    counter = ctypes.c_int64(0)
-    result: list[T] = []
-    error: list[BaseException] = []
+    return Pending(fn, total, desc, progress).wait()
 
-    def work() -> None:
-        try:
-            result.append(fn(counter))
-        except BaseException as e:  # re-raised on the caller's thread
-            error.append(e)
 
-    t = threading.Thread(target=work, name="pyfastensor-io", daemon=True)
-    t.start()
-    t.join(DELAY)
-    if t.is_alive():
-        from tqdm.auto import tqdm
+class Pending(Generic[T]):
+    """``fn(counter)`` running on a helper thread from construction; :meth:`wait` joins it.
 
-        with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=desc) as bar:
-            while t.is_alive():
-                t.join(0.1)
-                bar.update(counter.value - bar.n)
-            bar.update(counter.value - bar.n)
-    t.join()
-    if error:
-        raise error[0]
-    return result[0]
+    The caller can do other work meanwhile (a load unpickles while its
+    records are read). :meth:`wait` shows the bar, when bars are on, the
+    call moves at least :data:`MIN_BYTES` and it is still running
+    :data:`DELAY` seconds after it started.
+    """
+
+    def __init__(
+        self, fn: Callable[[ctypes.c_int64 | None], T], total: int, desc: str, progress: bool | None
+    ) -> None:
+        self._bar = enabled(progress) and total >= MIN_BYTES
+        self._total, self._desc = total, desc
+        self._counter = ctypes.c_int64(0)
+        self._result: list[T] = []
+        self._error: list[BaseException] = []
+        self._started = time.monotonic()
+
+        def work() -> None:
+            try:
+                self._result.append(fn(self._counter if self._bar else None))
+            except BaseException as e:  # re-raised on the caller's thread
+                self._error.append(e)
+
+        self._thread = threading.Thread(target=work, name="pyfastensor-io", daemon=True)
+        self._thread.start()
+
+    def wait(self) -> T:
+        """Return ``fn``'s result once it has finished, or raise its exception."""
+        t = self._thread
+        t.join(max(0.0, DELAY - (time.monotonic() - self._started)) if self._bar else None)
+        if t.is_alive():
+            from tqdm.auto import tqdm
+
+            with tqdm(total=self._total, unit="B", unit_scale=True, unit_divisor=1024,
+                      desc=self._desc) as bar:
+                while t.is_alive():
+                    t.join(0.1)
+                    bar.update(self._counter.value - bar.n)
+                bar.update(self._counter.value - bar.n)
+        t.join()
+        if self._error:
+            raise self._error[0]
+        return self._result[0]

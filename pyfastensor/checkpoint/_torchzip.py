@@ -12,12 +12,20 @@ from __future__ import annotations
 
 import ctypes
 import re
+import sys
 from typing import Any
 
 import torch
 
+from .._buffers import ALIGNED_MIN, empty_aligned
 from ..errors import CorruptFileError
 from ._native import Archive
+
+#: Device types other than the CPU, as storage locations name them.
+_DEVICE_NAMES = tuple(d.encode() for d in (
+    "cuda", "mps", "xpu", "hpu", "meta", "xla", "lazy", "mtia", "ipu", "ve", "maia", "vulkan",
+    "privateuseone", torch._C._get_privateuse1_backend_name(),
+))
 
 
 class PreloadedZip:
@@ -31,7 +39,8 @@ class PreloadedZip:
         self._tensors: dict[str, torch.Tensor] = {}
         for e in archive.entries:
             if e.name.startswith(data):
-                self._tensors[e.name] = torch.empty(e.size, dtype=torch.uint8)
+                self._tensors[e.name] = (empty_aligned(e.size) if e.size >= ALIGNED_MIN
+                                         else torch.empty(e.size, dtype=torch.uint8))
             else:
                 self._small[e.name] = ctypes.create_string_buffer(max(e.size, 1))
         #: Bytes of storage records.
@@ -39,12 +48,36 @@ class PreloadedZip:
 
     def read_all(self, *, verify: bool, engine: str | None, counter: ctypes.c_int64 | None) -> None:
         """Fill every record, in one parallel native read (CRC-32 checked unless ``verify=False``)."""
+        self.read_small(verify=verify)
+        self.read_storages(verify=verify, engine=engine, counter=counter)
+
+    def read_small(self, *, verify: bool) -> None:
+        """Fill the records that are not storages (the pickle, the byte order...)."""
+        idx = self.archive.index
+        reads = [(idx[n], ctypes.addressof(b), self.archive.entries[idx[n]].size)
+                 for n, b in self._small.items() if not isinstance(b, bytes)]
+        if reads:
+            self.archive.read(reads, verify=verify)
+        self._small = {n: b if isinstance(b, bytes) else b.raw[: self.archive.entries[idx[n]].size]
+                       for n, b in self._small.items()}
+
+    def read_storages(self, *, verify: bool, engine: str | None, counter: ctypes.c_int64 | None) -> None:
+        """Fill the storage records, in one parallel native read, straight into their tensors."""
         idx = self.archive.index
         reads = [(idx[n], t.data_ptr(), t.numel()) for n, t in self._tensors.items()]
-        reads += [(idx[n], ctypes.addressof(b), self.archive.entries[idx[n]].size)
-                  for n, b in self._small.items()]
         self.archive.read(reads, verify=verify, engine=engine, counter=counter)
-        self._small = {n: b.raw[: self.archive.entries[idx[n]].size] for n, b in self._small.items()}
+
+    def cpu_only(self) -> bool:
+        """Whether every storage was saved from the CPU, in this machine's byte order.
+
+        Read from the pickle's bytes without unpickling: any device name
+        other than ``cpu`` in them (even inside a key) answers no. Torch's
+        unpickler leaves such storages untouched until they are filled,
+        which lets a load unpickle while its records are still being read.
+        """
+        pkl = self._small.get(self.prefix + "data.pkl", b"")
+        order = self._small.get(self.prefix + "byteorder", sys.byteorder.encode())
+        return order == sys.byteorder.encode() and not any(d in pkl for d in _DEVICE_NAMES)
 
     # The reader interface torch.serialization._load uses.
 

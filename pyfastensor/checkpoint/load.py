@@ -167,15 +167,24 @@ def _load_path(
             return to_torch(path)  # TorchScript, compressed, or not torch's layout
         zf = PreloadedZip(archive, prefix)
         try:
-            _progress.run(lambda counter: zf.read_all(verify=verify, engine=engine, counter=counter),
-                          zf.data_bytes, f"load {os.path.basename(path)}", progress)
+            zf.read_small(verify=verify)
+            pending = _progress.Pending(
+                lambda counter: zf.read_storages(verify=verify, engine=engine, counter=counter),
+                zf.data_bytes, f"load {os.path.basename(path)}", progress)
         except CorruptFileError as e:
             raise CorruptFileError(_with_keys(str(e), archive, prefix)) from None
+        # Unpickle while the storages are read, when nothing in unpickling
+        # looks at their bytes: CPU storages, in our byte order, to the CPU.
+        # Otherwise (a device to move them to, a byte swap) wait first.
+        overlap = zf.cpu_only() and _to_cpu(map_location)
         module = torch.serialization._weights_only_unpickler if weights_only else pickle_module
         try:
-            return torch.serialization._load(zf, map_location, module,
-                                             weights_only=weights_only, **pickle_load_args)
+            if not overlap:
+                _wait(pending, archive, prefix)
+            obj = torch.serialization._load(zf, map_location, module,
+                                            weights_only=weights_only, **pickle_load_args)
         except pickle.UnpicklingError as e:
+            _wait(pending, archive, prefix)  # a damaged record explains more than the pickle
             if not weights_only:
                 raise
             raise pickle.UnpicklingError(
@@ -184,6 +193,25 @@ def _load_path(
                 "the file's source, load it with weights_only=False, or allow the global with "
                 f"torch.serialization.add_safe_globals([...]).\n\n{e}"
             ) from None
+        except BaseException:
+            _wait(pending, archive, prefix)
+            raise
+        _wait(pending, archive, prefix)
+        return obj
+
+
+def _to_cpu(map_location: MapLocation) -> bool:
+    """Whether storages saved from the CPU stay there (and are not copied) under ``map_location``."""
+    return map_location is None or (isinstance(map_location, (str, torch.device))
+                                    and torch.device(map_location).type == "cpu")
+
+
+def _wait(pending: _progress.Pending[None], archive: Archive, prefix: str) -> None:
+    """Wait for the storages' read; a corrupt record's error gains the tensors' key paths."""
+    try:
+        pending.wait()
+    except CorruptFileError as e:
+        raise CorruptFileError(_with_keys(str(e), archive, prefix)) from None
 
 
 def _with_keys(message: str, archive: Archive, prefix: str) -> str:
