@@ -345,3 +345,16 @@ func TestDefaultReadFollowsResidency(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, map[string]int64{"posix": int64(len(data))}, read(), "cached: posix")
 }
+
+func TestCRCCombineManyLengths(t *testing.T) {
+	for _, n := range []int{1, 2, 3, 7, 8, 255, 4096, 70001, 1 << 20} {
+		a, b := randBytes(333, uint64(n)), randBytes(n, uint64(n)+1)
+		whole := crc32.ChecksumIEEE(append(append([]byte{}, a...), b...))
+		assert.Equal(t, whole, crcCombine(crcOf(a), crcOf(b), int64(n)), n)
+		assert.Equal(t, whole, crcCombine(crcOf(a), crcOf(b), int64(n)), "cached operator, %d", n)
+	}
+	zero := make([]byte, 100) // CRC of 100 zero bytes is not zero: crc1 == 0 needs A with that CRC
+	assert.NotZero(t, crcOf(zero))
+	b := randBytes(5000, 9)
+	assert.Equal(t, crcOf(b), crcCombine(0, crcOf(b), 5000))
+}

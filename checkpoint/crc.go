@@ -2,6 +2,8 @@ package checkpoint
 
 import (
 	"hash/crc32"
+	"sync"
+	"sync/atomic"
 
 	"github.com/pyfastensor/pyfastensor/gds"
 )
@@ -16,40 +18,63 @@ func crcOf(p []byte) uint32 { return crc32.ChecksumIEEE(p) }
 
 // crcCombine returns the CRC-32 of A followed by B, given crc1 = CRC(A),
 // crc2 = CRC(B) and len2 = len(B). It is zlib's crc32_combine: appending
-// len2 zero bits to A is a linear map over GF(2), applied by repeated
-// squaring of the one-zero-bit operator.
+// len2 zero bytes to A is a linear map over GF(2) (shiftOp), and
+// CRC(A‖B) = shift(crc1) ^ crc2. A zero crc1 maps to zero, so the first
+// piece of a record costs nothing.
 func crcCombine(crc1, crc2 uint32, len2 int64) uint32 {
 	if len2 <= 0 {
 		return crc1
 	}
+	if crc1 == 0 {
+		return crc2
+	}
+	return gf2Times(shiftOp(len2), crc1) ^ crc2
+}
+
+// shiftOps caches shiftOp by length: a record's pieces are all one task
+// size but the last, so a load needs few distinct operators.
+var shiftOps sync.Map // int64 -> *[32]uint32
+
+// shiftOpsMax bounds the cache.
+const shiftOpsMax = 256
+
+var shiftOpsLen atomic.Int64
+
+// shiftOp returns the operator that appends n zero bytes to a CRC-32:
+// the one-zero-bit operator raised to 8n by repeated squaring.
+func shiftOp(n int64) *[32]uint32 {
+	if m, ok := shiftOps.Load(n); ok {
+		return m.(*[32]uint32)
+	}
 	var even, odd [32]uint32
 	odd[0] = 0xedb88320 // the reflected IEEE polynomial: one zero bit
 	row := uint32(1)
-	for n := 1; n < 32; n++ {
-		odd[n] = row
+	for i := 1; i < 32; i++ {
+		odd[i] = row
 		row <<= 1
 	}
 	gf2Square(&even, &odd) // two zero bits
 	gf2Square(&odd, &even) // four zero bits
-	for {
-		gf2Square(&even, &odd)
+	op := new([32]uint32)
+	for i := range op {
+		op[i] = 1 << i // identity
+	}
+	sq, next := &odd, &even
+	for len2 := n; len2 != 0; len2 >>= 1 {
+		gf2Square(next, sq) // 8, 16, 32... zero bits: one, two, four... bytes
+		sq, next = next, sq
 		if len2&1 != 0 {
-			crc1 = gf2Times(&even, crc1)
-		}
-		len2 >>= 1
-		if len2 == 0 {
-			break
-		}
-		gf2Square(&odd, &even)
-		if len2&1 != 0 {
-			crc1 = gf2Times(&odd, crc1)
-		}
-		len2 >>= 1
-		if len2 == 0 {
-			break
+			var c [32]uint32
+			for i := range c {
+				c[i] = gf2Times(sq, op[i])
+			}
+			*op = c
 		}
 	}
-	return crc1 ^ crc2
+	if shiftOpsLen.Add(1) <= shiftOpsMax {
+		shiftOps.Store(n, op)
+	}
+	return op
 }
 
 func gf2Times(mat *[32]uint32, vec uint32) uint32 {

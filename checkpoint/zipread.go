@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"sync"
 	"unicode/utf8"
 )
 
@@ -64,10 +65,20 @@ type parser struct {
 // read returns n bytes at off, or a corruption error naming record when
 // the file ends first.
 func (p *parser) read(off, n int64, record, what string) ([]byte, error) {
+	return p.readInto(nil, off, n, record, what)
+}
+
+// readInto is read into buf when its capacity suffices.
+func (p *parser) readInto(buf []byte, off, n int64, record, what string) ([]byte, error) {
 	if off < 0 || n < 0 || off+n > p.size {
 		return nil, corrupt(p.path, record, off, "%s (%d bytes) lies past the end of the file (%d bytes)", what, n, p.size)
 	}
-	b := make([]byte, n)
+	b := buf[:0]
+	if int64(cap(b)) >= n {
+		b = b[:n]
+	} else {
+		b = make([]byte, n)
+	}
 	if _, err := p.f.ReadAt(b, off); err != nil {
 		if errors.Is(err, io.EOF) {
 			return nil, corrupt(p.path, record, off, "%s: file ends early", what)
@@ -272,6 +283,7 @@ func (p *parser) checkLocals(es []Entry, heads [][]byte, cdOff int64) error {
 		}
 		groups = append(groups, group{i, i})
 	}
+	var spans sync.Pool // span buffers, reused: fresh ones cost a clear each
 	return runTasks(len(groups), defaultReadWorkers(), func(gi int) error {
 		g := groups[gi]
 		v := &view{}
@@ -281,10 +293,16 @@ func (p *parser) checkLocals(es []Entry, heads [][]byte, cdOff int64) error {
 				hi = max(hi, reach(&es[i]))
 			}
 			if lo < hi {
-				b, err := p.read(lo, hi-lo, f.Name, "records")
+				bp, _ := spans.Get().(*[]byte)
+				if bp == nil {
+					bp = new([]byte)
+				}
+				defer spans.Put(bp)
+				b, err := p.readInto(*bp, lo, hi-lo, f.Name, "records")
 				if err != nil {
 					return err
 				}
+				*bp = b
 				v.off, v.b = lo, b
 			}
 		}
