@@ -293,10 +293,14 @@ func (d *Dictionaries) candidates(op Op, t Table) []string {
 type Use struct{ Write, Read Table }
 
 // Common uses: checkpoints write by WDic and read by RDic; the offload
-// spill file, whose data is written once and read back once, uses WRDic.
+// spill file, whose data is written once and read back once, uses WRDic
+// by default, or one of WDic and RDic for both directions (the paper's
+// feature-map experiments compare the three).
 var (
 	UseSeparate  = Use{Write: WDic, Read: RDic}
 	UseWriteRead = Use{Write: WRDic, Read: WRDic}
+	UseWrite     = Use{Write: WDic, Read: WDic}
+	UseRead      = Use{Write: RDic, Read: RDic}
 )
 
 // DictChooser is a consumer's view of Dictionaries: a Chooser that answers
@@ -410,7 +414,9 @@ func (d *Dictionaries) lookup(t Table, b int, cands []string) (string, string) {
 
 // aware explores, then exploits with refresh. Exploration and refresh
 // happen in the direction's own dictionary (WRDic has no samples of its
-// own); exploitation answers from t. Called with d.mu held.
+// own); exploitation answers from t (WRDic, or the other direction's
+// dictionary for a crossed Use), else from the direction's own. Called
+// with d.mu held.
 func (d *Dictionaries) aware(op Op, t Table, b int, cands []string) Decision {
 	dir := WDic
 	if op == OpRead {
@@ -428,10 +434,8 @@ func (d *Dictionaries) aware(op Op, t Table, b int, cands []string) Decision {
 		return dec
 	}
 	best, ok := "", false
-	if t == WRDic {
-		if wr := d.tables[WRDic][b]; wr != nil {
-			best, ok = wr.bestOf(cands)
-		}
+	if src := d.tables[t][b]; src != nil { // t may differ from dir: WRDic, or a Use that crosses
+		best, ok = src.bestOf(cands)
 	}
 	if !ok {
 		best, ok = e.bestOf(cands)

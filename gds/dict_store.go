@@ -442,6 +442,14 @@ func (d *Dictionaries) install(doc DictFile) {
 			d.tables[tab][b] = e
 		}
 	}
+	// A file with write and read figures but no write+read entry for a
+	// bucket (written by hand, or by an older version) gets it derived,
+	// as observations would.
+	for b := range d.tables[WDic] {
+		if _, ok := d.tables[WRDic][b]; !ok {
+			d.deriveWR(b)
+		}
+	}
 }
 
 // bestIn is the best engine recorded in table t for bucket b, or "".

@@ -353,3 +353,22 @@ func TestHitRateReport(t *testing.T) {
 	assert.NotEmpty(t, rep.Buckets)
 	assert.NotEmpty(t, rep.Dictionaries.Write)
 }
+
+// A crossed Use answers both directions from one dictionary once explored:
+// UseWrite from WDic, UseRead from RDic (the offload's dictionary= "w", "r").
+func TestCrossedUsesAnswerFromTheirDictionary(t *testing.T) {
+	ms := time.Millisecond
+	f := fakeTimes{
+		OpWrite: {"posix": 1 * ms, "direct": 4 * ms, "uring": 2 * ms},
+		OpRead:  {"posix": 4 * ms, "direct": 1 * ms, "uring": 2 * ms},
+	}
+	d := newDicts(t, DictConfig{Read: three})
+	sep := d.Chooser(UseSeparate)
+	f.run(sep, OpWrite, 1<<22, 3)
+	f.run(sep, OpRead, 1<<22, 3)
+	w, r := d.Chooser(UseWrite), d.Chooser(UseRead)
+	for _, op := range []Op{OpWrite, OpRead} {
+		assert.Equal(t, "posix", w.Engine(op, 1<<22), "WDic's best, op %v", op)
+		assert.Equal(t, "direct", r.Engine(op, 1<<22), "RDic's best, op %v", op)
+	}
+}

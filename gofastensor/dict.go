@@ -36,7 +36,7 @@ type dictOpenConfig struct {
 // dictState is what a handle holds.
 type dictState struct {
 	d        *gds.Dictionaries
-	views    [2]*gds.DictChooser // by use: 0 separate, 1 write+read
+	views    [4]*gds.DictChooser // by use: 0 separate, 1 write+read, 2 write, 3 read
 	excluded map[string]string
 }
 
@@ -117,7 +117,8 @@ func pft_dict_open(config *C.char, out *C.uint64_t, errbuf *C.char, errlen C.siz
 			return err
 		}
 		st.d = d
-		st.views = [2]*gds.DictChooser{d.Chooser(gds.UseSeparate), d.Chooser(gds.UseWriteRead)}
+		st.views = [4]*gds.DictChooser{d.Chooser(gds.UseSeparate), d.Chooser(gds.UseWriteRead),
+			d.Chooser(gds.UseWrite), d.Chooser(gds.UseRead)}
 		*out = newHandle(st)
 		return nil
 	})
@@ -128,8 +129,8 @@ func dictView(h C.uint64_t, use C.int) (*dictState, *gds.DictChooser, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	if use < 0 || use > 1 {
-		return nil, nil, fmt.Errorf("%w: use %d (0 separate, 1 write+read)", gds.ErrInvalid, int(use))
+	if use < 0 || int(use) >= len(st.views) {
+		return nil, nil, fmt.Errorf("%w: use %d (0 separate, 1 write+read, 2 write, 3 read)", gds.ErrInvalid, int(use))
 	}
 	return st, st.views[use], nil
 }

@@ -8,13 +8,30 @@ import "C"
 
 import (
 	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
 	"unsafe"
 
+	"github.com/pyfastensor/pyfastensor/gds"
 	"github.com/pyfastensor/pyfastensor/hooks"
 )
 
 // The activation-offload store (hooks.Store) behind pyfastensor.offload.
 // A store is a handle; its slots are plain integers within it (not handles).
+
+// dictSpec returns the dictionary view "<handle>:<use>" names (use as in
+// pft_dict_decide: 1 write+read, 2 write, 3 read).
+func dictSpec(spec string) (*gds.DictChooser, error) {
+	hs, us, ok := strings.Cut(spec, ":")
+	h, herr := strconv.ParseUint(hs, 10, 64)
+	u, uerr := strconv.Atoi(us)
+	if !ok || herr != nil || uerr != nil {
+		return nil, fmt.Errorf("%w: expected dict:<handle>:<use>", gds.ErrInvalid)
+	}
+	_, v, err := dictView(C.uint64_t(h), C.int(u))
+	return v, err
+}
 
 //export pft_store_open
 func pft_store_open(tier, dir, engine *C.char, workers C.int, threads C.int, taskSize C.int64_t,
@@ -29,7 +46,16 @@ func pft_store_open(tier, dir, engine *C.char, workers C.int, threads C.int, tas
 			cfg.Dir = C.GoString(dir)
 		}
 		if engine != nil {
-			cfg.Engine = C.GoString(engine)
+			name := C.GoString(engine)
+			if spec, ok := strings.CutPrefix(name, "dict:"); ok {
+				v, err := dictSpec(spec)
+				if err != nil {
+					return fmt.Errorf("engine %q: %w", name, err)
+				}
+				cfg.Picker = v
+			} else {
+				cfg.Engine = name
+			}
 		}
 		s, err := hooks.Open(cfg)
 		if err != nil {

@@ -39,7 +39,7 @@ _lib.register({
 })
 
 _OPS = {"write": 0, "read": 1}
-_USES = {"separate": 0, "write_read": 1}
+_USES = {"separate": 0, "write_read": 1, "write": 2, "read": 3}
 _TABLES = (("write", "write (WDic)"), ("read", "read (RDic)"), ("write_read", "write+read (WRDic)"))
 _ORDER = ("posix", "direct", "uring", "mmap", "cufile")
 
@@ -257,8 +257,9 @@ class Dictionaries:
         Args:
             op: ``"write"`` or ``"read"``.
             size: bytes.
-            use: ``"separate"`` (WDic for writes, RDic for reads; default) or
-                ``"write_read"`` (WRDic for both).
+            use: ``"separate"`` (WDic for writes, RDic for reads; default),
+                ``"write_read"`` (WRDic for both), ``"write"`` (WDic for both)
+                or ``"read"`` (RDic for both).
 
         Returns:
             ``{"engine", "bucket", "exploring", "reason"}``.
@@ -270,6 +271,12 @@ class Dictionaries:
     def engine(self, op: str, size: int, *, use: str = "separate") -> str:
         """The engine name of :meth:`decide`."""
         return str(self.decide(op, size, use=use)["engine"])
+
+    def engine_spec(self, use: str) -> str:
+        """The native engine argument that hands this view to a spill store: ``dict:<handle>:<use>``."""
+        if use not in _USES:
+            raise ValueError(f"use={use!r}: expected one of {list(_USES)}")
+        return f"dict:{self._live()}:{_USES[use]}"
 
     def observe(self, op: str, size: int, engine: str, seconds: float) -> None:
         """Report that a transfer of ``size`` bytes took ``seconds`` with ``engine``."""

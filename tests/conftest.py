@@ -58,3 +58,10 @@ def no_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for k in list(os.environ):
         if k.startswith("PYFASTENSOR_") and k != "PYFASTENSOR_LIB":
             monkeypatch.delenv(k)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Dictionaries the tests learn go to a temporary cache, not the user's."""
+    if "PYFASTENSOR_CACHE_DIR" not in os.environ:
+        os.environ["PYFASTENSOR_CACHE_DIR"] = str(tmp_path_factory.mktemp("cache"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import json
 
 import pytest
 import torch
@@ -119,3 +120,51 @@ def test_scheduled_policy_plans_after_profiling(tmp_path, capsys):
 def test_scheduled_policy_needs_a_budget():
     with pytest.raises(ValueError, match="budget"):
         pyfastensor.offload(policy="scheduled")
+
+
+def _seed_spill_dictionary(spill_dir, fast_write: str, fast_read: str) -> None:
+    """Write the spill dictionary file of ``spill_dir`` with measurements for 2 MiB
+    transfers that make ``fast_write`` the best writer and ``fast_read`` the best reader."""
+    from pyfastensor.dictionary import dictionary_path
+    from pyfastensor.offload._store import _spill_engines
+
+    main = dictionary_path(spill_dir)
+    engines = _spill_engines(str(spill_dir))
+    doc = json.loads(json.dumps(pyfastensor.dictionary.locate(spill_dir)))  # key and settings
+    assert {fast_write, fast_read} <= set(engines)
+
+    def table(best: str, second: str, seconds: float) -> list[dict]:
+        times = {e: 1e-6 if e == best else seconds if e == second else 10.0 for e in engines}
+        return [{"bucket": 21, "size": 2 << 20, "best": best, "engines": {
+            e: {"seconds": t, "samples": 5} for e, t in times.items()}}]
+
+    # Write+read sums: fast_write 2 s (its read), fast_read 1 s (its write): fast_read wins.
+    body = {"schema": 1, "key": doc["key"], "updated": "2026-01-01T00:00:00Z",
+            "settings": {"mode": "aware", "explore": 1, "refresh": 0, "alpha": 0.25,
+                         "write_engines": engines, "read_engines": engines},
+            "write": table(fast_write, fast_read, 1.0), "read": table(fast_read, fast_write, 2.0)}
+    main.parent.mkdir(parents=True, exist_ok=True)
+    main.with_name(main.stem + "-spill.json").write_text(json.dumps(body))
+
+
+@pytest.mark.parametrize("dictionary, want", [("w", "posix"), ("r", "direct"), ("wr", "direct")])
+def test_dictionary_picks_the_spill_engine(tmp_path, monkeypatch, dictionary, want):
+    """The dictionary= option decides the spill engine: WDic or RDic answer both directions."""
+    from pyfastensor.offload._store import _spill_engines
+
+    monkeypatch.setenv("PYFASTENSOR_CACHE_DIR", str(tmp_path / "cache"))
+    spill = tmp_path / "spill"
+    spill.mkdir()
+    if "direct" not in _spill_engines(str(spill)):
+        pytest.skip("no O_DIRECT in the temporary directory")
+    _seed_spill_dictionary(spill, fast_write="posix", fast_read="direct")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(3)])
+    x = torch.randn(512, 1024)  # saved activations of 2 MiB
+    off = pyfastensor.offload(spill_dir=str(spill), min_size=SMALL, module=model, dictionary=dictionary)
+    with off:
+        model(x).sum().backward()
+    s = off.summary()
+    assert s.dictionary == dictionary
+    assert s.offloaded_tensors > 0
+    assert set(s.engines) == {want}, s.engines

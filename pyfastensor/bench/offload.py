@@ -268,8 +268,9 @@ def run(directory: str, *, quick: bool = False, min_size: int = 256 << 10, budge
     """
     steps = steps or (2 if quick else 5)
     result: dict[str, Any] = {"models": {}, "dictionary_note": (
-        "the dictionary= option is recorded but does not yet change the spill engine (the adaptive "
-        "dictionary is not wired into the offload store): pft-w/pft-r/pft-wr differ only by noise")}
+        "pft-w/pft-r/pft-wr: the spill engine per size comes from the write, read or write+read "
+        "dictionary (aware mode, this machine's spill dictionary file; engines column: bytes written "
+        "per engine in the last step)")}
     for w, batch in models or workloads(quick):
         base = _peak_at(w, batch, directory, min_size, None)
         budget = max(1, int(base * budget_fraction))

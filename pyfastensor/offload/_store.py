@@ -12,8 +12,10 @@ tensor, and closes (releasing its native handle and its spill file) then.
 from __future__ import annotations
 
 import ctypes
+import functools
 import json
 import os
+import tempfile
 import threading
 from typing import Any
 
@@ -38,6 +40,15 @@ _lib.register({
 _BATCH = 256
 
 
+@functools.lru_cache(maxsize=64)
+def _spill_engines(directory: str) -> list[str]:
+    """The engines that can write (and so read back) files in ``directory``."""
+    from ..dictionary import Dictionaries
+
+    with Dictionaries(path="", directory=directory) as probe:
+        return list(probe.describe()["write"])
+
+
 class SpillStore:
     """A native slot store.
 
@@ -55,6 +66,7 @@ class SpillStore:
     def __init__(self, tier: str, spill_dir: str | None, engine: str | None = None) -> None:
         self._handle = 0
         self._lock = threading.Lock()
+        self._dictionaries: Any = None
         out = _lib.u64()
         _lib.call(
             "pft_store_open", tier.encode(), _lib.cstr(spill_dir), _lib.cstr(engine),
@@ -63,6 +75,39 @@ class SpillStore:
         self._handle = out.value
         self.description: dict[str, Any] = self._json("pft_store_describe")
         self.last_stats: dict[str, Any] = {}
+
+    @classmethod
+    def with_dictionaries(cls, spill_dir: str | None, use: str) -> SpillStore:
+        """An ssd store whose engine per transfer the adaptive dictionaries choose.
+
+        The spill dictionaries of ``spill_dir``'s filesystem (aware mode,
+        see :class:`pyfastensor.dictionary.Dictionaries`) are opened for the
+        store and closed with it, once the last slot is freed: every
+        transfer's time is observed, and the file carries what was learnt
+        to the next store. They are kept apart from the checkpoints'
+        (``<machine file>-spill.json``): a spill file is read and written
+        by the same engines (no read-only ``mmap``), and its transfers are
+        its own workload.
+
+        Args:
+            spill_dir: the spill directory (default: the system's temporary one).
+            use: ``"write_read"``, ``"write"`` or ``"read"``: the dictionary
+                that answers both directions.
+        """
+        from ..dictionary import Dictionaries, dictionary_path
+
+        directory = spill_dir or tempfile.gettempdir()
+        engines = _spill_engines(directory)
+        main = dictionary_path(directory)
+        d = Dictionaries(main.with_name(main.stem + "-spill.json"), directory=directory,
+                         write=engines, read=engines)
+        try:
+            store = cls("ssd", spill_dir, d.engine_spec(use))
+        except BaseException:
+            d.close()
+            raise
+        store._dictionaries = d
+        return store
 
     @property
     def closed(self) -> bool:
@@ -133,7 +178,11 @@ class SpillStore:
             if self._handle:
                 self.last_stats = self._json("pft_store_stats")
                 h, self._handle = self._handle, 0
-                _lib.call("pft_store_close", h)
+                try:
+                    _lib.call("pft_store_close", h)
+                finally:
+                    if self._dictionaries is not None:
+                        self._dictionaries.close()
 
     def _json(self, fn: str) -> dict[str, Any]:
         ptr = _lib.c_void_p()

@@ -25,6 +25,7 @@ from .summary import OffloadSummary
 TIERS = ("ssd", "host", "auto")
 POLICIES = ("all", "scheduled", "none")
 DICTIONARIES = ("wr", "w", "r")
+_DICTIONARY_USE = {"wr": "write_read", "w": "write", "r": "read"}
 CODECS = ("fp16", "sparse")
 _EMPTY = torch.empty(0, dtype=torch.uint8)
 _MEMORY_FS = ("tmpfs", "ramfs")
@@ -77,15 +78,20 @@ class Offload:
         compression: None, ``"fp16"`` (lossy, float32 only),
             ``"sparse"`` (lossless, ReLU outputs) or ``("fp16", "sparse")``.
         dictionary: the adaptive dictionary picking the spill engine per
-            size: ``"wr"`` (write+read, default), ``"w"`` or ``"r"``.
+            size, for writes and reads alike: ``"wr"`` (write+read, default),
+            ``"w"`` (write) or ``"r"`` (read). Aware mode: the first
+            transfers of a size explore each engine that works in
+            ``spill_dir``, later ones use the fastest; measurements persist
+            in this machine's dictionary file for that filesystem
+            (``python -m pyfastensor dict show``). Unused with ``engine=``.
         on_full: ``"warn"`` (default): when the spill filesystem is full,
             keep the tensor in memory and warn once; ``"raise"``: raise
             :class:`~pyfastensor.NoSpaceError`.
         module: a module whose parameters and buffers must never be
             offloaded, recognised by storage (they are also recognised
             without it as parameters and leaves that require grad).
-        engine: force one spill engine (``"posix"``, ``"direct"``...);
-            default: ``direct`` where O_DIRECT works, else ``posix``.
+        engine: force one spill engine (``"posix"``, ``"direct"``...)
+            instead of the dictionary's choice.
         verbose: print the scheduler's plan when it is made.
 
     Raises:
@@ -195,7 +201,10 @@ class Offload:
 
     def _open_store(self) -> SpillStore:
         tier = "host" if self.tier == "host" else "ssd"
-        store = SpillStore(tier, self.spill_dir, self.engine)
+        if self.engine is None and tier == "ssd":
+            store = SpillStore.with_dictionaries(self.spill_dir, _DICTIONARY_USE[self.dictionary])
+        else:
+            store = SpillStore(tier, self.spill_dir, self.engine)
         if self.tier == "auto" and store.description.get("fs_type") in _MEMORY_FS:
             store.close()
             store = SpillStore("host", None)
