@@ -58,3 +58,11 @@ def empty_aligned(nbytes: int) -> Any:
     with warnings.catch_warnings():  # the mapping is writable; torch warns for read-only buffers
         warnings.simplefilter("ignore")
         return torch.frombuffer(m, dtype=torch.uint8)
+
+
+def empty_bytes(nbytes: int) -> Any:
+    """An uninitialised uint8 tensor to read into: :func:`empty_aligned` from
+    :data:`ALIGNED_MIN` bytes up, torch's allocator below."""
+    import torch
+
+    return empty_aligned(nbytes) if nbytes >= ALIGNED_MIN else torch.empty(nbytes, dtype=torch.uint8)

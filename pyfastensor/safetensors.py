@@ -11,12 +11,14 @@ The JSON header is padded with spaces so the data region starts on 4 KiB.
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 from typing import Any
 
 import torch
 
+from ._buffers import empty_bytes
 from .checkpoint import _progress
 from .checkpoint._native import read_raw, write_raw
 from .errors import CorruptFileError
@@ -173,9 +175,10 @@ def load_file(
             b, e = (int(x) for x in info["data_offsets"])
         except (KeyError, TypeError, ValueError):
             raise CorruptFileError(f"{path}: tensor {k!r}: bad header entry {info!r}") from None
-        t = torch.empty(shape, dtype=dtype)
-        if e - b != t.numel() * t.element_size() or b < 0:
+        numel = math.prod(shape)
+        if e - b != numel * dtype.itemsize or b < 0 or any(d < 0 for d in shape):
             raise CorruptFileError(f"{path}: tensor {k!r}: offsets {b}..{e} do not match shape {shape} {dtype}")
+        t = empty_bytes(e - b).view(dtype).view(shape)
         spans.append((b, e, k))
         out[k] = t
         if t.numel():

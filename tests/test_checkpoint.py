@@ -250,3 +250,18 @@ def test_mmap_and_weights_only_env_follow_torch(tmp_path, monkeypatch):
     monkeypatch.delenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD")
     with pytest.raises(pickle.UnpicklingError):
         pyfastensor.load(tmp_path / "set.pt", weights_only=False)
+
+
+def test_large_storages_load_page_aligned_and_shareable(tmp_path):
+    """Storages of 1 MiB and up come back in page-aligned memory O_DIRECT fills in place;
+    they share between processes like any other, and refuse resizing like mmap=True ones."""
+    path = tmp_path / "big.pt"
+    sd = {"big": torch.randn(1 << 20), "small": torch.randn(100)}
+    pyfastensor.save(sd, path)
+    got = pyfastensor.load(path)
+    assert torch.equal(got["big"], sd["big"]) and torch.equal(got["small"], sd["small"])
+    assert got["big"].data_ptr() % 4096 == 0
+    got["big"].share_memory_()
+    assert got["big"].is_shared() and torch.equal(got["big"], sd["big"])
+    with pytest.raises(RuntimeError, match="not resizable"):
+        pyfastensor.load(path)["big"].untyped_storage().resize_(8)

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from .._buffers import ALIGNED_MIN, empty_aligned
+from .._buffers import empty_bytes
 from ..errors import CorruptFileError
 from ._native import Archive
 
@@ -39,8 +39,7 @@ class PreloadedZip:
         self._tensors: dict[str, torch.Tensor] = {}
         for e in archive.entries:
             if e.name.startswith(data):
-                self._tensors[e.name] = (empty_aligned(e.size) if e.size >= ALIGNED_MIN
-                                         else torch.empty(e.size, dtype=torch.uint8))
+                self._tensors[e.name] = empty_bytes(e.size)
             else:
                 self._small[e.name] = ctypes.create_string_buffer(max(e.size, 1))
         #: Bytes of storage records.

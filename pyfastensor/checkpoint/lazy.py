@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from .._buffers import empty_bytes
 from ._native import Archive
 from ._torchzip import PreloadedZip
 from .load import MapLocation
@@ -134,7 +135,7 @@ class CheckpointReader:
                 storages[name] = alive[0].untyped_storage()
             else:
                 need[name] = self._archive.index[name]
-        fresh: dict[str, torch.Tensor] = {n: torch.empty(self._archive.entries[i].size, dtype=torch.uint8)
+        fresh: dict[str, torch.Tensor] = {n: empty_bytes(self._archive.entries[i].size)
                                           for n, i in need.items()}
         if fresh:
             self._archive.read([(need[n], t.data_ptr(), t.numel()) for n, t in fresh.items()],

@@ -35,6 +35,10 @@ class Prefetcher:
         p = self.position.get(entry.index)
         if p is not None:
             self.cursor = max(self.cursor, p + 1)
+        self.ahead(entries, issue)
+
+    def ahead(self, entries: list[weakref.ref[Entry]], issue: Callable[[Entry], int]) -> None:
+        """Prefetch from the cursor on while the window allows (also before the first unpack)."""
         while self.cursor < len(self.order):
             index = self.order[self.cursor]
             nxt = entries[index]() if index < len(entries) else None

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from .._buffers import empty_bytes
 from ..errors import NoSpaceError
 from . import codecs
 from ._store import SpillStore
@@ -162,7 +163,7 @@ class Entry:
             return 0
         if self.root() is not None:
             return 0
-        buf = torch.empty(self.payload_nbytes, dtype=torch.uint8)
+        buf = empty_bytes(self.payload_nbytes)
         self.meter.track(buf)
         held.store.prefetch(held.slot, buf.data_ptr(), buf.numel())
         self.prefetched = buf
@@ -181,7 +182,7 @@ class Entry:
             payload = self.prefetched
             self.prefetched = None
             if payload is None:
-                payload = torch.empty(self.payload_nbytes, dtype=torch.uint8)
+                payload = empty_bytes(self.payload_nbytes)
                 self.meter.track(payload)
             held.store.get(held.slot, payload.data_ptr(), payload.numel())
             if self.device.type != "cpu":  # thin staging path (not run here: no GPU)

@@ -195,6 +195,7 @@ class Offload:
                 late, self._late_error = self._late_error, None
                 if late is not None:
                     self._full_disk(late)
+                self._prefetch_after(None)  # forward is done: backward's first reads can start
         finally:
             self._summary = self._make_summary(store)
             self.step += 1
@@ -358,14 +359,19 @@ class Offload:
         self._counts["resident"] += 1
         return entry
 
-    def _prefetch_after(self, entry: Entry) -> None:
+    def _prefetch_after(self, entry: Entry | None) -> None:
+        """Prefetch along the recorded order after ``entry``'s unpack (None: before the first)."""
         pf = self._prefetcher
         if pf is None or len(self._entries) != self._order_count:
             return
         if pf.window == 0:  # no budget: two of the largest stored tensors
             sizes = [e.payload_nbytes for r in self._entries if (e := r()) is not None]
             pf.window = 2 * max(sizes, default=0)
-        pf.unpacked(entry, self._entries, Entry.prefetch)
+        if entry is None:
+            if pf.cursor == 0:  # backward has not started inside the context
+                pf.ahead(self._entries, Entry.prefetch)
+        else:
+            pf.unpacked(entry, self._entries, Entry.prefetch)
 
     # -- write completion and full disks ---------------------------------------
 
