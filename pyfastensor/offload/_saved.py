@@ -25,7 +25,7 @@ import torch
 
 from .._buffers import empty_bytes
 from ..errors import NoSpaceError
-from . import codecs
+from . import _staging, codecs
 from ._store import SpillStore
 
 
@@ -156,6 +156,12 @@ class Entry:
         self.roots.clear()
         return None
 
+    def _buffer(self) -> torch.Tensor:
+        """Host memory to read the slot into: pinned when the entry goes back to an accelerator."""
+        if self.device.type != "cpu":
+            return _staging.default().pinned(self.payload_nbytes)
+        return empty_bytes(self.payload_nbytes)
+
     def prefetch(self) -> int:
         """Start reading the slot into a fresh buffer; return the bytes asked for (0 if none)."""
         held = self.held
@@ -163,7 +169,7 @@ class Entry:
             return 0
         if self.root() is not None:
             return 0
-        buf = empty_bytes(self.payload_nbytes)
+        buf = self._buffer()
         self.meter.track(buf)
         held.store.prefetch(held.slot, buf.data_ptr(), buf.numel())
         self.prefetched = buf
@@ -182,11 +188,11 @@ class Entry:
             payload = self.prefetched
             self.prefetched = None
             if payload is None:
-                payload = empty_bytes(self.payload_nbytes)
+                payload = self._buffer()
                 self.meter.track(payload)
             held.store.get(held.slot, payload.data_ptr(), payload.numel())
-            if self.device.type != "cpu":  # thin staging path (not run here: no GPU)
-                payload = payload.to(self.device)
+            if self.device.type != "cpu":  # pinned buffer, side stream (not run here: no GPU)
+                payload = _staging.default().to_device(payload, self.device)
         flat = codecs.decode(codecs.with_payload(enc, payload))
         root = flat if flat._base is None else flat._base
         if root is not payload and root is not held.keep:

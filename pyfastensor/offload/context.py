@@ -14,7 +14,7 @@ from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from ..errors import NoSpaceError
-from . import codecs
+from . import _staging, codecs
 from ._filter import is_parameter, is_relu_output, storages_of, supported
 from ._order import Prefetcher
 from ._profile import Recorder, schedule
@@ -332,7 +332,10 @@ class Offload:
         enc = codecs.encode(raw if codec == "raw" else raw.view(t.dtype), codec)
         if codec != "raw" and enc.nbytes >= nbytes:  # did not pay: store as is
             enc = codecs.encode(raw, "raw")
-        payload = enc.payload if t.device.type == "cpu" else enc.payload.to("cpu")  # thin staging
+        payload = enc.payload
+        if t.device.type != "cpu":  # pinned buffer, side stream (not run here: no GPU)
+            payload, landed = _staging.default().to_host(payload)
+            landed()
         store = self._store
         assert store is not None
         try:

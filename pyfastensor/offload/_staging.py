@@ -1,0 +1,131 @@
+"""Staging of accelerator payloads through pinned host memory, on a side stream.
+
+The spill store moves host memory only. A CUDA payload goes to it as:
+
+- pack: the side stream waits for the compute stream (the payload is
+  ready), copies it into a pinned host buffer (a DMA, no CPU copy), and
+  records an event; the store's write starts once that event completes,
+  and the payload's memory is marked in use on the side stream so the
+  caching allocator does not hand it out before the copy has read it;
+- unpack: the slot is read into a pinned buffer, copied to the device on
+  the side stream, and the compute stream waits for that copy (not the
+  CPU); the pinned buffer is kept until the copy's event completes.
+
+Not run here: the development machine has no GPU. Everything CUDA is
+reached through :class:`Backend`, so tests drive this module with a fake
+backend on CPU tensors (tests/test_offload_staging.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import torch
+
+
+class Backend(Protocol):
+    """The accelerator calls staging needs (``torch.cuda``'s, by default)."""
+
+    def side_stream(self, device: torch.device) -> Any: ...
+    def current_stream(self, device: torch.device) -> Any: ...
+    def use(self, stream: Any) -> Any: ...  # context manager making ``stream`` current
+    def event(self) -> Any: ...  # with record(stream), query(), synchronize()
+    def pinned(self, nbytes: int) -> torch.Tensor: ...
+    def record(self, t: torch.Tensor, stream: Any) -> None: ...  # t.record_stream(stream)
+
+
+class CudaBackend:
+    """:class:`Backend` over ``torch.cuda``."""
+
+    def side_stream(self, device: torch.device) -> Any:
+        return torch.cuda.Stream(device)
+
+    def current_stream(self, device: torch.device) -> Any:
+        return torch.cuda.current_stream(device)
+
+    def use(self, stream: Any) -> Any:
+        return torch.cuda.stream(stream)
+
+    def event(self) -> Any:
+        return torch.cuda.Event()
+
+    def pinned(self, nbytes: int) -> torch.Tensor:
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+
+    def record(self, t: torch.Tensor, stream: Any) -> None:
+        t.record_stream(stream)
+
+
+class Staging:
+    """Device-to-host and host-to-device copies of payloads for one offload context.
+
+    Args:
+        backend: the accelerator calls; default :class:`CudaBackend`.
+    """
+
+    def __init__(self, backend: Backend | None = None) -> None:
+        self.backend = backend if backend is not None else CudaBackend()
+        self._streams: dict[torch.device, Any] = {}
+        self._inflight: list[tuple[Any, torch.Tensor]] = []  # (event, pinned buffer) of uploads
+
+    def _side(self, device: torch.device) -> Any:
+        s = self._streams.get(device)
+        if s is None:
+            s = self._streams[device] = self.backend.side_stream(device)
+        return s
+
+    def to_host(self, payload: torch.Tensor) -> tuple[torch.Tensor, Callable[[], None]]:
+        """Start copying ``payload`` (1-D, on the device) into pinned host memory.
+
+        Returns:
+            ``(host, wait)``: the pinned buffer, and a call that blocks until
+            the copy has landed (before the store reads ``host``).
+        """
+        side = self._side(payload.device)
+        side.wait_stream(self.backend.current_stream(payload.device))
+        host = self.backend.pinned(payload.numel() * payload.element_size())
+        with self.backend.use(side):
+            host.view(payload.dtype).copy_(payload, non_blocking=True)
+            done = self.backend.event()
+            done.record(side)
+        self.backend.record(payload, side)
+        return host, done.synchronize
+
+    def to_device(self, host: torch.Tensor, device: torch.device) -> torch.Tensor:
+        """Copy ``host`` (pinned, filled) to ``device`` on the side stream; the compute stream waits for it."""
+        self._reap()
+        side = self._side(device)
+        with self.backend.use(side):
+            out = host.to(device, non_blocking=True)
+            done = self.backend.event()
+            done.record(side)
+        current = self.backend.current_stream(device)
+        current.wait_stream(side)
+        self.backend.record(out, current)
+        self._inflight.append((done, host))  # the pinned source lives until the copy ends
+        return out
+
+    def pinned(self, nbytes: int) -> torch.Tensor:
+        """A pinned host buffer to read a slot into before :meth:`to_device`."""
+        return self.backend.pinned(nbytes)
+
+    def _reap(self) -> None:
+        self._inflight = [(e, h) for e, h in self._inflight if not e.query()]
+
+    def close(self) -> None:
+        """Wait for uploads in flight and drop their pinned buffers."""
+        for e, _ in self._inflight:
+            e.synchronize()
+        self._inflight.clear()
+
+
+_default: Staging | None = None
+
+
+def default() -> Staging:
+    """The process's staging over ``torch.cuda`` (created on first use)."""
+    global _default
+    if _default is None:
+        _default = Staging()
+    return _default
