@@ -208,8 +208,12 @@ def _load_path(
 
 def _to_cpu(map_location: MapLocation) -> bool:
     """Whether storages saved from the CPU stay there (and are not copied) under ``map_location``."""
-    return map_location is None or (isinstance(map_location, (str, torch.device))
-                                    and torch.device(map_location).type == "cpu")
+    if map_location is None:
+        return True
+    try:
+        return isinstance(map_location, (str, torch.device)) and torch.device(map_location).type == "cpu"
+    except RuntimeError:  # not a device: torch.load's own error, once the read is over
+        return False
 
 
 def _wait(pending: _progress.Pending[None], archive: Archive, prefix: str) -> None:
