@@ -52,7 +52,10 @@ def empty_aligned(nbytes: int) -> Any:
 
     if nbytes <= 0:
         return torch.empty(0, dtype=torch.uint8)
-    m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    except OSError:  # out of mappings (vm.max_map_count) or address space: torch's allocator
+        return torch.empty(nbytes, dtype=torch.uint8)
     if nbytes >= 2 << 20 and hasattr(mmap, "MADV_HUGEPAGE"):
         m.madvise(mmap.MADV_HUGEPAGE)
     with warnings.catch_warnings():  # the mapping is writable; torch warns for read-only buffers

@@ -265,3 +265,19 @@ def test_large_storages_load_page_aligned_and_shareable(tmp_path):
     assert got["big"].is_shared() and torch.equal(got["big"], sd["big"])
     with pytest.raises(RuntimeError, match="not resizable"):
         pyfastensor.load(path)["big"].untyped_storage().resize_(8)
+
+
+def test_load_falls_back_to_torch_memory_when_mappings_run_out(tmp_path, monkeypatch):
+    from pyfastensor import _buffers
+
+    path = tmp_path / "big.pt"
+    sd = {"big": torch.randn(1 << 20)}
+    pyfastensor.save(sd, path)
+
+    def no_maps(*a, **k):
+        raise OSError(12, "Cannot allocate memory")
+
+    monkeypatch.setattr(_buffers.mmap, "mmap", no_maps)
+    got = pyfastensor.load(path)
+    assert torch.equal(got["big"], sd["big"])
+    got["big"].untyped_storage().resize_(8)  # torch's own storage: resizable, unlike a mapping
