@@ -78,8 +78,12 @@ func readEngines(path string, c Chooser, offs, sizes []int64) []string {
 	out := make([]string, len(sizes))
 	rc, _ := c.(ResidentChooser)
 	var res *gds.Residency
-	if rc != nil {
-		res, _ = gds.FileResidency(path) // best effort: without it, Engine decides
+	if rc != nil && len(sizes) > 0 {
+		lo, hi := offs[0], offs[0]
+		for i, n := range sizes {
+			lo, hi = min(lo, offs[i]), max(hi, offs[i]+n)
+		}
+		res, _ = gds.RangeResidency(path, lo, hi) // best effort: without it, Engine decides
 	}
 	for i, n := range sizes {
 		if res != nil {

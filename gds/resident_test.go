@@ -53,3 +53,15 @@ func TestFileResidencyErrorsNameTheFile(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 0.0, r.Fraction(0, 1))
 }
+
+func TestRangeResidencyLooksAtTheRangeOnly(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "r.bin")
+	page := int64(os.Getpagesize())
+	require.NoError(t, os.WriteFile(path, make([]byte, 16*page), 0o644)) // all cached
+	r, err := RangeResidency(path, 4*page+100, 8*page)
+	require.NoError(t, err)
+	assert.Equal(t, 1.0, r.Fraction(4*page, 4*page))
+	assert.Equal(t, 0.0, r.Fraction(0, 4*page), "before the range: not looked at, absent")
+	assert.Equal(t, 0.0, r.Fraction(8*page, 8*page), "after the range: absent")
+	assert.Equal(t, 0.5, r.Fraction(2*page, 4*page))
+}
