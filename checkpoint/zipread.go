@@ -7,6 +7,8 @@ import (
 	"os"
 	"sync"
 	"unicode/utf8"
+
+	"github.com/pyfastensor/pyfastensor/gds"
 )
 
 // Entry is one record of an archive, as the central directory describes it
@@ -261,8 +263,8 @@ func (p *parser) entries(cd []byte, cdOff int64, n int64, strict bool) ([]Entry,
 // would each wait for the disk on a cold cache. Runs of small records are
 // therefore read in spans of up to spanMax bytes (one large sequential
 // read, which also leaves their data in the page cache for the loads that
-// follow) and checked from memory; large records get their two small
-// reads. Spans and large records are checked on several goroutines.
+// follow) and checked from memory, unless the span is already cached;
+// large records get their two small reads. Spans and large records are checked on several goroutines.
 func (p *parser) checkLocals(es []Entry, heads [][]byte, cdOff int64) error {
 	const spanMax = 8 << 20
 	// The extra field is unknown until the header is read: allow for the
@@ -284,6 +286,10 @@ func (p *parser) checkLocals(es []Entry, heads [][]byte, cdOff int64) error {
 		groups = append(groups, group{i, i})
 	}
 	var spans sync.Pool // span buffers, reused: fresh ones cost a clear each
+	// A span already in the page cache gains nothing from being read whole
+	// (the load copies its data from the cache anyway): its headers are
+	// read one by one, a few hundred bytes each instead of the span.
+	res, _ := gds.RangeResidency(p.path, 0, cdOff) // best effort: nil reads spans
 	return runTasks(len(groups), defaultReadWorkers(), func(gi int) error {
 		g := groups[gi]
 		v := &view{}
@@ -292,7 +298,7 @@ func (p *parser) checkLocals(es []Entry, heads [][]byte, cdOff int64) error {
 			for i := g.first; i <= g.last; i++ {
 				hi = max(hi, reach(&es[i]))
 			}
-			if lo < hi {
+			if lo < hi && (res == nil || res.Fraction(lo, hi-lo) < 0.9) {
 				bp, _ := spans.Get().(*[]byte)
 				if bp == nil {
 					bp = new([]byte)

@@ -13,7 +13,7 @@ import os
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from .. import _lib, config
 
@@ -48,9 +48,11 @@ class Record:
     align: int = 0
 
 
-@dataclass(frozen=True)
-class Entry:
-    """One record of an opened archive, from its validated central directory."""
+class Entry(NamedTuple):
+    """One record of an opened archive, from its validated central directory.
+
+    A named tuple: an archive of 10,000 records makes 10,000 of them per load.
+    """
 
     name: str
     offset: int
