@@ -358,3 +358,34 @@ func TestCRCCombineManyLengths(t *testing.T) {
 	b := randBytes(5000, 9)
 	assert.Equal(t, crcOf(b), crcCombine(0, crcOf(b), 5000))
 }
+
+// Local headers of small records are checked from whole spans when the
+// file is cold and one by one when it is cached: a damaged header is found
+// either way, and names its record.
+func TestFlippedLocalHeaderColdAndCached(t *testing.T) {
+	path, a := saved(t, sampleRecords()[:6]) // small records: one span
+	e := a.Entries[3]
+	flip(t, path, e.HeaderOff+localHeaderLen) // first byte of the name
+	for _, cold := range []bool{true, false} {
+		f, err := os.Open(path)
+		require.NoError(t, err)
+		if cold {
+			require.NoError(t, unix.Fsync(int(f.Fd())))
+			require.NoError(t, unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED))
+			r, err := gds.FileResidency(path)
+			require.NoError(t, err)
+			if r.Fraction(0, fileSize(t, path)) >= 0.9 { // tmpfs keeps its pages
+				f.Close()
+				t.Log("the temporary directory cannot drop cached pages: cold case not run")
+				continue
+			}
+		} else {
+			_, err = io.Copy(io.Discard, f)
+			require.NoError(t, err)
+		}
+		f.Close()
+		_, err = OpenArchive(path)
+		require.ErrorIs(t, err, ErrCorrupt, "cold=%v", cold)
+		assert.Contains(t, err.Error(), e.Name, "cold=%v", cold)
+	}
+}
