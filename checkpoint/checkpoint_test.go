@@ -340,10 +340,19 @@ func TestDefaultReadFollowsResidency(t *testing.T) {
 	defer f.Close()
 	require.NoError(t, unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED))
 	assert.Equal(t, map[string]int64{"direct": int64(len(data))}, read(), "cold: direct")
+	a, err := OpenArchive(path)
+	require.NoError(t, err)
+	res, err := a.Resident()
+	require.NoError(t, err)
+	require.Len(t, res, 1)
+	assert.Less(t, res[0], 0.1, "a direct read leaves the data uncached (read-ahead around the headers aside)")
 
 	_, err = io.Copy(io.Discard, f) // the whole file into the page cache
 	require.NoError(t, err)
 	assert.Equal(t, map[string]int64{"posix": int64(len(data))}, read(), "cached: posix")
+	res, err = a.Resident()
+	require.NoError(t, err)
+	assert.Equal(t, []float64{1}, res)
 }
 
 func TestCRCCombineManyLengths(t *testing.T) {

@@ -133,3 +133,26 @@ func (a *Archive) Index(name string) int {
 	}
 	return -1
 }
+
+// Resident returns, for each entry, the share of its data's pages in the
+// page cache now (0 to 1; mincore over the span of the records). A load
+// asks it to decide where to put each record: memory the page cache path
+// copies into, or page-aligned memory a direct read fills in place.
+func (a *Archive) Resident() ([]float64, error) {
+	out := make([]float64, len(a.Entries))
+	if len(a.Entries) == 0 {
+		return out, nil
+	}
+	lo, hi := a.Entries[0].DataOff, a.Entries[0].DataOff
+	for _, e := range a.Entries {
+		lo, hi = min(lo, e.DataOff), max(hi, e.DataOff+e.Size)
+	}
+	r, err := gds.RangeResidency(a.Path, lo, hi)
+	if err != nil {
+		return nil, err
+	}
+	for i, e := range a.Entries {
+		out[i] = r.Fraction(e.DataOff, e.Size)
+	}
+	return out, nil
+}

@@ -158,6 +158,24 @@ func pft_ckpt_open(path *C.char, handle *C.uint64_t, out **C.char, errbuf *C.cha
 	})
 }
 
+// pft_ckpt_resident returns, as a JSON list, the share of each record's
+// data in the page cache (checkpoint.Archive.Resident).
+//
+//export pft_ckpt_resident
+func pft_ckpt_resident(h C.uint64_t, out **C.char, errbuf *C.char, errlen C.size_t) C.int {
+	return call(errbuf, errlen, func() error {
+		a, err := lookup[*checkpoint.Archive](h)
+		if err != nil {
+			return err
+		}
+		r, err := a.Resident()
+		if err != nil {
+			return err
+		}
+		return putJSON(out, r)
+	})
+}
+
 // pft_ckpt_read reads n records (indices into the archive's entries) into
 // the caller's memory at addrs, whose sizes must be the records' sizes,
 // checking CRC-32s when verify is non-zero. The memory is used during the

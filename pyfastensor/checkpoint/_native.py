@@ -27,6 +27,7 @@ _lib.register({
                       _lib.c_int, _lib.c_char_p, _lib.c_int, _lib.i64, _lib.c_int, _P(_lib.i64),
                       _P(_lib.c_void_p)],
     "pft_ckpt_close": [_lib.u64],
+    "pft_ckpt_resident": [_lib.u64, _P(_lib.c_void_p)],
     "pft_raw_save": [_lib.c_char_p, _lib.i64, _lib.i64, _P(_lib.i64), _P(_lib.c_void_p), _P(_lib.i64),
                      _lib.c_int, _lib.c_char_p, _lib.c_int, _lib.i64, _lib.c_int, _P(_lib.i64),
                      _P(_lib.c_void_p)],
@@ -182,6 +183,12 @@ class Archive:
             ctypes.byref(counter) if counter is not None else None, ctypes.byref(out),
         )
         return json.loads(_lib.take_string(out))
+
+    def resident(self) -> list[float]:
+        """The share of each entry's data in the page cache now, from 0 to 1 (mincore)."""
+        out = ctypes.c_void_p()
+        _lib.call("pft_ckpt_resident", self._live(), ctypes.byref(out))
+        return [float(x) for x in json.loads(_lib.take_string(out))]
 
     def read_bytes(self, name: str, *, verify: bool = True) -> bytes:
         """Return the bytes of the record called ``name``."""

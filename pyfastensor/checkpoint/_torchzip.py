@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from .._buffers import empty_bytes
+from .._buffers import ALIGNED_MIN, empty_bytes
 from ..errors import CorruptFileError
 from ._native import Archive
 
@@ -37,9 +37,15 @@ class PreloadedZip:
         data = prefix + "data/"
         self._small: dict[str, Any] = {}  # name -> ctypes buffer, then bytes
         self._tensors: dict[str, torch.Tensor] = {}
-        for e in archive.entries:
+        # Records mostly in the page cache are copied from it into torch's
+        # memory (warm, reused); cold ones of ALIGNED_MIN and up go direct
+        # into page-aligned memory (empty_bytes).
+        big = any(e.size >= ALIGNED_MIN and e.name.startswith(data) for e in archive.entries)
+        cached = archive.resident() if big else [0.0] * len(archive.entries)
+        for e, c in zip(archive.entries, cached, strict=True):
             if e.name.startswith(data):
-                self._tensors[e.name] = empty_bytes(e.size)
+                self._tensors[e.name] = (torch.empty(e.size, dtype=torch.uint8) if c >= 0.5
+                                         else empty_bytes(e.size))
             else:
                 self._small[e.name] = ctypes.create_string_buffer(max(e.size, 1))
         #: Bytes of storage records.
