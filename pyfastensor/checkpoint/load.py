@@ -50,11 +50,13 @@ def load(
     ``map_location`` (a string, :class:`torch.device`, dict or callable),
     shared storages and views behave exactly as in torch.
 
-    Storages of 1 MiB and more are read into page-aligned memory of their
-    own (huge pages where the kernel allows), which O_DIRECT fills without
-    a copy; like those of ``torch.load(..., mmap=True)``, they cannot be
-    resized (``untyped_storage().resize_()``); everything else, sharing
-    between processes included, works as with torch's allocator.
+    Records the page cache holds (mincore) are copied from it; the others
+    are read with O_DIRECT where the filesystem allows. Storages of 1 MiB
+    and more read that way get page-aligned memory of their own (huge
+    pages where the kernel allows), which O_DIRECT fills without a copy;
+    like those of ``torch.load(..., mmap=True)``, they cannot be resized
+    (``untyped_storage().resize_()``); everything else, sharing between
+    processes included, works as with torch's allocator.
 
     Files torch.load understands but that are not zip archives of stored
     records (legacy ``_use_new_zipfile_serialization=False`` files,
