@@ -51,11 +51,6 @@ class PreloadedZip:
         #: Bytes of storage records.
         self.data_bytes = sum(t.numel() for t in self._tensors.values())
 
-    def read_all(self, *, verify: bool, engine: str | None, counter: ctypes.c_int64 | None) -> None:
-        """Fill every record, in one parallel native read (CRC-32 checked unless ``verify=False``)."""
-        self.read_small(verify=verify)
-        self.read_storages(verify=verify, engine=engine, counter=counter)
-
     def read_small(self, *, verify: bool) -> None:
         """Fill the records that are not storages (the pickle, the byte order...)."""
         idx = self.archive.index
