@@ -30,21 +30,19 @@ type Chooser = gds.Chooser
 const DefaultDirectThreshold = 1 << 20
 
 // ThresholdChooser uses the direct engine for records of at least Threshold
-// bytes when Direct is set, and posix for everything else; with
-// WritesOnly, reads always go through the page cache. On reads it also
+// bytes when Direct is set, and posix for everything else. On reads it also
 // looks at the page cache (ResidentChooser): a record mostly resident is
 // read through it whatever its size. It ignores observations.
 type ThresholdChooser struct {
-	Direct     bool
-	Threshold  int64
-	WritesOnly bool
+	Direct    bool
+	Threshold int64
 }
 
 var _ ResidentChooser = (*ThresholdChooser)(nil)
 
 // Engine implements Chooser.
 func (c *ThresholdChooser) Engine(op Op, size int64) string {
-	if c.Direct && size >= c.Threshold && (op == OpWrite || !c.WritesOnly) {
+	if c.Direct && size >= c.Threshold {
 		return "direct"
 	}
 	return "posix"
@@ -77,22 +75,39 @@ type ResidentChooser interface {
 func readEngines(path string, c Chooser, offs, sizes []int64) []string {
 	out := make([]string, len(sizes))
 	rc, _ := c.(ResidentChooser)
-	var res *gds.Residency
-	if rc != nil && len(sizes) > 0 {
-		lo, hi := offs[0], offs[0]
-		for i, n := range sizes {
-			lo, hi = min(lo, offs[i]), max(hi, offs[i]+n)
-		}
-		res, _ = gds.RangeResidency(path, lo, hi) // best effort: without it, Engine decides
+	var res []float64
+	if rc != nil {
+		res, _ = residency(path, offs, sizes) // best effort: without it, Engine decides
 	}
 	for i, n := range sizes {
 		if res != nil {
-			out[i] = rc.ReadEngine(n, res.Fraction(offs[i], n))
+			out[i] = rc.ReadEngine(n, res[i])
 		} else {
 			out[i] = c.Engine(OpRead, n)
 		}
 	}
 	return out
+}
+
+// residency returns the share of each range (offset, size) of the file at
+// path in the page cache: one mincore over the span of the ranges.
+func residency(path string, offs, sizes []int64) ([]float64, error) {
+	out := make([]float64, len(sizes))
+	if len(sizes) == 0 {
+		return out, nil
+	}
+	lo, hi := offs[0], offs[0]
+	for i, n := range sizes {
+		lo, hi = min(lo, offs[i]), max(hi, offs[i]+n)
+	}
+	r, err := gds.RangeResidency(path, lo, hi)
+	if err != nil {
+		return nil, err
+	}
+	for i, n := range sizes {
+		out[i] = r.Fraction(offs[i], n)
+	}
+	return out, nil
 }
 
 // readWorkers is the number of transfers in flight in a load whose reads

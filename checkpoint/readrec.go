@@ -139,20 +139,9 @@ func (a *Archive) Index(name string) int {
 // asks it to decide where to put each record: memory the page cache path
 // copies into, or page-aligned memory a direct read fills in place.
 func (a *Archive) Resident() ([]float64, error) {
-	out := make([]float64, len(a.Entries))
-	if len(a.Entries) == 0 {
-		return out, nil
-	}
-	lo, hi := a.Entries[0].DataOff, a.Entries[0].DataOff
-	for _, e := range a.Entries {
-		lo, hi = min(lo, e.DataOff), max(hi, e.DataOff+e.Size)
-	}
-	r, err := gds.RangeResidency(a.Path, lo, hi)
-	if err != nil {
-		return nil, err
-	}
+	offs, sizes := make([]int64, len(a.Entries)), make([]int64, len(a.Entries))
 	for i, e := range a.Entries {
-		out[i] = r.Fraction(e.DataOff, e.Size)
+		offs[i], sizes[i] = e.DataOff, e.Size
 	}
-	return out, nil
+	return residency(a.Path, offs, sizes)
 }

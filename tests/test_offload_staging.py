@@ -112,5 +112,5 @@ def test_one_side_stream_per_device():
     assert b.log.count(("new side", "cpu")) == 1
 
 
-def test_default_backend_is_cuda_and_costs_nothing_until_used():
+def test_default_backend_is_cuda():
     assert isinstance(Staging().backend, CudaBackend)
