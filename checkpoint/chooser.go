@@ -77,7 +77,7 @@ func readEngines(path string, c Chooser, offs, sizes []int64) []string {
 	rc, _ := c.(ResidentChooser)
 	var res []float64
 	if rc != nil {
-		res, _ = residency(path, offs, sizes) // best effort: without it, Engine decides
+		res, _ = gds.Resident(path, offs, sizes) // best effort: without it, Engine decides
 	}
 	for i, n := range sizes {
 		if res != nil {
@@ -87,27 +87,6 @@ func readEngines(path string, c Chooser, offs, sizes []int64) []string {
 		}
 	}
 	return out
-}
-
-// residency returns the share of each range (offset, size) of the file at
-// path in the page cache: one mincore over the span of the ranges.
-func residency(path string, offs, sizes []int64) ([]float64, error) {
-	out := make([]float64, len(sizes))
-	if len(sizes) == 0 {
-		return out, nil
-	}
-	lo, hi := offs[0], offs[0]
-	for i, n := range sizes {
-		lo, hi = min(lo, offs[i]), max(hi, offs[i]+n)
-	}
-	r, err := gds.RangeResidency(path, lo, hi)
-	if err != nil {
-		return nil, err
-	}
-	for i, n := range sizes {
-		out[i] = r.Fraction(offs[i], n)
-	}
-	return out, nil
 }
 
 // readWorkers is the number of transfers in flight in a load whose reads

@@ -143,5 +143,5 @@ func (a *Archive) Resident() ([]float64, error) {
 	for i, e := range a.Entries {
 		offs[i], sizes[i] = e.DataOff, e.Size
 	}
-	return residency(a.Path, offs, sizes)
+	return gds.Resident(a.Path, offs, sizes)
 }

@@ -289,28 +289,32 @@ func (p *parser) checkLocals(es []Entry, heads [][]byte, cdOff int64) error {
 	// A span already in the page cache gains nothing from being read whole
 	// (the load copies its data from the cache anyway): its headers are
 	// read one by one, a few hundred bytes each instead of the span.
-	res, _ := gds.RangeResidency(p.path, 0, cdOff) // best effort: nil reads spans
-	return runTasks(len(groups), defaultReadWorkers(), func(gi int) error {
-		g := groups[gi]
-		v := &view{}
+	los, lens := make([]int64, len(groups)), make([]int64, len(groups)) // spans; 0 bytes: none
+	for gi, g := range groups {
 		if f := &es[g.first]; f.Size < extentMin {
 			lo, hi := f.HeaderOff, reach(&es[g.last])
 			for i := g.first; i <= g.last; i++ {
 				hi = max(hi, reach(&es[i]))
 			}
-			if lo < hi && (res == nil || res.Fraction(lo, hi-lo) < 0.9) {
-				bp, _ := spans.Get().(*[]byte)
-				if bp == nil {
-					bp = new([]byte)
-				}
-				defer spans.Put(bp)
-				b, err := p.readInto(*bp, lo, hi-lo, f.Name, "records")
-				if err != nil {
-					return err
-				}
-				*bp = b
-				v.off, v.b = lo, b
+			los[gi], lens[gi] = lo, max(hi-lo, 0)
+		}
+	}
+	res, _ := gds.Resident(p.path, los, lens) // best effort: nil reads spans
+	return runTasks(len(groups), defaultReadWorkers(), func(gi int) error {
+		g := groups[gi]
+		v := &view{}
+		if lo, n := los[gi], lens[gi]; n > 0 && (res == nil || res[gi] < 0.9) {
+			bp, _ := spans.Get().(*[]byte)
+			if bp == nil {
+				bp = new([]byte)
 			}
+			defer spans.Put(bp)
+			b, err := p.readInto(*bp, lo, n, es[g.first].Name, "records")
+			if err != nil {
+				return err
+			}
+			*bp = b
+			v.off, v.b = lo, b
 		}
 		for i := g.first; i <= g.last; i++ {
 			if err := p.checkLocal(v, &es[i], heads[i], cdOff); err != nil {
