@@ -194,19 +194,9 @@ func pft_ckpt_read(h C.uint64_t, n C.int64_t, indices *C.int64_t, addrs *unsafe.
 		if err != nil {
 			return err
 		}
-		if n < 0 || (n > 0 && (indices == nil || addrs == nil || sizes == nil)) {
-			return fmt.Errorf("%w: %d reads with missing arrays", gds.ErrInvalid, n)
-		}
-		reqs := make([]checkpoint.ReadRequest, int(n))
-		if n > 0 {
-			is, as, ss := unsafe.Slice(indices, int(n)), unsafe.Slice(addrs, int(n)), unsafe.Slice(sizes, int(n))
-			for i := range reqs {
-				p, err := memory(as[i], C.size_t(ss[i]))
-				if err != nil {
-					return err
-				}
-				reqs[i] = checkpoint.ReadRequest{Index: int(is[i]), Dst: p}
-			}
+		reqs, err := readRequests(n, indices, addrs, sizes)
+		if err != nil {
+			return err
 		}
 		st, err := a.Read(reqs, checkpoint.ReadOptions{
 			NoVerify: verify == 0,
@@ -220,6 +210,48 @@ func pft_ckpt_read(h C.uint64_t, n C.int64_t, indices *C.int64_t, addrs *unsafe.
 		}
 		return putJSON(out, st)
 	})
+}
+
+// pft_ckpt_verify checks n records whose bytes are already in the
+// caller's memory at addrs (a mapping of the file, for a load with
+// mmap=True): their CRC-32s against the central directory's
+// (checkpoint.Archive.Verify). The memory is read during the call only.
+//
+//export pft_ckpt_verify
+func pft_ckpt_verify(h C.uint64_t, n C.int64_t, indices *C.int64_t, addrs *unsafe.Pointer, sizes *C.int64_t,
+	workers C.int, progress *C.int64_t, errbuf *C.char, errlen C.size_t) C.int {
+	return call(errbuf, errlen, func() error {
+		a, err := lookup[*checkpoint.Archive](h)
+		if err != nil {
+			return err
+		}
+		reqs, err := readRequests(n, indices, addrs, sizes)
+		if err != nil {
+			return err
+		}
+		return ckptErr(a.Verify(reqs, checkpoint.ReadOptions{Workers: int(workers), Progress: progressFunc(progress)}))
+	})
+}
+
+// readRequests turns C arrays of record indices, addresses and sizes into
+// read requests over that memory.
+func readRequests(n C.int64_t, indices *C.int64_t, addrs *unsafe.Pointer, sizes *C.int64_t) ([]checkpoint.ReadRequest, error) {
+	if n < 0 || (n > 0 && (indices == nil || addrs == nil || sizes == nil)) {
+		return nil, fmt.Errorf("%w: %d records with missing arrays", gds.ErrInvalid, n)
+	}
+	reqs := make([]checkpoint.ReadRequest, int(n))
+	if n == 0 {
+		return reqs, nil
+	}
+	is, as, ss := unsafe.Slice(indices, int(n)), unsafe.Slice(addrs, int(n)), unsafe.Slice(sizes, int(n))
+	for i := range reqs {
+		p, err := memory(as[i], C.size_t(ss[i]))
+		if err != nil {
+			return nil, err
+		}
+		reqs[i] = checkpoint.ReadRequest{Index: int(is[i]), Dst: p}
+	}
+	return reqs, nil
 }
 
 //export pft_ckpt_close

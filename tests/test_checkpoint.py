@@ -252,6 +252,39 @@ def test_mmap_and_weights_only_env_follow_torch(tmp_path, monkeypatch):
         pyfastensor.load(tmp_path / "set.pt", weights_only=False)
 
 
+@pytest.mark.parametrize("writer", ["pyfastensor", "torch"])
+def test_mmap_storages_are_views_of_one_mapping_of_the_file(tmp_path, writer):
+    """mmap=True: every storage lies in one mapping of the file, at one of its records' offsets."""
+    obj = training_state()
+    path = tmp_path / "m.pt"
+    (pyfastensor.save if writer == "pyfastensor" else torch.save)(obj, path)
+    got = pyfastensor.load(path, mmap=True)
+    assert_same(got, torch.load(path, mmap=True))
+    assert sharing(got) == sharing(obj)
+    offsets = set()
+    with zipfile.ZipFile(path) as z, open(path, "rb") as f:
+        for info in z.infolist():
+            f.seek(info.header_offset + 26)
+            h = f.read(4)
+            offsets.add(info.header_offset + 30 + int.from_bytes(h[:2], "little") + int.from_bytes(h[2:], "little"))
+    with open("/proc/self/maps") as m:  # start, file offset of each mapping of this file
+        maps = [ln.split() for ln in m if ln.rstrip().endswith(str(path))]
+    starts = [int(r[0].split("-")[0], 16) for r in maps if int(r[2], 16) == 0]
+    assert len(starts) == 1
+    ptrs = {t.untyped_storage().data_ptr() for t in _tensors(got) if t.numel()}
+    assert len(ptrs) > 5 and {p - starts[0] for p in ptrs} <= offsets
+
+
+def _tensors(obj) -> list[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, dict):
+        return [t for v in obj.values() for t in _tensors(v)]
+    if isinstance(obj, (list, tuple)):
+        return [t for v in obj for t in _tensors(v)]
+    return []
+
+
 def _drop_pages(path) -> bool:
     """Drop ``path``'s cached pages; False when the filesystem keeps them (tmpfs)."""
     from pyfastensor.checkpoint._native import Archive

@@ -57,6 +57,19 @@ def test_flipped_data_byte(saved, record, key):
     assert got["step"] == 5
 
 
+def test_flipped_data_byte_mapped(saved):
+    """mmap=True checks CRC-32s too (torch's does not): the damaged record is named."""
+    start, size = data_span(saved, "archive/data/3")
+    flip(saved, start + size - 1)
+    with pytest.raises(CorruptFileError) as e:
+        pyfastensor.load(saved, mmap=True)
+    msg = str(e.value)
+    assert str(saved) in msg and "archive/data/3" in msg and "['big']" in msg and "CRC-32" in msg
+    got = pyfastensor.load(saved, mmap=True, verify=False)  # the opt-out maps it as torch does
+    assert torch.equal(got["model"]["b"], state()["model"]["b"])
+    assert not torch.equal(got["big"], state()["big"])
+
+
 def test_flipped_pickle_byte(saved):
     start, size = data_span(saved, "archive/data.pkl")
     flip(saved, start + 10)
@@ -86,13 +99,14 @@ def test_flipped_central_directory_bytes(saved, tmp_path):
         pyfastensor.load(victim)
 
 
+@pytest.mark.parametrize("mmap", [False, True])
 @pytest.mark.parametrize("record", ["archive/data/0", "archive/data/3"])
-def test_truncated_file_names_record(saved, record):
+def test_truncated_file_names_record(saved, record, mmap):
     start, size = data_span(saved, record)
     with open(saved, "r+b") as f:
         f.truncate(start + size // 2)
     with pytest.raises(CorruptFileError) as e:
-        pyfastensor.load(saved)
+        pyfastensor.load(saved, mmap=mmap)
     assert "truncated" in str(e.value) and record in str(e.value) and str(saved) in str(e.value)
 
 

@@ -28,6 +28,8 @@ _lib.register({
                       _P(_lib.c_void_p)],
     "pft_ckpt_close": [_lib.u64],
     "pft_ckpt_resident": [_lib.u64, _P(_lib.c_void_p)],
+    "pft_ckpt_verify": [_lib.u64, _lib.i64, _P(_lib.i64), _P(_lib.c_void_p), _P(_lib.i64), _lib.c_int,
+                        _P(_lib.i64)],
     "pft_raw_save": [_lib.c_char_p, _lib.i64, _lib.i64, _P(_lib.i64), _P(_lib.c_void_p), _P(_lib.i64),
                      _lib.c_int, _lib.c_char_p, _lib.c_int, _lib.i64, _lib.c_int, _P(_lib.i64),
                      _P(_lib.c_void_p)],
@@ -183,6 +185,20 @@ class Archive:
             ctypes.byref(counter) if counter is not None else None, ctypes.byref(out),
         )
         return json.loads(_lib.take_string(out))
+
+    def verify(self, records: Sequence[tuple[int, int, int]], *, counter: ctypes.c_int64 | None = None) -> None:
+        """Check the CRC-32s of records already in memory: ``records`` holds
+        ``(entry index, address, nbytes)``, typically over a mapping of the file.
+
+        Raises:
+            CorruptFileError: a record's bytes do not match its CRC-32.
+            OSError: the memory faulted (the mapped file was truncated).
+        """
+        n = len(records)
+        idx = (ctypes.c_int64 * n)(*[r[0] for r in records])
+        addrs, sizes = _arrays([r[1] for r in records], [r[2] for r in records])
+        _lib.call("pft_ckpt_verify", self._live(), n, idx, addrs, sizes, 0,
+                  ctypes.byref(counter) if counter is not None else None)
 
     def resident(self) -> list[float]:
         """The share of each entry's data in the page cache now, from 0 to 1 (mincore)."""

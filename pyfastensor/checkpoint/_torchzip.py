@@ -31,25 +31,30 @@ _DEVICE_NAMES = tuple(d.encode() for d in (
 class PreloadedZip:
     """Records of ``archive`` under ``prefix``, in the shape of ``torch._C.PyTorchFileReader``."""
 
-    def __init__(self, archive: Archive, prefix: str) -> None:
+    def __init__(self, archive: Archive, prefix: str, *, storages: bool = True) -> None:
         self.archive = archive
         self.prefix = prefix
         data = prefix + "data/"
         self._small: dict[str, Any] = {}  # name -> ctypes buffer, then bytes
         self._tensors: dict[str, torch.Tensor] = {}
+        #: Entry indices of the storage records.
+        self.storage_indices = [i for i, e in enumerate(archive.entries) if e.name.startswith(data)]
         # Records mostly in the page cache are copied from it into torch's
         # memory (warm, reused); cold ones of ALIGNED_MIN and up go direct
-        # into page-aligned memory (empty_bytes).
-        big = any(e.size >= ALIGNED_MIN and e.name.startswith(data) for e in archive.entries)
+        # into page-aligned memory (empty_bytes). A mapped load
+        # (storages=False) takes its storages from the mapping instead.
+        big = storages and any(e.size >= ALIGNED_MIN and e.name.startswith(data) for e in archive.entries)
         cached = archive.resident() if big else [0.0] * len(archive.entries)
         for e, c in zip(archive.entries, cached, strict=True):
             if e.name.startswith(data):
+                if not storages:
+                    continue
                 self._tensors[e.name] = (torch.empty(e.size, dtype=torch.uint8) if c >= 0.5
                                          else empty_bytes(e.size))
             else:
                 self._small[e.name] = ctypes.create_string_buffer(max(e.size, 1))
         #: Bytes of storage records.
-        self.data_bytes = sum(t.numel() for t in self._tensors.values())
+        self.data_bytes = sum(archive.entries[i].size for i in self.storage_indices)
 
     def read_small(self, *, verify: bool) -> None:
         """Fill the records that are not storages (the pickle, the byte order...)."""

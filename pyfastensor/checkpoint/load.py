@@ -8,6 +8,7 @@ import shutil
 import tempfile
 import warnings
 from collections.abc import Callable
+from mmap import MAP_SHARED
 from typing import IO, TYPE_CHECKING, Any
 
 import torch
@@ -58,10 +59,20 @@ def load(
     (``untyped_storage().resize_()``); everything else, sharing between
     processes included, works as with torch's allocator.
 
+    With ``mmap=True`` the storages are views of one mapping of the file,
+    as with ``torch.load(..., mmap=True)``: no copy, and memory the kernel
+    can drop and read again. Unlike torch's, the records are still checked
+    against their CRC-32s, in parallel while the object is unpickled, which
+    reads the whole file once; ``verify=False`` keeps the mapping lazy
+    (pages are read when first touched). A mapped file must not be
+    truncated or rewritten in place while its tensors live: ``pyfastensor.save``
+    replaces files by rename, which leaves mappings of the old file intact.
+
     Files torch.load understands but that are not zip archives of stored
     records (legacy ``_use_new_zipfile_serialization=False`` files,
-    TorchScript archives, compressed zips), ``mmap=True`` loads and meta or
-    fake-tensor loads are handed to :func:`torch.load` unchanged.
+    TorchScript archives, compressed zips), ``mmap=True`` on a file-like
+    object and meta or fake-tensor loads are handed to :func:`torch.load`
+    unchanged.
 
     Args:
         f: a path, or a readable, seekable binary file-like object (spooled to
@@ -73,8 +84,9 @@ def load(
             and allowlisted globals (``torch.serialization.add_safe_globals``).
             Default: ``True`` (``TORCH_FORCE_WEIGHTS_ONLY_LOAD`` and
             ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` work as in torch).
-        mmap: map the file instead of reading it (handed to torch.load).
-            Default: ``False``.
+        mmap: map the file instead of reading it; storages share the page
+            cache's memory. Default: torch's ``torch.utils.serialization.config.load.mmap``
+            (``False``).
         verify: check every record's CRC-32. Default: ``True``.
         engine: one I/O engine for every record, or open
             :class:`pyfastensor.dictionary.Dictionaries` to choose per record
@@ -112,7 +124,9 @@ def load(
         return torch.load(src, map_location, pickle_module, weights_only=weights_only,
                           mmap=mmap, **torch_args)
 
-    if mmap or _is_meta(map_location) or _fake_or_skip():
+    if mmap is None:
+        mmap = bool(torch.utils.serialization.config.load.mmap)
+    if _is_meta(map_location) or _fake_or_skip():
         return to_torch(f)
     if isinstance(f, (str, os.PathLike)):
         path = os.fspath(f)
@@ -122,7 +136,9 @@ def load(
             if fh.read(4) != _ZIP_MAGIC:
                 return to_torch(f)
         return _load_path(path, to_torch, map_location, pickle_module, weights_only,
-                          verify, engine, progress, pickle_load_args)
+                          verify, engine, progress, pickle_load_args, mmap=mmap)
+    if mmap:
+        return to_torch(f)  # torch's ValueError: mmap needs a path
     start = f.tell()
     magic = f.read(4)
     f.seek(start)
@@ -163,7 +179,7 @@ def _fake_or_skip() -> bool:
 def _load_path(
     path: str, to_torch: Callable[[FileLike], Any], map_location: MapLocation,
     pickle_module: Any, weights_only: bool, verify: bool, engine: str | None,
-    progress: bool | None, pickle_load_args: dict[str, Any],
+    progress: bool | None, pickle_load_args: dict[str, Any], *, mmap: bool = False,
 ) -> Any:
     with Archive(path) as archive:
         names = [e.name for e in archive.entries]
@@ -173,12 +189,23 @@ def _load_path(
             or any(e.method != 0 for e in archive.entries)
         ):
             return to_torch(path)  # TorchScript, compressed, or not torch's layout
-        zf = PreloadedZip(archive, prefix)
+        zf = PreloadedZip(archive, prefix, storages=not mmap)
+        overall = None
         try:
             zf.read_small(verify=verify)
-            pending = _progress.Pending(
-                lambda counter: zf.read_storages(verify=verify, engine=engine, counter=counter),
-                zf.data_bytes, f"load {os.path.basename(path)}", progress)
+            if mmap:
+                overall = _map(path, archive.size)
+                base = overall.data_ptr()
+                entries = archive.entries
+                records = [(i, base + entries[i].offset, entries[i].size)
+                           for i in zf.storage_indices] if verify else []
+                pending = _progress.Pending(
+                    lambda counter: archive.verify(records, counter=counter),
+                    zf.data_bytes if verify else 0, f"verify {os.path.basename(path)}", progress)
+            else:
+                pending = _progress.Pending(
+                    lambda counter: zf.read_storages(verify=verify, engine=engine, counter=counter),
+                    zf.data_bytes, f"load {os.path.basename(path)}", progress)
         except CorruptFileError as e:
             raise CorruptFileError(_with_keys(str(e), archive, prefix)) from None
         # Unpickle while the storages are read, when nothing in unpickling
@@ -189,7 +216,7 @@ def _load_path(
         try:
             if not overlap:
                 _wait(pending, archive, prefix)
-            obj = torch.serialization._load(zf, map_location, module,
+            obj = torch.serialization._load(zf, map_location, module, overall_storage=overall,
                                             weights_only=weights_only, **pickle_load_args)
         except pickle.UnpicklingError as e:
             _wait(pending, archive, prefix)  # a damaged record explains more than the pickle
@@ -206,6 +233,12 @@ def _load_path(
             raise
         _wait(pending, archive, prefix)
         return obj
+
+
+def _map(path: str, size: int) -> torch.UntypedStorage:
+    """The whole file as one CPU storage, mapped as ``torch.load(..., mmap=True)`` maps it."""
+    shared = torch.serialization.get_default_mmap_options() == MAP_SHARED
+    return torch.UntypedStorage.from_file(path, shared, size)
 
 
 def _to_cpu(map_location: MapLocation) -> bool:

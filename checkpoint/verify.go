@@ -1,0 +1,76 @@
+package checkpoint
+
+import (
+	"fmt"
+	"hash/crc32"
+	"runtime"
+	"runtime/debug"
+
+	"github.com/pyfastensor/pyfastensor/gds"
+)
+
+// verifyPiece is the most one task sums: large records are split so that
+// both CPUs sum one record, and a cold mapping faults in several places at
+// once.
+const verifyPiece = 8 << 20
+
+// Verify checks records whose bytes are already in memory, each request's
+// Dst holding its record: typically slices of a mapping of the file, as a
+// load with mmap=True makes. It sums them on several goroutines and
+// compares each CRC-32 with the central directory's; a mismatch gives an
+// error wrapping ErrCorrupt that names the file and the record. A fault on
+// the memory (a mapping whose file was truncated under it) is an error
+// too, not a crash.
+//
+// Reading a mapping faults its pages in: on a cold cache, Verify reads the
+// records from the disk through the page cache, where the mapping then
+// finds them.
+func (a *Archive) Verify(reqs []ReadRequest, o ReadOptions) error {
+	if a.NoCRC {
+		return nil
+	}
+	var tasks []piece
+	crcs := make([]*pieceCRCs, len(reqs))
+	for i, r := range reqs {
+		if r.Index < 0 || r.Index >= len(a.Entries) {
+			return fmt.Errorf("%w: record index %d out of range (%d records)", gds.ErrInvalid, r.Index, len(a.Entries))
+		}
+		e := &a.Entries[r.Index]
+		if int64(len(r.Dst)) != e.Size {
+			return fmt.Errorf("%w: record %q has %d bytes, memory %d", gds.ErrInvalid, e.Name, e.Size, len(r.Dst))
+		}
+		ps := splitPieces(i, e.Size, verifyPiece)
+		crcs[i] = newPieceCRCs(len(ps))
+		tasks = append(tasks, ps...)
+	}
+	if o.Workers <= 0 {
+		o.Workers = max(4, runtime.NumCPU()) // some wait on page faults
+	}
+	err := runTasks(len(tasks), o.Workers, func(t int) (err error) {
+		pc := tasks[t]
+		e := &a.Entries[reqs[pc.rec].Index]
+		defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+		defer func() {
+			if r := recover(); r != nil {
+				err = fmt.Errorf("checkpoint: verify %s record %q at %d: memory fault (was the file truncated while mapped?): %v",
+					a.Path, e.Name, e.DataOff+pc.lo, r)
+			}
+		}()
+		p := reqs[pc.rec].Dst[pc.lo:pc.hi]
+		crcs[pc.rec].set(pc.index, crc32.Update(0, crc32.IEEETable, p), int64(len(p)))
+		if o.Progress != nil {
+			o.Progress(int64(len(p)))
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for i, r := range reqs {
+		e := &a.Entries[r.Index]
+		if got := crcs[i].total(); got != e.CRC {
+			return corrupt(a.Path, e.Name, e.DataOff, "CRC-32 of the data is %08x, the central directory says %08x", got, e.CRC)
+		}
+	}
+	return nil
+}
