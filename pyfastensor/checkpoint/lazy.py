@@ -15,6 +15,7 @@ import torch
 from .._buffers import empty_bytes
 from ._native import Archive
 from ._torchzip import PreloadedZip
+from ._unpickle import unpickle
 from .load import MapLocation
 
 
@@ -73,8 +74,8 @@ class CheckpointReader:
             return storage
 
         module = torch.serialization._weights_only_unpickler if weights_only else pickle
-        self._skeleton = torch.serialization._load(self._zip, note_location, module,
-                                                   weights_only=weights_only, encoding="utf-8")
+        self._skeleton = unpickle(self._zip, note_location, module, weights_only=weights_only,
+                                  encoding="utf-8")
         self._restore = torch.serialization._get_restore_location(map_location)
         self._verify, self._engine = verify, engine
         # record name -> weak references to the tensors built on its storage, so

@@ -20,6 +20,7 @@ from ..errors import CorruptFileError
 from . import _progress
 from ._native import Archive
 from ._torchzip import PreloadedZip, key_paths
+from ._unpickle import unpickle
 
 FileLike = str | os.PathLike[str] | IO[bytes]
 MapLocation = str | torch.device | dict[str, str] | Callable[..., Any] | None
@@ -125,7 +126,9 @@ def load(
                           mmap=mmap, **torch_args)
 
     if mmap is None:
-        mmap = bool(torch.utils.serialization.config.load.mmap)
+        from torch.utils.serialization import config as torch_config
+
+        mmap = bool(torch_config.load.mmap)
     if _is_meta(map_location) or _fake_or_skip():
         return to_torch(f)
     if isinstance(f, (str, os.PathLike)):
@@ -216,8 +219,8 @@ def _load_path(
         try:
             if not overlap:
                 _wait(pending, archive, prefix)
-            obj = torch.serialization._load(zf, map_location, module, overall_storage=overall,
-                                            weights_only=weights_only, **pickle_load_args)
+            obj = unpickle(zf, map_location, module, overall_storage=overall, direct=overlap,
+                           weights_only=weights_only, **pickle_load_args)
         except pickle.UnpicklingError as e:
             _wait(pending, archive, prefix)  # a damaged record explains more than the pickle
             if not weights_only:
