@@ -27,11 +27,12 @@ def test_tables_have_every_row_and_key(tmp_path):
         for tool, r in m["rows"].items():
             assert set(bench.KEYS) <= set(r)
             assert r["cold_gbps"] > 0 and r["warm_gbps"] > 0
-            assert (r["save_gbps"] is None) == (tool == "torch-mmap")
-            assert r["ratio"]["cold_gbps"] is None if tool == "pyfastensor" else r["ratio"]["cold_gbps"] > 0
+            assert (r["save_gbps"] is None) == (tool in ("torch-mmap", "pyfastensor-mmap"))
+            assert r["ratio"]["cold_gbps"] is None if tool in bench.OURS else r["ratio"]["cold_gbps"] > 0
     whats = {(t["workload"], t["what"]) for t in result["targets"]}
     assert ("small", "durable save no slower than torch") in whats
     assert ("gpt2", "warm load no slower than the fastest peer") in whats
+    assert ("gpt2", "warm load with mmap=True no slower than the fastest peer") in whats
     text = bench.format_report(result)
     for tool in bench.TOOLS:
         assert tool in text
