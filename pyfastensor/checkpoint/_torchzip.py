@@ -72,6 +72,18 @@ class PreloadedZip:
         reads = [(idx[n], t.data_ptr(), t.numel()) for n, t in self._tensors.items()]
         self.archive.read(reads, verify=verify, engine=engine, counter=counter)
 
+    def native_order(self) -> bool:
+        """Whether torch would leave the storages' bytes as they are: the ``byteorder`` record
+        is this machine's, or, without one, ``torch.serialization.get_default_load_endianness()`` is."""
+        order = self._small.get(self.prefix + "byteorder")
+        if order is None:
+            ends = torch.serialization.LoadEndianness
+            default = torch.serialization.get_default_load_endianness()
+            if default == ends.NATIVE:
+                return True
+            order = b"big" if default == ends.BIG else b"little"
+        return order == sys.byteorder.encode()
+
     def cpu_only(self) -> bool:
         """Whether every storage was saved from the CPU, in this machine's byte order.
 

@@ -78,20 +78,8 @@ class _FastModule:
 
 
 def unpickle(zip_file: Any, map_location: Any, pickle_module: Any, *, weights_only: bool,
-             overall_storage: torch.UntypedStorage | None = None, direct: bool = False,
-             **pickle_load_args: Any) -> Any:
-    """``torch.serialization._load`` over ``zip_file``; weights-only loads try :class:`FastUnpickler` first.
-
-    With ``direct`` (the caller vouches that every storage was saved from
-    the CPU in this machine's byte order and stays on the CPU), a
-    weights-only load first tries :func:`_load_cpu`, which skips
-    ``_load``'s per-storage device and fake-mode machinery as well.
-    """
-    if weights_only and direct:
-        try:
-            return _load_cpu(zip_file, overall_storage, **pickle_load_args)
-        except Exception:  # noqa: BLE001 - the general path decides
-            pass
+             overall_storage: torch.UntypedStorage | None = None, **pickle_load_args: Any) -> Any:
+    """``torch.serialization._load`` over ``zip_file``; weights-only loads try :class:`FastUnpickler` first."""
     if weights_only and not callable(map_location):  # a callable's side effects must happen once
         try:
             return torch.serialization._load(zip_file, map_location, _FastModule,
@@ -103,13 +91,16 @@ def unpickle(zip_file: Any, map_location: Any, pickle_module: Any, *, weights_on
                                      weights_only=weights_only, **pickle_load_args)
 
 
-def _load_cpu(zip_file: Any, overall_storage: torch.UntypedStorage | None, **pickle_load_args: Any) -> Any:
-    """``torch.serialization._load`` for CPU storages in native byte order loaded to the CPU.
+def load_cpu(zip_file: Any, overall_storage: torch.UntypedStorage | None, **pickle_load_args: Any) -> Any:
+    """``torch.serialization._load`` with weights only, for a file in this machine's byte order
+    loaded to the CPU, without ``_load``'s per-storage device and fake-mode machinery.
 
     The same storages, typed the same way, shared by key as torch shares
-    them; a storage whose location is not ``cpu``, a key referenced under
-    two dtypes, or anything unusual raises, and the caller starts again
-    on torch's path.
+    them. A storage saved from anywhere but the CPU, a key referenced under
+    two dtypes, a global outside :class:`FastUnpickler`'s set or anything
+    unusual raises before any storage's bytes are used, and the caller
+    starts again on torch's path. Storages are not read from: the caller
+    may still be filling them.
     """
     loaded: dict[str, torch.storage.TypedStorage] = {}
 
@@ -136,9 +127,44 @@ def _load_cpu(zip_file: Any, overall_storage: torch.UntypedStorage | None, **pic
         loaded[key] = typed
         return typed
 
-    unpickler = FastUnpickler(io.BytesIO(zip_file.get_record("data.pkl")), **pickle_load_args)
+    unpickler = _CpuUnpickler(io.BytesIO(zip_file.get_record("data.pkl")), **pickle_load_args)
     unpickler.persistent_load = persistent_load
     return unpickler.load()
+
+
+def _rebuild_tensor_v2(storage: Any, storage_offset: int, size: Any, stride: Any, requires_grad: bool,
+                       backward_hooks: Any, metadata: Any = None) -> torch.Tensor:
+    """``torch._utils._rebuild_tensor_v2`` outside fake mode (load_cpu's case): the same steps,
+    without the three fake-mode lookups per tensor that cost more than the rest together."""
+    t = torch.empty((0,), dtype=storage.dtype)
+    t.set_(storage._untyped_storage, storage_offset, size, stride)
+    t.requires_grad = requires_grad
+    if metadata:
+        torch._utils.set_tensor_metadata(t, metadata)
+    t._backward_hooks = backward_hooks
+    return t
+
+
+def _rebuild_tensor_v3(storage: Any, storage_offset: int, size: Any, stride: Any, requires_grad: bool,
+                       backward_hooks: Any, dtype: torch.dtype, metadata: Any = None) -> torch.Tensor:
+    """``torch._utils._rebuild_tensor_v3`` outside fake mode, as :func:`_rebuild_tensor_v2`."""
+    t = torch.empty((0,), dtype=dtype, requires_grad=requires_grad)
+    t.set_(storage._untyped_storage, storage_offset, size, stride)
+    if metadata:
+        torch._utils.set_tensor_metadata(t, metadata)
+    t._backward_hooks = backward_hooks
+    return t
+
+
+class _CpuUnpickler(FastUnpickler):
+    """:class:`FastUnpickler` with tensors rebuilt without the fake-mode checks."""
+
+    _OWN = {("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor_v2,
+            ("torch._utils", "_rebuild_tensor_v3"): _rebuild_tensor_v3}
+
+    def find_class(self, module: str, name: str) -> Any:
+        found = super().find_class(module, name)  # refuses what the fast path does not resolve
+        return self._OWN.get((module, name), found)
 
 
 def _ascii(v: Any) -> Any:
