@@ -29,6 +29,7 @@ def test_tables_have_every_row_and_key(tmp_path):
             assert r["cold_gbps"] > 0 and r["warm_gbps"] > 0
             assert (r["save_gbps"] is None) == (tool in ("torch-mmap", "pyfastensor-mmap"))
             assert r["ratio"]["cold_gbps"] is None if tool in bench.OURS else r["ratio"]["cold_gbps"] > 0
+        assert m["rows"]["pyfastensor"]["newmem_gbps"] > 0 and m["rows"]["torch"]["newmem_gbps"] is None
     whats = {(t["workload"], t["what"]) for t in result["targets"]}
     assert ("small", "durable save no slower than torch") in whats
     assert ("gpt2", "warm load no slower than the fastest peer") in whats

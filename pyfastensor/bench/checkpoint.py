@@ -345,6 +345,27 @@ def check_equal(tool: str, want: StateDict, got: Any) -> None:
             raise AssertionError(f"{tool}: tensor {k!r} differs after load")
 
 
+def read_into_new_memory(path: str) -> float:
+    """Seconds to read the whole file at ``path`` with O_DIRECT (8 MiB requests, in parallel)
+    into newly mapped memory: what any load that returns new tensors costs at least.
+
+    On a virtual machine whose host takes back freed guest memory (free
+    page reporting), the first touch of such memory can cost more than the
+    disk's read, so this, not the disk's limit alone, bounds a cold load.
+    """
+    from .._buffers import empty_aligned
+    from ..checkpoint._native import read_raw
+
+    size = os.path.getsize(path)
+    start = time.perf_counter()
+    buf = empty_aligned(size)
+    base, piece = buf.data_ptr(), 8 * MiB
+    read_raw(path, [(o, base + o, min(piece, size - o)) for o in range(0, size, piece)], engine="direct")
+    seconds = time.perf_counter() - start
+    del buf
+    return seconds
+
+
 def measure_tool(tool: str, w: Workload, directory: str, *, repeat: int = 1) -> dict[str, Any]:
     """Save ``w`` durably with ``tool``, load it cold then warm; best of ``repeat``; verify once.
 
@@ -372,6 +393,9 @@ def measure_tool(tool: str, w: Workload, directory: str, *, repeat: int = 1) -> 
             if i == 0:
                 check_equal(tool, w.state, got)
             del got
+            if tool == "pyfastensor":
+                disk.drop_caches(_files(path))
+                best["newmem_s"] = min(best.get("newmem_s", math.inf), read_into_new_memory(path))
 
             disk.cache_files(_files(path))  # warm: the whole file in the page cache, for every tool
             start = time.perf_counter()
@@ -385,6 +409,7 @@ def measure_tool(tool: str, w: Workload, directory: str, *, repeat: int = 1) -> 
         _remove(path)
     n = w.nbytes
     out: dict[str, Any] = {f"{k[:-2]}_gbps": n / v / 1e9 for k, v in best.items()}
+    out.setdefault("newmem_gbps", None)
     out.update(best)
     if not timed_save:
         out["save_gbps"] = out["save_s"] = None
@@ -422,9 +447,13 @@ def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
             for k, lk, word in (("save_gbps", "write_mbps", "write"), ("cold_gbps", "read_mbps", "read")):
                 if lk in lim:
                     frac = pft[k] * 1e3 / lim[lk]
+                    extra = ""
+                    if k == "cold_gbps" and pft.get("newmem_gbps"):
+                        extra = (f"; {pft[k] / pft['newmem_gbps']:.0%} of the read into new memory "
+                                 f"({pft['newmem_gbps']:.2f} GB/s)")
                     add(f"{'durable save' if k == 'save_gbps' else 'cold load'} >= {LIMIT_TARGET:.0%} of "
                         f"the disk's {word} limit", frac >= LIMIT_TARGET,
-                        f"{pft[k]:.2f} GB/s = {frac:.0%} of {lim[lk] / 1e3:.2f} GB/s")
+                        f"{pft[k]:.2f} GB/s = {frac:.0%} of {lim[lk] / 1e3:.2f} GB/s{extra}")
                 others = {t: r[k] for t, r in peers.items() if r[k]}
                 if others:
                     top = max(others, key=lambda t: others[t])
@@ -521,6 +550,10 @@ def format_report(result: dict[str, Any]) -> str:
     for name, m in result["workloads"].items():
         lines.append(f"\n{name}: {m['tensors']} tensors, {m['params'] / 1e6:.1f}M elements, "
                      f"{m['nbytes'] / 1e6:.0f} MB")
+        nm = m["rows"].get("pyfastensor", {}).get("newmem_gbps")
+        if nm:
+            lines.append(f"  read limit into new memory: {nm:.2f} GB/s (pyfastensor's file, O_DIRECT into "
+                         "newly mapped memory, same cold cache)")
         lines.append(f"  {'tool':<17}{'save GB/s':>10}{'cold GB/s':>10}{'warm GB/s':>10}"
                      f"{'pft/peer save':>15}{'cold':>6}{'warm':>6}{'save/wlim':>11}{'cold/rlim':>10}")
         for tool, r in m["rows"].items():
@@ -563,6 +596,12 @@ in the same directory, once at the start (the engines' best at 64 MiB blocks
 when fio is missing). Columns: GB/s of each tool, pyfastensor's figure over
 the peer's (>1: pyfastensor faster), save over the write limit and cold
 load over the read limit.
+
+Read limit into new memory (per workload): the pyfastensor file read with
+O_DIRECT into newly mapped memory after the same cache drop. A load that
+returns new tensors cannot beat it; on a virtual machine whose host takes
+freed guest memory back, the first touch of memory makes it lower than the
+disk's limit.
 
 Targets (issue 3): on gpt2 and resnet50, pyfastensor's durable save >= 85%
 of the write limit and cold load >= 85% of the read limit, both faster than
