@@ -10,6 +10,11 @@ conv+BN+ReLU blocks), one row per way of handling the saved tensors:
   write+read, write and read dictionaries;
 - ``scheduled``: pyfastensor's FlashNeuron scheduler.
 
+Each row gets two warm-up steps (pyfastensor's first is its profiling
+iteration); then the timed steps run in rounds of one step per row, so a
+disturbance from the rest of the machine lands on every row alike. Figures
+are medians over the timed steps (peaks: the maximum).
+
 Every row uses the same accounting of *resident saved-tensor bytes*: bytes of
 saved tensors of at least ``min_size`` held in memory by the saved-tensor
 layer, counted per storage (pending writes, prefetched buffers, tensors
@@ -189,22 +194,35 @@ def make_context(row: str, w: Workload, directory: str, min_size: int, budget: i
                    dictionary=row.split("-")[1])
 
 
-def run_row(row: str, w: Workload, batch: int, directory: str, *, min_size: int, budget: int,
-            steps: int, warmup: int) -> dict[str, float]:
-    """Train ``warmup`` then ``steps`` steps under ``row``; medians of the timed steps, max of peaks."""
-    ctx = make_context(row, w, directory, min_size, budget)
+def run_rows(rows: dict[str, int], w: Workload, batch: int, directory: str, *, min_size: int,
+             steps: int, warmup: int, progress: Callable[[str], None] | None = None) -> dict[str, dict[str, float]]:
+    """Train ``warmup`` steps under each row (``{row: budget}``), then ``steps`` rounds of one step
+    per row, interleaved, so that whatever else the machine does in the meantime falls on every
+    row alike; medians of the timed steps, max of peaks."""
+    ctxs = {row: make_context(row, w, directory, min_size, budget) for row, budget in rows.items()}
     model = w.model
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
     x, y = w.batch(batch)
-    for _ in range(warmup):
-        _train_step(model, opt, x, y, ctx)
-    times, figs = [], []
-    for _ in range(steps):
-        times.append(_train_step(model, opt, x, y, ctx))
-        figs.append(_figures(ctx))
-    out = {k: statistics.median(f[k] for f in figs) for k in ("transfer_ms", "stall_ms", "read_bytes")}
-    out["peak_bytes"] = max(f["peak_bytes"] for f in figs)
-    out["step_ms"] = statistics.median(times) * 1e3
+    for row, ctx in ctxs.items():
+        if progress:
+            progress(f"{w.name} batch {batch}: {row} (warm-up)")
+        for _ in range(warmup):
+            _train_step(model, opt, x, y, ctx)
+    times: dict[str, list[float]] = {row: [] for row in rows}
+    figs: dict[str, list[dict[str, float]]] = {row: [] for row in rows}
+    for i in range(steps):
+        if progress:
+            progress(f"{w.name} batch {batch}: timed round {i + 1} of {steps}")
+        for row, ctx in ctxs.items():
+            times[row].append(_train_step(model, opt, x, y, ctx))
+            figs[row].append(_figures(ctx))
+    out: dict[str, dict[str, float]] = {}
+    for row in rows:
+        f = figs[row]
+        r = {k: statistics.median(g[k] for g in f) for k in ("transfer_ms", "stall_ms", "read_bytes")}
+        r["peak_bytes"] = max(g["peak_bytes"] for g in f)
+        r["step_ms"] = statistics.median(times[row]) * 1e3
+        out[row] = r
     return out
 
 
@@ -274,12 +292,9 @@ def run(directory: str, *, quick: bool = False, min_size: int = 256 << 10, budge
     for w, batch in models or workloads(quick):
         base = _peak_at(w, batch, directory, min_size, None)
         budget = max(1, int(base * budget_fraction))
-        rows: dict[str, dict[str, float]] = {}
-        for row in ROWS:
-            if progress:
-                progress(f"{w.name} batch {batch}: {row}")
-            b = int(base * scheduled_fraction) if row == "scheduled" else budget
-            rows[row] = run_row(row, w, batch, directory, min_size=min_size, budget=b, steps=steps, warmup=2)
+        budgets = {row: int(base * scheduled_fraction) if row == "scheduled" else budget for row in ROWS}
+        rows = run_rows(budgets, w, batch, directory, min_size=min_size, steps=steps, warmup=2,
+                        progress=progress)
         none = rows["none"]
         for r in rows.values():
             r["peak_ratio"] = r["peak_bytes"] / max(none["peak_bytes"], 1)
