@@ -62,7 +62,7 @@ func (c *ThresholdChooser) ReadEngine(size int64, resident float64) string {
 func (c *ThresholdChooser) Observe(Op, int64, string, time.Duration) {}
 
 // ResidentChooser is a Chooser that, on reads, takes into account how much
-// of the record the page cache holds (0 to 1, from mincore when the load
+// of the record the page cache holds (0 to 1, from gds.Resident when the load
 // starts).
 type ResidentChooser interface {
 	Chooser
@@ -71,7 +71,7 @@ type ResidentChooser interface {
 
 // readEngines returns the engine of each read (offset, size) of the file
 // at path: the chooser's ReadEngine with each range's residency when it is
-// a ResidentChooser and mincore works on the file, else its Engine.
+// a ResidentChooser and the residency can be read, else its Engine.
 func readEngines(path string, c Chooser, offs, sizes []int64) []string {
 	out := make([]string, len(sizes))
 	rc, _ := c.(ResidentChooser)

@@ -135,7 +135,7 @@ func (a *Archive) Index(name string) int {
 }
 
 // Resident returns, for each entry, the share of its data's pages in the
-// page cache now (0 to 1; mincore over the span of the records). A load
+// page cache now (0 to 1; gds.Resident: cachestat per record). A load
 // asks it to decide where to put each record: memory the page cache path
 // copies into, or page-aligned memory a direct read fills in place.
 func (a *Archive) Resident() ([]float64, error) {

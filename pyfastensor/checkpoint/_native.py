@@ -201,7 +201,7 @@ class Archive:
                   ctypes.byref(counter) if counter is not None else None)
 
     def resident(self) -> list[float]:
-        """The share of each entry's data in the page cache now, from 0 to 1 (mincore)."""
+        """The share of each entry's data in the page cache now, from 0 to 1 (cachestat, or mincore)."""
         out = ctypes.c_void_p()
         _lib.call("pft_ckpt_resident", self._live(), ctypes.byref(out))
         return [float(x) for x in json.loads(_lib.take_string(out))]

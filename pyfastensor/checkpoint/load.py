@@ -55,7 +55,7 @@ def load(
     ``map_location`` (a string, :class:`torch.device`, dict or callable),
     shared storages and views behave exactly as in torch.
 
-    Records the page cache holds (mincore) are copied from it; the others
+    Records the page cache holds (cachestat) are copied from it; the others
     are read with O_DIRECT where the filesystem allows. Storages of 1 MiB
     and more read that way get page-aligned memory of their own (huge
     pages where the kernel allows), which O_DIRECT fills without a copy;
