@@ -9,13 +9,20 @@ pickle bytes match torch's and stock :func:`torch.load` reads our files.
 
 from __future__ import annotations
 
+import collections
 import io
 import pickle
+import types
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.serialization import location_tag, normalize_storage_type
+
+#: Types whose objects are never storages (exact types: a subclass could be anything).
+_NEVER_STORAGES = frozenset({int, float, bool, str, bytes, tuple, list, dict, type(None), torch.Size,
+                             torch.dtype, torch.device, collections.OrderedDict, torch.Tensor,
+                             torch.nn.Parameter, type, types.FunctionType, types.BuiltinFunctionType})
 
 
 @dataclass
@@ -66,6 +73,10 @@ def pickle_skeleton(obj: Any, pickle_module: Any = pickle, pickle_protocol: int 
 
     class Pickler(pickle_module.Pickler):  # type: ignore[name-defined,misc]
         def persistent_id(self, obj: Any) -> Any:
+            # Called for every object pickled (about 19 per tensor: sizes,
+            # strides, keys...): the common types answer without the checks.
+            if type(obj) in _NEVER_STORAGES:
+                return None
             return persistent_id(obj)
 
     buf = io.BytesIO()
