@@ -177,7 +177,7 @@ def _figures(ctx: Any) -> dict[str, float]:
     if isinstance(ctx, Offload):
         s = ctx.summary()
         return {"peak_bytes": s.resident_peak_bytes, "transfer_ms": (s.pack_seconds + s.unpack_seconds) * 1e3,
-                "stall_ms": s.stall_seconds * 1e3, "read_bytes": s.bytes_read}
+                "stall_ms": s.stall_seconds * 1e3, "read_bytes": s.bytes_read, "engines": dict(s.engines)}
     return {"peak_bytes": ctx.meter.peak, "transfer_ms": (ctx.pack_seconds + ctx.unpack_seconds) * 1e3,
             "stall_ms": 0.0, "read_bytes": 0}
 
@@ -222,6 +222,7 @@ def run_rows(rows: dict[str, int], w: Workload, batch: int, directory: str, *, m
         r = {k: statistics.median(g[k] for g in f) for k in ("transfer_ms", "stall_ms", "read_bytes")}
         r["peak_bytes"] = max(g["peak_bytes"] for g in f)
         r["step_ms"] = statistics.median(times[row]) * 1e3
+        r["engines"] = f[-1].get("engines", {})
         out[row] = r
     return out
 
@@ -318,6 +319,10 @@ def run(directory: str, *, quick: bool = False, min_size: int = 256 << 10, budge
     return result
 
 
+def _engines(written: dict[str, int]) -> str:
+    return ", ".join(f"{e} {n / MiB:.0f}" for e, n in sorted(written.items()) if n) or "-"
+
+
 def format_report(result: dict[str, Any]) -> str:
     """The tables, side by side with ratios and the targets."""
     lines = []
@@ -325,11 +330,11 @@ def format_report(result: dict[str, Any]) -> str:
         rows = m["rows"]
         lines.append(f"\n{name}, batch {m['batch']}, policy 'all' budget {m['budget'] / MiB:.1f} MiB")
         lines.append(f"  {'row':<11}{'step ms':>9}{'x none':>8}{'peak MiB':>10}{'x none':>8}"
-                     f"{'transfer ms':>13}{'stall ms':>10}{'read MiB':>10}")
+                     f"{'transfer ms':>13}{'stall ms':>10}{'read MiB':>10}  engines (MiB written, last step)")
         for row, r in rows.items():
             lines.append(f"  {row:<11}{r['step_ms']:>9.1f}{r['step_ratio']:>8.2f}{r['peak_bytes'] / MiB:>10.1f}"
                          f"{r['peak_ratio']:>8.3f}{r['transfer_ms']:>13.1f}{r['stall_ms']:>10.1f}"
-                         f"{r['read_bytes'] / MiB:>10.1f}")
+                         f"{r['read_bytes'] / MiB:>10.1f}  {_engines(r.get('engines') or {})}")
         ts, pf = rows["torch.save"]["transfer_ms"], rows["pft-wr"]["transfer_ms"]
         gain = ts / max(pf, 1e-9)
         sched = rows["scheduled"]["step_ratio"]
