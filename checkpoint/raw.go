@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/pyfastensor/pyfastensor/gds"
@@ -50,27 +51,53 @@ func SaveRaw(path string, size int64, extents []Extent, o WriteOptions) (st Stat
 	return st, nil
 }
 
-// extents writes each extent through its chosen engine, in parallel pieces.
+// extents writes each extent through its chosen engine, in parallel pieces,
+// one engine after the other and posix last. Extents packed without
+// alignment share blocks, and two engines must not write one block at
+// once: direct patches an edge block by reading it, changing its part and
+// writing it back, under a lock only its own writers take, so a page-cache
+// write landing in between would be overwritten on the disk and dropped
+// from the cache. Within one engine, writers sharing a block are
+// serialized by that engine. Page-cache writes after the others find
+// their bytes on the disk.
 func (w *writer) extents(extents []Extent) error {
-	var tasks []piece
-	engines := make([]string, len(extents))
+	byEngine := map[string][]piece{}
+	var order []string
 	for i, e := range extents {
-		engines[i] = w.o.Chooser.Engine(OpWrite, int64(len(e.Data)))
-		tasks = append(tasks, splitPieces(i, int64(len(e.Data)), pieceSize(w.o.Engine))...)
+		eng := w.o.Chooser.Engine(OpWrite, int64(len(e.Data)))
+		if _, seen := byEngine[eng]; !seen {
+			order = append(order, eng)
+		}
+		byEngine[eng] = append(byEngine[eng], splitPieces(i, int64(len(e.Data)), pieceSize(w.o.Engine))...)
 	}
-	return runTasks(len(tasks), cmp.Or(w.o.Workers, DefaultWorkers), func(t int) error {
-		pc := tasks[t]
-		f, err := w.file(engines[pc.rec])
+	slices.SortStableFunc(order, func(a, b string) int { return cmp.Compare(b2i(a == "posix"), b2i(b == "posix")) })
+	for _, eng := range order {
+		tasks := byEngine[eng]
+		err := runTasks(len(tasks), cmp.Or(w.o.Workers, DefaultWorkers), func(t int) error {
+			pc := tasks[t]
+			f, err := w.file(eng)
+			if err != nil {
+				return err
+			}
+			p := extents[pc.rec].Data[pc.lo:pc.hi]
+			if _, err := f.WriteAt(p, extents[pc.rec].Off+pc.lo); err != nil {
+				return err
+			}
+			w.count(f.Engine(), int64(len(p)))
+			return nil
+		})
 		if err != nil {
 			return err
 		}
-		p := extents[pc.rec].Data[pc.lo:pc.hi]
-		if _, err := f.WriteAt(p, extents[pc.rec].Off+pc.lo); err != nil {
-			return err
-		}
-		w.count(f.Engine(), int64(len(p)))
-		return nil
-	})
+	}
+	return nil
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // ReadRaw fills extents from the file at path, in parallel. A file shorter
