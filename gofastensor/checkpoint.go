@@ -236,22 +236,31 @@ func pft_ckpt_verify(h C.uint64_t, n C.int64_t, indices *C.int64_t, addrs *unsaf
 // readRequests turns C arrays of record indices, addresses and sizes into
 // read requests over that memory.
 func readRequests(n C.int64_t, indices *C.int64_t, addrs *unsafe.Pointer, sizes *C.int64_t) ([]checkpoint.ReadRequest, error) {
-	if n < 0 || (n > 0 && (indices == nil || addrs == nil || sizes == nil)) {
-		return nil, fmt.Errorf("%w: %d records with missing arrays", gds.ErrInvalid, n)
+	return overMemory(int(n), indices, addrs, sizes, "records", func(index int64, p []byte) checkpoint.ReadRequest {
+		return checkpoint.ReadRequest{Index: int(index), Dst: p}
+	})
+}
+
+// overMemory turns n C triples (key, address, size) into build(key, the
+// caller's memory at address); what names the triples in errors.
+func overMemory[T any](n int, keys *C.int64_t, addrs *unsafe.Pointer, sizes *C.int64_t, what string,
+	build func(key int64, p []byte) T) ([]T, error) {
+	if n < 0 || (n > 0 && (keys == nil || addrs == nil || sizes == nil)) {
+		return nil, fmt.Errorf("%w: %d %s with missing arrays", gds.ErrInvalid, n, what)
 	}
-	reqs := make([]checkpoint.ReadRequest, int(n))
+	out := make([]T, n)
 	if n == 0 {
-		return reqs, nil
+		return out, nil
 	}
-	is, as, ss := unsafe.Slice(indices, int(n)), unsafe.Slice(addrs, int(n)), unsafe.Slice(sizes, int(n))
-	for i := range reqs {
+	ks, as, ss := unsafe.Slice(keys, n), unsafe.Slice(addrs, n), unsafe.Slice(sizes, n)
+	for i := range out {
 		p, err := memory(as[i], C.size_t(ss[i]))
 		if err != nil {
 			return nil, err
 		}
-		reqs[i] = checkpoint.ReadRequest{Index: int(is[i]), Dst: p}
+		out[i] = build(int64(ks[i]), p)
 	}
-	return reqs, nil
+	return out, nil
 }
 
 //export pft_ckpt_close
@@ -265,22 +274,9 @@ func pft_ckpt_close(h C.uint64_t, errbuf *C.char, errlen C.size_t) C.int {
 // extents turns C arrays of offsets, addresses and sizes into extents over
 // the caller's memory.
 func extents(n int, offsets *C.int64_t, addrs *unsafe.Pointer, sizes *C.int64_t) ([]checkpoint.Extent, error) {
-	if n < 0 || (n > 0 && (offsets == nil || addrs == nil || sizes == nil)) {
-		return nil, fmt.Errorf("%w: %d extents with missing arrays", gds.ErrInvalid, n)
-	}
-	if n == 0 {
-		return nil, nil
-	}
-	offs, as, ss := unsafe.Slice(offsets, n), unsafe.Slice(addrs, n), unsafe.Slice(sizes, n)
-	out := make([]checkpoint.Extent, n)
-	for i := range out {
-		p, err := memory(as[i], C.size_t(ss[i]))
-		if err != nil {
-			return nil, err
-		}
-		out[i] = checkpoint.Extent{Off: int64(offs[i]), Data: p}
-	}
-	return out, nil
+	return overMemory(n, offsets, addrs, sizes, "extents", func(off int64, p []byte) checkpoint.Extent {
+		return checkpoint.Extent{Off: off, Data: p}
+	})
 }
 
 // pft_raw_save writes n extents (offsets, addresses, sizes) into a new

@@ -11,7 +11,7 @@ import zipfile
 
 import pytest
 import torch
-from checkpoint_helpers import assert_same, sharing
+from checkpoint_helpers import assert_same, sharing, tensors
 
 import pyfastensor
 
@@ -309,18 +309,8 @@ def test_mmap_storages_are_views_of_one_mapping_of_the_file(tmp_path, writer):
         maps = [ln.split() for ln in m if ln.rstrip().endswith(str(path))]
     starts = [int(r[0].split("-")[0], 16) for r in maps if int(r[2], 16) == 0]
     assert len(starts) == 1
-    ptrs = {t.untyped_storage().data_ptr() for t in _tensors(got) if t.numel()}
+    ptrs = {t.untyped_storage().data_ptr() for t in tensors(got) if t.numel()}
     assert len(ptrs) > 5 and {p - starts[0] for p in ptrs} <= offsets
-
-
-def _tensors(obj) -> list[torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if isinstance(obj, dict):
-        return [t for v in obj.values() for t in _tensors(v)]
-    if isinstance(obj, (list, tuple)):
-        return [t for v in obj for t in _tensors(v)]
-    return []
 
 
 def _drop_pages(path) -> bool:

@@ -8,13 +8,17 @@ globals: ``collections.OrderedDict``, ``torch._utils._rebuild_tensor_v2``,
 the dtypes. :class:`FastUnpickler` is Python's C unpickler restricted to
 those (the pattern of the ``pickle`` documentation's "Restricting
 Globals": every callable the stream can reach comes from ``find_class``),
-and each of them is also on torch's own weights-only allowlist, so a file
-it accepts is one torch accepts too.
+and each of them is also on torch's own weights-only allowlist. So no
+stream runs anything torch's unpickler would not let it call. The C
+unpickler is less strict about structure: a crafted stream may, say, set
+an item on a tensor, which torch's interpreter refuses; what torch.save
+writes never does.
 
 Anything else, a global outside the set or any error at all, makes
-:func:`unpickle` start again with torch's unpickler, which then decides,
-with torch's results and torch's messages (``add_safe_globals``,
-``safe_globals`` and the refusal of arbitrary globals included).
+:func:`unpickle` (and the caller of :func:`load_cpu`) start again with
+torch's unpickler, which then decides, with torch's results and torch's
+messages (``add_safe_globals``, ``safe_globals`` and the refusal of
+arbitrary globals included).
 """
 
 from __future__ import annotations
