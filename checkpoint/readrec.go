@@ -46,24 +46,14 @@ func (a *Archive) Read(reqs []ReadRequest, o ReadOptions) (st Stats, err error) 
 		}
 		o.Chooser = DefaultChooser(filepath.Dir(abs))
 	}
-	var tasks []piece
-	crcs := make([]*pieceCRCs, len(reqs))
+	tasks, crcs, err := a.split(reqs, pieceSize(o.Engine), "destination")
+	if err != nil {
+		return st, err
+	}
 	offs, sizes := make([]int64, len(reqs)), make([]int64, len(reqs))
 	for i, r := range reqs {
-		if r.Index < 0 || r.Index >= len(a.Entries) {
-			return st, fmt.Errorf("%w: record index %d out of range (%d records)", gds.ErrInvalid, r.Index, len(a.Entries))
-		}
 		e := &a.Entries[r.Index]
-		if int64(len(r.Dst)) != e.Size {
-			return st, fmt.Errorf("%w: record %q has %d bytes, destination %d", gds.ErrInvalid, e.Name, e.Size, len(r.Dst))
-		}
-		if e.Method != 0 {
-			return st, fmt.Errorf("%w: record %q is compressed (method %d)", gds.ErrUnsupported, e.Name, e.Method)
-		}
-		ps := splitPieces(i, e.Size, pieceSize(o.Engine))
-		crcs[i] = newPieceCRCs(len(ps))
 		offs[i], sizes[i] = e.DataOff, e.Size
-		tasks = append(tasks, ps...)
 		st.DataBytes += e.Size
 	}
 	engines := readEngines(a.Path, o.Chooser, offs, sizes)
@@ -113,15 +103,49 @@ func (a *Archive) Read(reqs []ReadRequest, o ReadOptions) (st Stats, err error) 
 		return st, err
 	}
 	if !o.NoVerify {
-		for i, r := range reqs {
-			e := &a.Entries[r.Index]
-			if got := crcs[i].total(); got != e.CRC {
-				return st, corrupt(a.Path, e.Name, e.DataOff, "CRC-32 of the data is %08x, the central directory says %08x", got, e.CRC)
-			}
+		if err := a.checkCRCs(reqs, crcs); err != nil {
+			return st, err
 		}
 	}
 	st.FileBytes, st.Engines, st.Seconds = a.Size, rd.engines, time.Since(start).Seconds()
 	return st, nil
+}
+
+// split checks each request against its record (an index in range, a
+// memory of the record's size, called what in errors; stored uncompressed)
+// and splits the records into pieces of at most ps bytes, with one
+// pieceCRCs per request to sum them into.
+func (a *Archive) split(reqs []ReadRequest, ps int64, what string) ([]piece, []*pieceCRCs, error) {
+	var tasks []piece
+	crcs := make([]*pieceCRCs, len(reqs))
+	for i, r := range reqs {
+		if r.Index < 0 || r.Index >= len(a.Entries) {
+			return nil, nil, fmt.Errorf("%w: record index %d out of range (%d records)", gds.ErrInvalid, r.Index, len(a.Entries))
+		}
+		e := &a.Entries[r.Index]
+		if int64(len(r.Dst)) != e.Size {
+			return nil, nil, fmt.Errorf("%w: record %q has %d bytes, %s %d", gds.ErrInvalid, e.Name, e.Size, what, len(r.Dst))
+		}
+		if e.Method != 0 {
+			return nil, nil, fmt.Errorf("%w: record %q is compressed (method %d)", gds.ErrUnsupported, e.Name, e.Method)
+		}
+		p := splitPieces(i, e.Size, ps)
+		crcs[i] = newPieceCRCs(len(p))
+		tasks = append(tasks, p...)
+	}
+	return tasks, crcs, nil
+}
+
+// checkCRCs compares each request's summed CRC-32 with its record's in the
+// central directory; a mismatch is ErrCorrupt naming the file and the record.
+func (a *Archive) checkCRCs(reqs []ReadRequest, crcs []*pieceCRCs) error {
+	for i, r := range reqs {
+		e := &a.Entries[r.Index]
+		if got := crcs[i].total(); got != e.CRC {
+			return corrupt(a.Path, e.Name, e.DataOff, "CRC-32 of the data is %08x, the central directory says %08x", got, e.CRC)
+		}
+	}
+	return nil
 }
 
 // Index returns the position of the record called name, or -1.

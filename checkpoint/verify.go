@@ -9,8 +9,6 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/pyfastensor/pyfastensor/gds"
 )
 
 // verifyPiece is the most one task sums: large records are split so that
@@ -33,24 +31,14 @@ func (a *Archive) Verify(reqs []ReadRequest, o ReadOptions) error {
 	if a.NoCRC {
 		return nil
 	}
-	var tasks []piece
-	crcs := make([]*pieceCRCs, len(reqs))
-	for i, r := range reqs {
-		if r.Index < 0 || r.Index >= len(a.Entries) {
-			return fmt.Errorf("%w: record index %d out of range (%d records)", gds.ErrInvalid, r.Index, len(a.Entries))
-		}
-		e := &a.Entries[r.Index]
-		if int64(len(r.Dst)) != e.Size {
-			return fmt.Errorf("%w: record %q has %d bytes, memory %d", gds.ErrInvalid, e.Name, e.Size, len(r.Dst))
-		}
-		ps := splitPieces(i, e.Size, verifyPiece)
-		crcs[i] = newPieceCRCs(len(ps))
-		tasks = append(tasks, ps...)
+	tasks, crcs, err := a.split(reqs, verifyPiece, "memory")
+	if err != nil {
+		return err
 	}
 	if o.Workers <= 0 {
 		o.Workers = max(4, runtime.NumCPU()) // some wait on page faults
 	}
-	err := runTasks(len(tasks), o.Workers, func(t int) (err error) {
+	err = runTasks(len(tasks), o.Workers, func(t int) (err error) {
 		pc := tasks[t]
 		e := &a.Entries[reqs[pc.rec].Index]
 		defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
@@ -71,13 +59,7 @@ func (a *Archive) Verify(reqs []ReadRequest, o ReadOptions) error {
 	if err != nil {
 		return err
 	}
-	for i, r := range reqs {
-		e := &a.Entries[r.Index]
-		if got := crcs[i].total(); got != e.CRC {
-			return corrupt(a.Path, e.Name, e.DataOff, "CRC-32 of the data is %08x, the central directory says %08x", got, e.CRC)
-		}
-	}
-	return nil
+	return a.checkCRCs(reqs, crcs)
 }
 
 // populate maps the pages of p in one call (MADV_POPULATE_READ, Linux

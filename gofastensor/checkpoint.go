@@ -190,11 +190,7 @@ func pft_ckpt_read(h C.uint64_t, n C.int64_t, indices *C.int64_t, addrs *unsafe.
 		if err != nil {
 			return err
 		}
-		a, err := lookup[*checkpoint.Archive](h)
-		if err != nil {
-			return err
-		}
-		reqs, err := readRequests(n, indices, addrs, sizes)
+		a, reqs, err := readRequests(h, n, indices, addrs, sizes)
 		if err != nil {
 			return err
 		}
@@ -221,11 +217,7 @@ func pft_ckpt_read(h C.uint64_t, n C.int64_t, indices *C.int64_t, addrs *unsafe.
 func pft_ckpt_verify(h C.uint64_t, n C.int64_t, indices *C.int64_t, addrs *unsafe.Pointer, sizes *C.int64_t,
 	workers C.int, progress *C.int64_t, errbuf *C.char, errlen C.size_t) C.int {
 	return call(errbuf, errlen, func() error {
-		a, err := lookup[*checkpoint.Archive](h)
-		if err != nil {
-			return err
-		}
-		reqs, err := readRequests(n, indices, addrs, sizes)
+		a, reqs, err := readRequests(h, n, indices, addrs, sizes)
 		if err != nil {
 			return err
 		}
@@ -233,12 +225,17 @@ func pft_ckpt_verify(h C.uint64_t, n C.int64_t, indices *C.int64_t, addrs *unsaf
 	})
 }
 
-// readRequests turns C arrays of record indices, addresses and sizes into
-// read requests over that memory.
-func readRequests(n C.int64_t, indices *C.int64_t, addrs *unsafe.Pointer, sizes *C.int64_t) ([]checkpoint.ReadRequest, error) {
-	return overMemory(int(n), indices, addrs, sizes, "records", func(index int64, p []byte) checkpoint.ReadRequest {
+// readRequests returns the archive of handle h and C arrays of its record
+// indices, addresses and sizes as read requests over that memory.
+func readRequests(h C.uint64_t, n C.int64_t, indices *C.int64_t, addrs *unsafe.Pointer, sizes *C.int64_t) (*checkpoint.Archive, []checkpoint.ReadRequest, error) {
+	a, err := lookup[*checkpoint.Archive](h)
+	if err != nil {
+		return nil, nil, err
+	}
+	reqs, err := overMemory(int(n), indices, addrs, sizes, "records", func(index int64, p []byte) checkpoint.ReadRequest {
 		return checkpoint.ReadRequest{Index: int(index), Dst: p}
 	})
+	return a, reqs, err
 }
 
 // overMemory turns n C triples (key, address, size) into build(key, the
