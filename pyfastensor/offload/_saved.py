@@ -23,7 +23,6 @@ from typing import Any
 
 import torch
 
-from .._buffers import empty_bytes
 from ..errors import NoSpaceError
 from . import _staging, codecs
 from ._store import SpillStore
@@ -157,10 +156,16 @@ class Entry:
         return None
 
     def _buffer(self) -> torch.Tensor:
-        """Host memory to read the slot into: pinned when the entry goes back to an accelerator."""
+        """Host memory to read the slot into: pinned when the entry goes back to an accelerator.
+
+        CPU read-backs come from torch's allocator, not a fresh mapping: the
+        heap hands the same pages back step after step, where a new mapping
+        would fault every page in again on each backward. The engines bounce
+        the unaligned edges of O_DIRECT reads themselves.
+        """
         if self.device.type != "cpu":
             return _staging.default().pinned(self.payload_nbytes)
-        return empty_bytes(self.payload_nbytes)
+        return torch.empty(self.payload_nbytes, dtype=torch.uint8)
 
     def prefetch(self) -> int:
         """Start reading the slot into a fresh buffer; return the bytes asked for (0 if none)."""
