@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import json
 
 import pytest
@@ -34,9 +33,46 @@ def test_gradients_bit_identical(tmp_path, model_name, tier):
     assert s.offloaded_tensors > 0
     assert s.bytes_offloaded[tier] > 0
     assert s.tier == tier
-    gc.collect()
+    off.close()
     assert _lib.handle_count() == 0
     assert list(tmp_path.iterdir()) == []
+
+
+def test_one_store_kept_across_steps(tmp_path):
+    model, batch_of = inputs("mlp")
+    off = pyfastensor.offload(spill_dir=str(tmp_path), min_size=SMALL, module=model)
+    stores, files, written = [], [], []
+    for step in range(4):
+        train(model, batch_of, steps=1, ctx=lambda: off)
+        stores.append(off._store)
+        files.append(off._store.stats()["file_bytes"])
+        written.append(off.summary().bytes_offloaded["ssd"])
+        assert off.summary().step == step
+    assert all(s is stores[0] for s in stores), "a step opened a new store"
+    assert files[-1] == files[1], "the spill file grew after the first steps: freed space is not reused"
+    assert len(set(written)) == 1 and written[0] > 0, f"per-step bytes, not totals: {written}"
+    assert _lib.handle_count() > 0
+    off.close()
+    assert off._store is None and _lib.handle_count() == 0
+    assert off.summary().bytes_offloaded["ssd"] == written[-1]
+    train(model, batch_of, steps=1, ctx=lambda: off)  # entering again opens a new store
+    assert off._store is not stores[0]
+    off.close()
+    assert _lib.handle_count() == 0
+
+
+def test_close_before_backward_says_why(tmp_path):
+    lin = torch.nn.Linear(256, 256)
+    off = pyfastensor.offload(spill_dir=str(tmp_path), min_size=4096)
+    with off:
+        loss = torch.relu(lin(torch.randn(128, 256))).sum()
+    with pytest.raises(RuntimeError, match="inside the context"):
+        with off:
+            off.close()
+    off.close()
+    with pytest.raises(RuntimeError, match=r"Offload.close\(\) was called"):
+        loss.backward()
+    assert _lib.handle_count() == 0
 
 
 @pytest.mark.parametrize("model_name", ["mlp", "cnn"])

@@ -45,7 +45,8 @@ def test_peak_under_all_is_at_most_a_quarter_of_no_offload(tmp_path, model_name)
         s = off.summary()
         assert s.offloaded_tensors > 0
         assert s.resident_peak_bytes <= base // 4, (s.resident_peak_bytes, base)
-    gc.collect()
+    off.close()
+    none.close()
     assert _lib.handle_count() == 0
 
 

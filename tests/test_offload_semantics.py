@@ -182,6 +182,7 @@ def test_checkpoint_inside_and_around(tmp_path):
     for mode in ("checkpoint-inside", "offload-inside-checkpoint"):
         for w, g in zip(want, run(mode), strict=True):
             assert torch.equal(w, g), mode
+    inner.close()
     gc.collect()
     assert _lib.handle_count() == 0
 
@@ -218,5 +219,6 @@ def test_slot_freed_when_autograd_drops_it(tmp_path):
     loss.backward()  # backward outside the context still works, then frees the slots
     gc.collect()
     assert store.stats()["live_slots"] == 0
-    del store  # the store closes with its last reference
+    del store, off  # the store closes with its last reference
+    gc.collect()
     assert _lib.handle_count() == 0

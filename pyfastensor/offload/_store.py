@@ -1,11 +1,12 @@
 """The native spill store (``hooks.Store`` in Go) as a Python object.
 
-One store per :class:`~pyfastensor.offload.Offload` entry: a tier (``"ssd"``:
-one unlinked spill file; ``"host"``: Go memory) holding slots of bytes.
+One store per :class:`~pyfastensor.offload.Offload` object, kept from step
+to step: a tier (``"ssd"``: one unlinked spill file, grown as needed and
+its freed space reused; ``"host"``: Go memory) holding slots of bytes.
 Writes are asynchronous; reads are synchronous or prefetched.
 
 Lifetime: every live slot keeps a reference to its store, so a store whose
-context has exited stays open until autograd has dropped the last saved
+offload object is gone stays open until autograd has dropped the last saved
 tensor, and closes (releasing its native handle and its spill file) then.
 """
 
@@ -192,8 +193,9 @@ class SpillStore:
     def _live(self) -> int:
         if not self._handle:
             raise RuntimeError(
-                "the offload store is closed: its context exited with an exception, so the saved "
-                "tensors it held were released; run backward inside a context that completed"
+                "the offload store is closed (its context exited with an exception, or "
+                "Offload.close() was called), so the saved tensors it held were released; "
+                "run backward before closing, inside a context that completed"
             )
         return self._handle
 

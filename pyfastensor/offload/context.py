@@ -49,7 +49,11 @@ class Offload:
     unlinked spill file, or host memory), dropped from memory once written,
     and read back when backward needs them, prefetched in the order the
     first step (the profiling step) unpacked them. The same object is
-    re-entered for every step; :meth:`summary` describes the last one.
+    re-entered for every step and keeps its store from step to step (the
+    spill file grows to the largest step and its space is reused);
+    :meth:`summary` describes the last step. :meth:`close` releases the
+    store; so does the object's last reference going away, or an exception
+    inside the context.
 
     Without lossy compression, gradients are bit-identical to training
     without offload. Parameters and buffers are never offloaded; the same
@@ -150,8 +154,9 @@ class Offload:
         self._lock = threading.RLock()
         self._active = False
         self._warned = False
-        self._store: SpillStore | None = None
-        self._last_store: weakref.ref[SpillStore] | None = None
+        self._store: SpillStore | None = None  # kept across steps; None before the first and after close
+        self._closed_store: SpillStore | None = None  # closed (exception, close()): the summary's stats
+        self._base: dict[str, Any] = {}  # the store's totals when the step began
         self._meter = Meter()
         self._order: list[int] | None = None  # unpack order of the profiling step
         self._order_count = 0  # stored entries in the profiling step
@@ -165,7 +170,10 @@ class Offload:
         if self._active:
             raise RuntimeError("pyfastensor.offload is not reentrant: exit the context before entering it again")
         self._learn_from_last_step()
-        self._store = self._open_store()
+        if self._store is None or self._store.closed:
+            self._store = self._open_store()
+        self._closed_store = None
+        self._base = self._store.stats()
         self._reset_step()
         if self.policy == "scheduled" and self._plan is None:
             self._recorder = Recorder(self.compression)  # this is the profiling step
@@ -177,17 +185,18 @@ class Offload:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        self._hooks.__exit__(exc_type, exc, tb)
+        hooks, self._hooks = self._hooks, None  # no cycle through the bound hooks
+        hooks.__exit__(exc_type, exc, tb)
         self._active = False
         if self._recorder is not None:
             self._recorder.end = time.perf_counter()
-        store, self._store = self._store, None
+        store = self._store
         assert store is not None
-        self._last_store = weakref.ref(store)
         try:
             if exc_type is not None:
                 # Nothing may leak: close now (waits for writes in flight);
                 # entries still referenced by a dead graph free nothing later.
+                self._store, self._closed_store = None, store
                 store.close()
                 self._pending.clear()
             else:
@@ -199,6 +208,24 @@ class Offload:
         finally:
             self._summary = self._make_summary(store)
             self.step += 1
+
+    def close(self) -> None:
+        """Release the store: its spill file (or host memory) and native handle.
+
+        Saved tensors of a graph that is still alive can no longer be
+        unpacked afterwards (backward raises, naming the cause). Entering
+        the context again opens a new store. Called when the object is
+        garbage collected, once autograd has dropped every saved tensor.
+
+        Raises:
+            RuntimeError: inside the context.
+        """
+        if self._active:
+            raise RuntimeError("pyfastensor.offload: close() inside the context; exit it first")
+        store, self._store = self._store, None
+        if store is not None:
+            self._closed_store = store
+            store.close()
 
     def _open_store(self) -> SpillStore:
         tier = "host" if self.tier == "host" else "ssd"
@@ -223,7 +250,8 @@ class Offload:
         self._late_error: NoSpaceError | None = None
         self._meter.reset_peak()
         window = self.budget if self.budget is not None else 0  # 0: chosen at first unpack
-        self._prefetcher = Prefetcher(self._order, window, lambda: self._meter.now) if self._order is not None else None
+        meter = self._meter  # not self: no reference cycle to keep the store alive
+        self._prefetcher = Prefetcher(self._order, window, lambda: meter.now) if self._order is not None else None
 
     def _learn_from_last_step(self) -> None:
         """After the profiling step: keep its unpack order for prefetching."""
@@ -453,7 +481,7 @@ class Offload:
     # -- reporting -------------------------------------------------------------
 
     def _make_summary(self, store: SpillStore) -> OffloadSummary:
-        st = store.stats()
+        st = _since(store.stats(), self._base)
         desc = store.description
         tier = desc.get("tier", "")
         written = int(st.get("bytes_written", 0))
@@ -504,11 +532,25 @@ class Offload:
         Returns:
             An :class:`OffloadSummary`.
         """
-        store = self._store or (self._last_store() if self._last_store else None)
-        if store is not None and not store.closed:
+        store = self._store or self._closed_store
+        if store is not None:
             self._summary = self._make_summary(store)
             self._summary.step = self.step - (0 if self._active else 1)
         return self._summary
+
+
+def _since(now: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
+    """The store's counters since ``base`` (the totals when the step began)."""
+    out: dict[str, Any] = {}
+    for k, v in now.items():
+        b = base.get(k)
+        if isinstance(v, dict):
+            out[k] = {e: n - (b or {}).get(e, 0) for e, n in v.items() if n != (b or {}).get(e, 0)}
+        elif isinstance(v, int | float) and isinstance(b, int | float):
+            out[k] = v - b
+        else:
+            out[k] = v
+    return out
 
 
 def offload(**options: Any) -> Offload:
