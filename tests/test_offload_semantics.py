@@ -84,6 +84,23 @@ def test_same_storage_offloaded_once(tmp_path, puts):
     assert s.deduplicated >= 2
     addrs = [a for a, _ in puts]
     assert len(addrs) == len(set(addrs))
+    # ...and read back once: the storage stays in memory between the nodes that unpack it
+    assert s.bytes_read == s.bytes_offloaded["ssd"] > 0
+
+
+def test_storage_unpacked_by_two_nodes_is_let_go_after_the_last(tmp_path):
+    lin1, lin2 = nn.Linear(128, 128), nn.Linear(128, 128)
+    x = torch.randn(64, 128)
+    off = offload(tmp_path)
+    with off:
+        h = torch.relu(lin1(x))  # relu saves h, lin2 saves h: two handles, one slot
+        loss = lin2(h).sum()
+        del h
+        entries = [e for r in off._entries if (e := r()) is not None and e.stored]
+        assert [e.waiting for e in entries if e.waiting > 1], "no entry with two handles"
+        loss.backward()
+    assert all(e.kept is None and e.waiting == 0 for e in entries), "a restored storage is still held"
+    assert off.summary().bytes_read == off.summary().bytes_offloaded["ssd"]
 
 
 @pytest.mark.parametrize("tier", ["ssd", "host"])

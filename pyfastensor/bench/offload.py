@@ -13,7 +13,10 @@ conv+BN+ReLU blocks), one row per way of handling the saved tensors:
 Each row gets two warm-up steps (pyfastensor's first is its profiling
 iteration); then the timed steps run in rounds of one step per row, so a
 disturbance from the rest of the machine lands on every row alike. Figures
-are medians over the timed steps (peaks: the maximum).
+are medians over the timed steps (peaks: the maximum); a row's step ratio to
+``none`` is the median of its per-round ratios (each round's step against
+the same round's ``none`` step), which cancels the slow drifts of a shared
+machine that a ratio of medians keeps.
 
 Every row uses the same accounting of *resident saved-tensor bytes*: bytes of
 saved tensors of at least ``min_size`` held in memory by the saved-tensor
@@ -198,7 +201,8 @@ def run_rows(rows: dict[str, int], w: Workload, batch: int, directory: str, *, m
              steps: int, warmup: int, progress: Callable[[str], None] | None = None) -> dict[str, dict[str, float]]:
     """Train ``warmup`` steps under each row (``{row: budget}``), then ``steps`` rounds of one step
     per row, interleaved, so that whatever else the machine does in the meantime falls on every
-    row alike; medians of the timed steps, max of peaks."""
+    row alike; medians of the timed steps, max of peaks, and (with a ``none`` row) each row's
+    median per-round step ratio to it."""
     ctxs = {row: make_context(row, w, directory, min_size, budget) for row, budget in rows.items()}
     model = w.model
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
@@ -223,7 +227,12 @@ def run_rows(rows: dict[str, int], w: Workload, batch: int, directory: str, *, m
         r["peak_bytes"] = max(g["peak_bytes"] for g in f)
         r["step_ms"] = statistics.median(times[row]) * 1e3
         r["engines"] = f[-1].get("engines", {})
+        if "none" in times:
+            r["step_ratio"] = statistics.median(t / n for t, n in zip(times[row], times["none"], strict=True))
         out[row] = r
+    for ctx in ctxs.values():
+        if isinstance(ctx, Offload):
+            ctx.close()
     return out
 
 
@@ -241,6 +250,7 @@ def _peak_at(w: Workload, batch: int, directory: str, min_size: int, offload_bud
         with ctx:
             nn.functional.cross_entropy(w.model(x), y).backward()
         peak = max(peak, ctx.summary().resident_peak_bytes)
+    ctx.close()
     w.model.zero_grad(set_to_none=True)
     return peak
 
@@ -276,7 +286,7 @@ def run(directory: str, *, quick: bool = False, min_size: int = 256 << 10, budge
         min_size: saved tensors below this many bytes stay in memory.
         budget_fraction: ``policy="all"`` budget, as a fraction of no-offload's peak.
         scheduled_fraction: the scheduled policy's budget, as a fraction of no-offload's peak.
-        steps: timed steps per row (default 5; 2 with ``quick``).
+        steps: timed steps per row (default 9; 2 with ``quick``).
         limit: measure the disk's O_DIRECT limit.
         batch_search: search the largest batch that fits the budget.
         models: workloads and batch sizes (default :func:`workloads`).
@@ -285,7 +295,7 @@ def run(directory: str, *, quick: bool = False, min_size: int = 256 << 10, budge
     Returns:
         ``{"models": {name: {"batch", "rows": {row: {KEYS...}}, "fit": {...}}}, "limit": str, ...}``.
     """
-    steps = steps or (2 if quick else 5)
+    steps = steps or (2 if quick else 9)
     result: dict[str, Any] = {"models": {}, "dictionary_note": (
         "pft-w/pft-r/pft-wr: the spill engine per size comes from the write, read or write+read "
         "dictionary (aware mode, this machine's spill dictionary file; engines column: bytes written "
@@ -299,7 +309,6 @@ def run(directory: str, *, quick: bool = False, min_size: int = 256 << 10, budge
         none = rows["none"]
         for r in rows.values():
             r["peak_ratio"] = r["peak_bytes"] / max(none["peak_bytes"], 1)
-            r["step_ratio"] = r["step_ms"] / max(none["step_ms"], 1e-9)
         entry: dict[str, Any] = {"batch": batch, "budget": budget, "rows": rows}
         if batch_search:
             cap = batch * 4
@@ -357,8 +366,8 @@ def format_report(result: dict[str, Any]) -> str:
 
 
 _DESCRIPTION = __doc__.split("\n", 2)[2] + """
-Figures per row: median step time (forward, backward, optimizer) and its
-ratio to no offload; peak resident saved-tensor bytes and ratio; offload
+Figures per row: median step time (forward, backward, optimizer) and the
+median of its per-round ratios to no offload; peak resident saved-tensor bytes and ratio; offload
 transfer time per step (time spent in the pack and unpack hooks, which
 includes the waits for I/O, i.e. stalls; the stall column is the part of it
 pyfastensor's store measured as waiting); bytes read back.
@@ -377,7 +386,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dir", default=None, help="spill directory (default: a temporary directory under .)")
     p.add_argument("--quick", action="store_true", help="smaller models, 2 timed steps, 64M disk limit")
-    p.add_argument("--steps", type=int, default=None, help="timed steps per row (default 5; 2 with --quick)")
+    p.add_argument("--steps", type=int, default=None, help="timed steps per row (default 9; 2 with --quick)")
     p.add_argument("--budget-fraction", type=float, default=0.2,
                    help="policy 'all' budget as a fraction of no offload's peak (default 0.2)")
     p.add_argument("--scheduled-fraction", type=float, default=0.5,

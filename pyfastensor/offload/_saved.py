@@ -12,6 +12,11 @@ entry goes, the entry's finalizer frees its slot. The finalizer does not
 refer to the entry (only to the :class:`Held` part, which the store's
 pending map shares), so an entry can die while its write is in flight:
 freeing then waits for the write before the source memory is let go.
+
+Reads: the storage restored by a handle's first unpack stays in memory
+while the entry's other handles have not unpacked yet (a ReLU's output is
+also the next layer's input), so each slot is read once per backward; a
+later unpack (``retain_graph``) reads again if nothing holds it.
 """
 
 from __future__ import annotations
@@ -118,8 +123,8 @@ class Held:
 class Entry:
     """One saved storage: resident, or stored in a slot (see the module docstring)."""
 
-    __slots__ = ("__weakref__", "device", "enc", "held", "index", "meter", "nbytes", "payload_nbytes", "prefetched",
-                 "relu", "resident", "roots", "seen", "storage_ref")
+    __slots__ = ("__weakref__", "device", "enc", "held", "index", "kept", "meter", "nbytes", "payload_nbytes",
+                 "prefetched", "relu", "resident", "roots", "seen", "storage_ref", "waiting")
 
     def __init__(self, index: int, nbytes: int, device: torch.device, meter: Meter,
                  storage_ref: Any, relu: bool) -> None:
@@ -136,6 +141,24 @@ class Entry:
         self.prefetched: torch.Tensor | None = None
         self.roots: list[weakref.ref[torch.Tensor]] = []  # restored storages still alive
         self.seen = False  # unpacked at least once in this step
+        # Handles (Saved) not unpacked yet, and the restored storage held for
+        # them: a storage saved by two nodes (a ReLU's output, the next
+        # layer's input) is read once, not once per node.
+        self.waiting = 0
+        self.kept: torch.Tensor | None = None
+
+    def handle_done(self, root: torch.Tensor | None) -> None:
+        """A handle unpacked for the first time (``root``: what it got) or died unpacked (None).
+
+        Keeps ``root`` in memory while other handles of the entry have yet
+        to unpack it; lets it go with the last of them.
+        """
+        self.waiting -= 1
+        if self.waiting > 0:
+            if root is not None:
+                self.kept = root
+        else:
+            self.kept = None
 
     @property
     def stored(self) -> bool:
@@ -213,7 +236,7 @@ class Saved:
     unpack returns it unchanged.
     """
 
-    __slots__ = ("dtype", "entry", "offset", "size", "stride", "tensor")
+    __slots__ = ("dtype", "entry", "offset", "size", "stride", "tensor", "unpacked")
 
     def __init__(self, entry: Entry, t: torch.Tensor) -> None:
         self.entry = entry
@@ -222,6 +245,20 @@ class Saved:
         self.stride = t.stride()
         self.offset = t.storage_offset()
         self.dtype = t.dtype
+        self.unpacked = self.tensor is not None  # resident: nothing to wait for
+        if not self.unpacked:
+            entry.waiting += 1
+
+    def first_unpack(self, root: torch.Tensor) -> None:
+        """Called on each unpack; counts the first one towards the entry's handles."""
+        if not self.unpacked:
+            self.unpacked = True
+            self.entry.handle_done(root)
+
+    def __del__(self) -> None:
+        if not self.unpacked:  # dropped by autograd without being unpacked
+            self.unpacked = True
+            self.entry.handle_done(None)
 
     def view_of(self, root: torch.Tensor) -> torch.Tensor:
         """Rebuild the saved view (shape, strides, offset, dtype) over ``root``'s storage.

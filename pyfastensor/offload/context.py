@@ -319,7 +319,9 @@ class Offload:
                 if done and self._pending.pop(held.slot, None) is not None:
                     self._settle(held, held.store.poll)
             with self._lock:
-                out = h.view_of(entry.restore())
+                root = entry.restore()
+                out = h.view_of(root)
+                h.first_unpack(root)
                 if rec is not None and held is not None and not held.store.closed:
                     rec.measured(held.slot, held.store.slot_info(held.slot))
                 if not entry.seen:
