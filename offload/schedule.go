@@ -33,6 +33,8 @@ type Profile struct {
 	BackwardNs int64    `json:"backward_ns"` // backward compute, offload excluded
 	// Budget is the bytes of saved tensors that may stay resident.
 	Budget int64 `json:"budget"`
+	// Tier is where offloaded tensors go ("ssd" or "host"; "" reads as ssd).
+	Tier string `json:"tier,omitempty"`
 }
 
 // Decision is the plan for one tensor.
@@ -48,6 +50,7 @@ type Decision struct {
 // Plan is the scheduler's decision for every profiled tensor.
 type Plan struct {
 	Decisions     []Decision `json:"decisions"`
+	Tier          string     `json:"tier"`  // where offloaded tensors go
 	Phase         int        `json:"phase"` // 1: linear selection sufficed; 2: compression-aware
 	ResidentBytes int64      `json:"resident_bytes"`
 	Budget        int64      `json:"budget"`
@@ -115,7 +118,10 @@ func Schedule(p Profile) Plan {
 		dec[i] = Decision{Index: t.Index, Size: t.Size}
 		total += t.Size
 	}
-	plan := Plan{Budget: p.Budget, ForwardNs: p.ForwardNs, Phase: 1}
+	plan := Plan{Budget: p.Budget, ForwardNs: p.ForwardNs, Phase: 1, Tier: p.Tier}
+	if plan.Tier == "" {
+		plan.Tier = "ssd"
+	}
 
 	// Phase 1.
 	resident := total
@@ -213,8 +219,8 @@ func swapIn(ts []Tensor, dec []Decision) bool {
 	return true
 }
 
-// String prints the plan: which tensors, which codec, and the predicted
-// overlap of transfers with the forward pass.
+// String prints the plan: which tensors, to which tier, with which codec,
+// and the predicted overlap of transfers with the forward pass.
 func (p Plan) String() string {
 	var b strings.Builder
 	const mib = 1 << 20
@@ -223,8 +229,8 @@ func (p Plan) String() string {
 		float64(p.TransferNs)/1e6, float64(p.ForwardNs)/1e6, p.Overlap)
 	for _, d := range p.Decisions {
 		if d.Offload {
-			fmt.Fprintf(&b, "  #%-3d %8.2f MiB  offload  %-11s -> %8.2f MiB  %7.2f ms\n",
-				d.Index, float64(d.Size)/mib, d.Codec, float64(d.Stored)/mib, float64(d.TransferNs)/1e6)
+			fmt.Fprintf(&b, "  #%-3d %8.2f MiB  offload to %-4s %-11s -> %8.2f MiB  %7.2f ms\n",
+				d.Index, float64(d.Size)/mib, p.Tier, d.Codec, float64(d.Stored)/mib, float64(d.TransferNs)/1e6)
 		} else {
 			fmt.Fprintf(&b, "  #%-3d %8.2f MiB  resident\n", d.Index, float64(d.Size)/mib)
 		}

@@ -56,6 +56,15 @@ func TestCompressionAwarePhaseCompressesBestRatioFirst(t *testing.T) {
 	assert.EqualValues(t, 9e6, p.TransferNs)
 	assert.GreaterOrEqual(t, p.Overlap, 1.0)
 	assert.Contains(t, p.Text, "sparse")
+	assert.Contains(t, p.Text, "#1       4.00 MiB  offload to ssd  sparse")
+}
+
+func TestPlanNamesTheTier(t *testing.T) {
+	pr := profile(0, 1e9, Tensor{Size: mib(4), WriteNs: 1e6})
+	pr.Tier = "host"
+	p := Schedule(pr)
+	assert.Equal(t, "host", p.Tier)
+	assert.Contains(t, p.Text, "offload to host raw")
 }
 
 func TestSwapBringsInCompressibleTensor(t *testing.T) {

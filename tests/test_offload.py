@@ -105,6 +105,7 @@ def test_policy_none_measures_without_offloading(tmp_path):
     assert s.offloaded_tensors == 0
     assert s.resident_tensors > 0
     assert s.resident_peak_bytes > 0
+    assert off._store is None and _lib.handle_count() == 0, "policy='none' opened a spill store"
 
 
 def test_prefetch_follows_profiled_order(tmp_path, monkeypatch):
@@ -134,6 +135,50 @@ def test_prefetch_follows_profiled_order(tmp_path, monkeypatch):
         assert positions == sorted(positions), f"step {step}: prefetches out of profiled order"
 
 
+class _SavesTwo(torch.autograd.Function):
+    """y = x * 2; saves two fresh tensors and unpacks them in the order saved."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x * 3, x * 5)
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        first, second = ctx.saved_tensors  # unpacks in saving order: not the reverse of packing
+        return g * 2 + (first - first) + (second - second)
+
+
+def test_prefetch_order_is_recorded_not_assumed(tmp_path, monkeypatch):
+    from pyfastensor.offload._saved import Entry
+
+    asked: list[tuple[int, int]] = []
+    real = Entry.prefetch
+
+    def spy(entry: Entry) -> int:
+        asked.append((off.step, entry.index))
+        return real(entry)
+
+    monkeypatch.setattr(Entry, "prefetch", spy)
+    off = pyfastensor.offload(spill_dir=str(tmp_path), min_size=SMALL, budget=64 << 20)
+    x = torch.randn(1 << 14, requires_grad=True)  # 64 KiB
+    grads = []
+    for _ in range(3):
+        x.grad = None
+        with off:
+            _SavesTwo.apply(_SavesTwo.apply(x)).sum().backward()
+        grads.append(x.grad.clone())
+    # Packed 0, 1 (first function), 2, 3 (second); backward runs the second
+    # function first and unpacks what it saved in saving order.
+    assert off._order == [2, 3, 0, 1]
+    for step in (1, 2):
+        got = [i for s, i in asked if s == step]
+        assert got and got == [i for i in off._order if i in got], f"step {step}: {got}"
+        assert 0 in got or 1 in got, "prefetch never went past the second function's tensors"
+    assert all(torch.equal(g, torch.full_like(g, 4.0)) for g in grads)
+    off.close()
+
+
 def test_scheduled_policy_plans_after_profiling(tmp_path, capsys):
     model, batch_of = inputs("cnn")
     want = train(model, batch_of, steps=3)
@@ -151,6 +196,15 @@ def test_scheduled_policy_plans_after_profiling(tmp_path, capsys):
     assert resident == plan["resident_bytes"]
     assert resident <= 256 << 10 or not plan["fits_budget"]
     assert off.summary().resident_tensors == sum(1 for d in decisions if not d["offload"])
+    # The profile measured every codec but the plan only uses the allowed one.
+    tensors = plan["profile"]["tensors"]
+    relu = [t for t in tensors if t["relu"]]
+    assert relu and all(0 < t["measured_ratios"]["sparse"] for t in relu)
+    assert any("fp16" in t["measured_ratios"] for t in tensors)  # max-pool indices (int64) have none
+    assert not any("fp16" in c for t in tensors for c in t["ratios"]), "fp16 was not allowed"
+    assert all(t["write_ns"] > 0 for t in tensors)
+    assert {d["codec"] for d in decisions if d["offload"]} <= {"raw", "sparse"}
+    assert "offload to ssd" in off.plan()
 
 
 def test_scheduled_policy_needs_a_budget():
@@ -204,3 +258,17 @@ def test_dictionary_picks_the_spill_engine(tmp_path, monkeypatch, dictionary, wa
     assert s.dictionary == dictionary
     assert s.offloaded_tensors > 0
     assert set(s.engines) == {want}, s.engines
+
+
+def test_profile_times_are_for_the_uncompressed_size():
+    from pyfastensor.offload._profile import Recorder
+
+    rec = Recorder(frozenset({"sparse"}))
+    t = torch.relu(torch.randn(1 << 18))  # 1 MiB of float32, about half zeros
+    rec.packed(0, slot=7, t=t, nbytes=1 << 20, relu=True, started=rec.start)
+    # The profiling step wrote it sparse: 300 KiB in 1 ms.
+    rec.measured(7, {"size": 300 << 10, "write_ns": 1_000_000, "read_ns": 500_000})
+    r = rec.profile(budget=0)["tensors"][0]
+    assert r["write_ns"] == int(1_000_000 * (1 << 20) / (300 << 10))
+    assert r["read_ns"] == int(500_000 * (1 << 20) / (300 << 10))
+    assert r["ratios"] == {"sparse": r["measured_ratios"]["sparse"]} and r["ratios"]["sparse"] > 1

@@ -71,7 +71,7 @@ def test_backward_after_failed_step_says_why(tmp_path):
             loss = torch.relu(lin(torch.randn(128, 256))).sum()
             off.flush()
             raise KeyError("boom")
-    with pytest.raises(RuntimeError, match="store is closed"):
+    with pytest.raises(RuntimeError, match="released when its step's context exited with an exception"):
         loss.backward()
 
 
@@ -101,3 +101,34 @@ def test_full_disk_raises_on_request(mount_fs):
         train(model, batch_of, steps=1, ctx=lambda: off)
     gc.collect()
     assert _lib.handle_count() == 0
+
+
+def test_exception_in_one_object_spares_another_sharing_the_store(tmp_path):
+    lin = nn.Linear(256, 256)
+    a = pyfastensor.offload(spill_dir=str(tmp_path), min_size=4096)
+    b = pyfastensor.offload(spill_dir=str(tmp_path), min_size=4096)
+    xa = torch.randn(128, 256)
+    (want,) = torch.autograd.grad(torch.relu(lin(xa)).sum(), lin.weight)
+    with a:
+        kept = torch.relu(lin(xa)).sum()
+        a.flush()
+    store = a._store
+    held = store.stats()["live_slots"]
+    assert held > 0
+    with pytest.raises(KeyError):
+        with b:
+            assert b._store is store, "one spill store per process and directory"
+            loss_b = torch.relu(lin(torch.randn(128, 256))).sum()
+            assert store.stats()["live_slots"] > held
+            raise KeyError("boom")
+    assert not store.closed, "b's failure closed the store a still uses"
+    assert store.stats()["live_slots"] == held, "b's slots were not freed"
+    assert torch.equal(torch.autograd.grad(kept, lin.weight)[0], want), "a's graph is intact"
+    with pytest.raises(RuntimeError, match="released"):
+        loss_b.backward()
+    b.close()
+    assert not store.closed, "b's close() closed the store a still uses"
+    with a:
+        torch.relu(lin(xa)).sum().backward()
+    a.close()
+    assert store.closed and _lib.handle_count() == 0

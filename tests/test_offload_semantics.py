@@ -79,7 +79,9 @@ def test_same_storage_offloaded_once(tmp_path, puts):
     x = torch.randn(64, 128)
     with offload(tmp_path) as off:
         y = torch.relu(lin(x))
-        (y * y).sum().backward()  # relu saves y, mul saves y twice
+        loss = (y * y).sum()  # relu saves y, mul saves y twice
+        off.flush()  # writes done: backward reads the slot rather than the payload in memory
+        loss.backward()
     s = off.summary()
     assert s.deduplicated >= 2
     addrs = [a for a, _ in puts]
@@ -96,6 +98,7 @@ def test_storage_unpacked_by_two_nodes_is_let_go_after_the_last(tmp_path):
         h = torch.relu(lin1(x))  # relu saves h, lin2 saves h: two handles, one slot
         loss = lin2(h).sum()
         del h
+        off.flush()
         entries = [e for r in off._entries if (e := r()) is not None and e.stored]
         assert [e.waiting for e in entries if e.waiting > 1], "no entry with two handles"
         loss.backward()
@@ -144,18 +147,28 @@ def test_unpack_twice_with_retain_graph(tmp_path):
     torch.manual_seed(0)
     lin1, lin2 = nn.Linear(128, 256), nn.Linear(256, 8)
     x = torch.randn(64, 128)
+    off = offload(tmp_path)
+    first: list[int] = []
 
     def run(ctx):
         with ctx:
             loss = lin2(torch.relu(lin1(x))).square().sum()
+            if ctx is off:
+                off.flush()  # writes done: the first backward reads every slot too
             g1 = torch.autograd.grad(loss, [lin1.weight, lin2.weight], retain_graph=True)
+            if ctx is off:
+                first.append(off.summary().bytes_read)
             gc.collect()
             g2 = torch.autograd.grad(loss, [lin1.weight, lin2.weight])
         return g1, g2
 
-    (a1, a2), (b1, b2) = run(torch.enable_grad()), run(offload(tmp_path))
+    (a1, a2), (b1, b2) = run(torch.enable_grad()), run(off)
     for want, got in zip([*a1, *a2], [*b1, *b2], strict=True):
         assert torch.equal(want, got)
+    s = off.summary()
+    assert s.offloaded_tensors > 0
+    assert first == [s.bytes_offloaded["ssd"]], "the first backward reads every slot once"
+    assert s.bytes_read >= 2 * s.bytes_offloaded["ssd"], "the second reads them again"
 
 
 def test_double_backward(tmp_path):
@@ -171,28 +184,32 @@ def test_double_backward(tmp_path):
             gx.square().sum().backward()
         return lin.weight.grad.clone()
 
-    assert torch.equal(run(torch.enable_grad()), run(offload(tmp_path)))
+    off = offload(tmp_path)
+    assert torch.equal(run(torch.enable_grad()), run(off))
+    assert off.summary().offloaded_tensors > 0
 
 
 def test_checkpoint_inside_and_around(tmp_path):
     torch.manual_seed(0)
     blocks = nn.Sequential(*[nn.Sequential(nn.Linear(128, 128), nn.GELU()) for _ in range(3)])
     x = torch.randn(64, 128)
-    inner = offload(tmp_path)
+    inner, outer = offload(tmp_path), offload(tmp_path)
 
     def run(mode):
         blocks.zero_grad()
         if mode == "plain":
             blocks(x).sum().backward()
         elif mode == "checkpoint-inside":
-            with offload(tmp_path):
+            with outer:
                 h = cp.checkpoint(blocks[0], x, use_reentrant=False)
                 blocks[2](blocks[1](h)).sum().backward()
-        else:  # offload inside a checkpointed function (also during recomputation)
+            assert outer.summary().offloaded_tensors > 0
+        else:  # offload inside a checkpointed function: the innermost hooks save its tensors
             def fn(t):
                 with inner:
                     return blocks[1](blocks[0](t))
             blocks[2](cp.checkpoint(fn, x, use_reentrant=False)).sum().backward()
+            assert inner.summary().offloaded_tensors > 0
         return [p.grad.clone() for p in blocks.parameters()]
 
     want = run("plain")
@@ -200,6 +217,7 @@ def test_checkpoint_inside_and_around(tmp_path):
         for w, g in zip(want, run(mode), strict=True):
             assert torch.equal(w, g), mode
     inner.close()
+    outer.close()
     gc.collect()
     assert _lib.handle_count() == 0
 
@@ -220,8 +238,10 @@ def test_inplace_ops_autograd_allows(tmp_path):
             h2.sum().backward()
         return [lin1.weight.grad.clone(), lin2.weight.grad.clone()]
 
-    for w, g in zip(run(torch.enable_grad()), run(offload(tmp_path)), strict=True):
+    off = offload(tmp_path)
+    for w, g in zip(run(torch.enable_grad()), run(off), strict=True):
         assert torch.equal(w, g)
+    assert off.summary().offloaded_tensors > 0
 
 
 def test_slot_freed_when_autograd_drops_it(tmp_path):

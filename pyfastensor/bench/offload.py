@@ -3,12 +3,15 @@
 CPU training of models built in code (a deep MLP and a CNN of
 conv+BN+ReLU blocks), one row per way of handling the saved tensors:
 
-- ``none``: no offload (pyfastensor with ``policy="none"``, which only measures);
+- ``none``: no offload, and no saved-tensor hooks at all while timed (its
+  peak comes from one untimed step under pyfastensor's ``policy="none"``,
+  which only measures);
 - ``torch.save`` / ``numpy.save``: a saved-tensor hook pair writing each
   tensor to its own file in the spill directory and loading it back;
 - ``pft-wr`` / ``pft-w`` / ``pft-r``: pyfastensor, ``policy="all"``, with the
   write+read, write and read dictionaries;
-- ``scheduled``: pyfastensor's FlashNeuron scheduler.
+- ``scheduled``: pyfastensor's FlashNeuron scheduler, allowed the lossless
+  ``sparse`` codec (phase 2 uses it when the writes would outlast forward).
 
 Each row gets two warm-up steps (pyfastensor's first is its profiling
 iteration); then the timed steps run in rounds of one step per row, so a
@@ -28,6 +31,7 @@ autograd drops them).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import tempfile
@@ -176,7 +180,9 @@ def _train_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y
     return time.perf_counter() - start
 
 
-def _figures(ctx: Any) -> dict[str, float]:
+def _figures(ctx: Any, none_peak: int) -> dict[str, float]:
+    if isinstance(ctx, contextlib.nullcontext):
+        return {"peak_bytes": none_peak, "transfer_ms": 0.0, "stall_ms": 0.0, "read_bytes": 0}
     if isinstance(ctx, Offload):
         s = ctx.summary()
         return {"peak_bytes": s.resident_peak_bytes, "transfer_ms": (s.pack_seconds + s.unpack_seconds) * 1e3,
@@ -190,9 +196,10 @@ def make_context(row: str, w: Workload, directory: str, min_size: int, budget: i
     if row in ("torch.save", "numpy.save"):
         return FileHooks(row, directory, min_size, w.model)
     if row == "none":
-        return Offload(policy="none", min_size=min_size, module=w.model)
+        return contextlib.nullcontext()
     if row == "scheduled":
-        return Offload(policy="scheduled", budget=budget, min_size=min_size, module=w.model, spill_dir=directory)
+        return Offload(policy="scheduled", budget=budget, min_size=min_size, module=w.model, spill_dir=directory,
+                       compression="sparse")
     return Offload(policy="all", budget=budget, min_size=min_size, module=w.model, spill_dir=directory,
                    dictionary=row.split("-")[1])
 
@@ -204,6 +211,7 @@ def run_rows(rows: dict[str, int], w: Workload, batch: int, directory: str, *, m
     row alike; medians of the timed steps, max of peaks, and (with a ``none`` row) each row's
     median per-round step ratio to it."""
     ctxs = {row: make_context(row, w, directory, min_size, budget) for row, budget in rows.items()}
+    none_peak = _peak_at(w, batch, directory, min_size, None) if "none" in rows else 0
     model = w.model
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
     x, y = w.batch(batch)
@@ -219,7 +227,7 @@ def run_rows(rows: dict[str, int], w: Workload, batch: int, directory: str, *, m
             progress(f"{w.name} batch {batch}: timed round {i + 1} of {steps}")
         for row, ctx in ctxs.items():
             times[row].append(_train_step(model, opt, x, y, ctx))
-            figs[row].append(_figures(ctx))
+            figs[row].append(_figures(ctx, none_peak))
     out: dict[str, dict[str, float]] = {}
     for row in rows:
         f = figs[row]

@@ -3,9 +3,12 @@
 During the first step under ``policy="scheduled"`` everything eligible is
 offloaded (as FlashNeuron's profiling iteration does) while this records,
 for every stored tensor: its size, write and read times (measured by the
-store), its compression ratio under each codec the user allowed, whether it
-is a ReLU output, and the forward compute time since the previous save.
-The Go scheduler (``offload.Schedule``) turns that into a plan.
+store, scaled to the uncompressed size when the profiling step wrote it
+compressed), its compression ratio under each codec (``fp16`` for float32,
+``sparse`` and ``fp16+sparse`` for ReLU outputs, whether allowed or not:
+``measured_ratios``), whether it is a ReLU output, and the forward compute
+time since the previous save. The Go scheduler (``offload.Schedule``) turns
+that into a plan, choosing among the codecs the user allowed (``ratios``).
 """
 
 from __future__ import annotations
@@ -40,20 +43,21 @@ class Recorder:
     def packed(self, index: int, slot: int, t: torch.Tensor, nbytes: int, relu: bool,
                started: float) -> None:
         """Record a stored tensor; ``started`` is when its pack hook began."""
-        ratios: dict[str, float] = {}
+        measured: dict[str, float] = {}
         whole = t.dtype.is_floating_point and nbytes % t.element_size() == 0
         if whole:
             flat = torch.empty(0, dtype=t.dtype, device=t.device).set_(
                 t.untyped_storage(), 0, (nbytes // t.element_size(),), (1,))
-            fp16 = "fp16" in self.compression and t.dtype == torch.float32
+            fp16 = t.dtype == torch.float32
             if fp16:
-                ratios["fp16"] = 2.0
-            if "sparse" in self.compression and relu:
-                ratios["sparse"] = nbytes / codecs.sparse_size(flat)
+                measured["fp16"] = 2.0  # float32 to float16: exactly half the bytes
+            if relu:
+                measured["sparse"] = nbytes / codecs.sparse_size(flat)
                 if fp16:
-                    ratios["fp16+sparse"] = nbytes / codecs.sparse_size(flat.to(torch.float16))
+                    measured["fp16+sparse"] = nbytes / codecs.sparse_size(flat.to(torch.float16))
+        allowed = {c: r for c, r in measured.items() if set(c.split("+")) <= self.compression}
         self.tensors[index] = {
-            "index": index, "size": nbytes, "relu": relu, "ratios": ratios,
+            "index": index, "size": nbytes, "relu": relu, "ratios": allowed, "measured_ratios": measured,
             "gap_ns": int(max(started - self.last_pack_end, 0) * 1e9), "write_ns": 0, "read_ns": 0,
         }
         self.slots[slot] = index
@@ -71,10 +75,12 @@ class Recorder:
         """Store-measured times of a slot (from ``slot_info``)."""
         rec = self.tensors.get(self.slots.get(slot, -1))
         if rec is not None:
-            rec["write_ns"] = max(rec["write_ns"], int(info.get("write_ns", 0)))
-            rec["read_ns"] = max(rec["read_ns"], int(info.get("read_ns", 0)))
+            # The scheduler takes uncompressed times: scale a compressed slot's.
+            scale = rec["size"] / max(int(info.get("size", 0)), 1) if info.get("size") else 1.0
+            rec["write_ns"] = max(rec["write_ns"], int(info.get("write_ns", 0) * scale))
+            rec["read_ns"] = max(rec["read_ns"], int(info.get("read_ns", 0) * scale))
 
-    def profile(self, budget: int) -> dict[str, Any]:
+    def profile(self, budget: int, tier: str = "ssd") -> dict[str, Any]:
         """The profile as the scheduler takes it (``offload.Profile``)."""
         end = self.end or time.perf_counter()
         fwd_end = self.first_unpack or end
@@ -91,6 +97,7 @@ class Recorder:
             "forward_ns": int(max(fwd_end - self.start - self.forward_pack_time, 0) * 1e9),
             "backward_ns": int(max(end - fwd_end - self.unpack_time, 0) * 1e9),
             "budget": budget,
+            "tier": tier,
         }
 
 

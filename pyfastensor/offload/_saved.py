@@ -87,7 +87,7 @@ class Held:
     tensor then simply lives in memory.
     """
 
-    __slots__ = ("failed", "keep", "lock", "meter", "report", "slot", "store")
+    __slots__ = ("failed", "keep", "lock", "meter", "released", "report", "slot", "store")
 
     def __init__(self, store: SpillStore, slot: int, keep: torch.Tensor, meter: Meter,
                  report: Callable[[NoSpaceError], None]) -> None:
@@ -96,6 +96,7 @@ class Held:
         self.slot = slot
         self.keep: torch.Tensor | None = keep
         self.failed = False
+        self.released = False  # the slot is freed: nothing to read back
         self.meter = meter
         self.lock = threading.Lock()
         meter.add(keep.numel())
@@ -108,7 +109,11 @@ class Held:
             self.meter.sub(keep.numel())
 
     def release(self, pending: dict[int, Held]) -> None:
-        """Free the slot (waiting for its write), then let the payload go."""
+        """Free the slot (waiting for its write), then let the payload go. Runs once."""
+        with self.lock:
+            if self.released:
+                return
+            self.released = True
         if pending.pop(self.slot, None) is not None and not self.store.closed:
             try:  # nobody has looked at this write's outcome yet
                 self.store.wait(self.slot)
@@ -195,7 +200,7 @@ class Entry:
         held = self.held
         if held is None or held.keep is not None or self.prefetched is not None or self.enc is None:
             return 0
-        if self.root() is not None:
+        if self.root() is not None or held.released:
             return 0
         buf = self._buffer()
         self.meter.track(buf)
@@ -210,6 +215,11 @@ class Entry:
             return root
         held, enc = self.held, self.enc
         assert held is not None and enc is not None
+        if held.released:
+            raise RuntimeError(
+                "pyfastensor.offload: this saved tensor was released when its step's context exited "
+                "with an exception; run backward inside a context that completed"
+            )
         with held.lock:
             payload = held.keep
         if payload is None:

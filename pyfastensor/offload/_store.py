@@ -1,13 +1,16 @@
 """The native spill store (``hooks.Store`` in Go) as a Python object.
 
-One store per :class:`~pyfastensor.offload.Offload` object, kept from step
-to step: a tier (``"ssd"``: one unlinked spill file, grown as needed and
-its freed space reused; ``"host"``: Go memory) holding slots of bytes.
-Writes are asynchronous; reads are synchronous or prefetched.
+One store per process and spill configuration (tier, directory, engine
+choice), shared by every :class:`~pyfastensor.offload.Offload` object that
+asks for it (:func:`shared`) and kept from step to step: a tier (``"ssd"``:
+one unlinked spill file, grown as needed and its freed space reused;
+``"host"``: Go memory) holding slots of bytes. Writes are asynchronous;
+reads are synchronous or prefetched.
 
-Lifetime: every live slot keeps a reference to its store, so a store whose
-offload object is gone stays open until autograd has dropped the last saved
-tensor, and closes (releasing its native handle and its spill file) then.
+Lifetime: every live slot and every offload object using the store keeps a
+reference to it, so it stays open until the last of them is gone, and
+closes (releasing its native handle and its spill file) then; an offload
+object's ``close()`` closes it at once when no other object uses it.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import json
 import os
 import tempfile
 import threading
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 from .. import _lib, config
@@ -39,6 +44,19 @@ _lib.register({
 })
 
 _BATCH = 256
+
+_shared: weakref.WeakValueDictionary[tuple[Any, ...], SpillStore] = weakref.WeakValueDictionary()
+_shared_lock = threading.Lock()
+
+
+def shared(key: tuple[Any, ...], open_store: Callable[[], SpillStore]) -> SpillStore:
+    """The process's open store for ``key``, or a new one from ``open_store()``."""
+    with _shared_lock:
+        store = _shared.get(key)
+        if store is None or store.closed:
+            store = open_store()
+            _shared[key] = store
+        return store
 
 
 @functools.lru_cache(maxsize=64)
@@ -68,6 +86,7 @@ class SpillStore:
         self._handle = 0
         self._lock = threading.Lock()
         self._dictionaries: Any = None
+        self.users: weakref.WeakSet[Any] = weakref.WeakSet()  # offload objects using the store
         out = _lib.u64()
         _lib.call(
             "pft_store_open", tier.encode(), _lib.cstr(spill_dir), _lib.cstr(engine),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 import threading
 import time
 import warnings
@@ -19,7 +21,7 @@ from ._filter import is_parameter, is_relu_output, storages_of, supported
 from ._order import Prefetcher
 from ._profile import Recorder, schedule
 from ._saved import Entry, Held, Meter, Saved
-from ._store import SpillStore
+from ._store import SpillStore, shared
 from .summary import OffloadSummary
 
 TIERS = ("ssd", "host", "auto")
@@ -49,11 +51,15 @@ class Offload:
     unlinked spill file, or host memory), dropped from memory once written,
     and read back when backward needs them, prefetched in the order the
     first step (the profiling step) unpacked them. The same object is
-    re-entered for every step and keeps its store from step to step (the
-    spill file grows to the largest step and its space is reused);
-    :meth:`summary` describes the last step. :meth:`close` releases the
-    store; so does the object's last reference going away, or an exception
-    inside the context.
+    re-entered for every step. The store is one per process and spill
+    configuration (tier, ``spill_dir``, engine choice), shared by the
+    offload objects that ask for the same one and kept from step to step:
+    the spill file grows to the largest step and its space is reused.
+    :meth:`summary` describes the last step (counters of the store over
+    that step). :meth:`close` releases the store, as does the last object
+    using it going away. An exception inside the context frees the step's
+    slots at once (and closes the store if no other object uses it).
+    ``policy="none"`` opens no store.
 
     Without lossy compression, gradients are bit-identical to training
     without offload. Parameters and buffers are never offloaded; the same
@@ -170,10 +176,10 @@ class Offload:
         if self._active:
             raise RuntimeError("pyfastensor.offload is not reentrant: exit the context before entering it again")
         self._learn_from_last_step()
-        if self._store is None or self._store.closed:
-            self._store = self._open_store()
+        if self.policy != "none" and (self._store is None or self._store.closed):
+            self._store = self._open_store()  # "none" offloads nothing: no store
         self._closed_store = None
-        self._base = self._store.stats()
+        self._base = self._store.stats() if self._store is not None else {}
         self._reset_step()
         if self.policy == "scheduled" and self._plan is None:
             self._recorder = Recorder(self.compression)  # this is the profiling step
@@ -191,14 +197,19 @@ class Offload:
         if self._recorder is not None:
             self._recorder.end = time.perf_counter()
         store = self._store
-        assert store is not None
         try:
-            if exc_type is not None:
-                # Nothing may leak: close now (waits for writes in flight);
-                # entries still referenced by a dead graph free nothing later.
-                self._store, self._closed_store = None, store
-                store.close()
-                self._pending.clear()
+            if store is None:
+                pass
+            elif exc_type is not None:
+                # Nothing may leak: the step's slots are freed now (waiting
+                # for writes in flight), and the store closed unless another
+                # offload object uses it; a dead graph still referencing the
+                # entries raises if unpacked.
+                self._release_step()
+                if not (set(store.users) - {self}):
+                    self._store, self._closed_store = None, store
+                    store.users.discard(self)
+                    store.close()
             else:
                 self._settle_all(store)
                 late, self._late_error = self._late_error, None
@@ -210,12 +221,14 @@ class Offload:
             self.step += 1
 
     def close(self) -> None:
-        """Release the store: its spill file (or host memory) and native handle.
+        """Stop using the store; close it (spill file or host memory, native
+        handle) unless another offload object of the process uses it.
 
         Saved tensors of a graph that is still alive can no longer be
-        unpacked afterwards (backward raises, naming the cause). Entering
-        the context again opens a new store. Called when the object is
-        garbage collected, once autograd has dropped every saved tensor.
+        unpacked once the store is closed (backward raises, naming the
+        cause). Entering the context again opens a store again. Without
+        ``close()``, the store goes when the last object using it and the
+        last saved tensor in it are garbage collected.
 
         Raises:
             RuntimeError: inside the context.
@@ -225,17 +238,36 @@ class Offload:
         store, self._store = self._store, None
         if store is not None:
             self._closed_store = store
-            store.close()
+            store.users.discard(self)
+            if not store.users:
+                store.close()
+
+    def _release_step(self) -> None:
+        """Free the slots of this step's entries (after an exception)."""
+        for ref in self._entries:
+            entry = ref()
+            if entry is not None and entry.held is not None:
+                entry.held.release(self._pending)
+        self._pending.clear()
 
     def _open_store(self) -> SpillStore:
+        """The process's store for this object's tier, directory and engine choice."""
         tier = "host" if self.tier == "host" else "ssd"
-        if self.engine is None and tier == "ssd":
-            store = SpillStore.with_dictionaries(self.spill_dir, _DICTIONARY_USE[self.dictionary])
-        else:
-            store = SpillStore(tier, self.spill_dir, self.engine)
-        if self.tier == "auto" and store.description.get("fs_type") in _MEMORY_FS:
-            store.close()
-            store = SpillStore("host", None)
+        directory = os.path.realpath(self.spill_dir or tempfile.gettempdir()) if tier == "ssd" else ""
+        key = (self.tier, directory, self.engine, self.dictionary if self.engine is None else "")
+
+        def open_store() -> SpillStore:
+            if self.engine is None and tier == "ssd":
+                store = SpillStore.with_dictionaries(self.spill_dir, _DICTIONARY_USE[self.dictionary])
+            else:
+                store = SpillStore(tier, self.spill_dir, self.engine)
+            if self.tier == "auto" and store.description.get("fs_type") in _MEMORY_FS:
+                store.close()
+                store = SpillStore("host", None)
+            return store
+
+        store = shared(key, open_store)
+        store.users.add(self)
         return store
 
     def _reset_step(self) -> None:
@@ -261,7 +293,11 @@ class Offload:
         rec, self._recorder = self._recorder, None
         if rec is not None and rec.tensors and self._plan is None:
             assert self.budget is not None
-            self._plan_result = schedule(rec.profile(self.budget))
+            last = self._store or self._closed_store
+            tier = last.description.get("tier", "ssd") if last is not None else "ssd"
+            prof = rec.profile(self.budget, tier)
+            self._plan_result = schedule(prof)
+            self._plan_result["profile"] = prof
             self._plan = {d["index"]: (d["codec"] if d["offload"] else None)
                           for d in self._plan_result["decisions"]}
             if self.verbose:
@@ -482,9 +518,9 @@ class Offload:
 
     # -- reporting -------------------------------------------------------------
 
-    def _make_summary(self, store: SpillStore) -> OffloadSummary:
-        st = _since(store.stats(), self._base)
-        desc = store.description
+    def _make_summary(self, store: SpillStore | None) -> OffloadSummary:
+        st = _since(store.stats(), self._base) if store is not None else {}
+        desc = store.description if store is not None else {}
         tier = desc.get("tier", "")
         written = int(st.get("bytes_written", 0))
         return OffloadSummary(
@@ -525,7 +561,8 @@ class Offload:
 
     @property
     def plan_details(self) -> dict[str, Any] | None:
-        """The plan as the scheduler returned it (decisions, phase, predicted times)."""
+        """The plan as the scheduler returned it (decisions, phase, predicted times),
+        with the profiling step's record it was made from under ``"profile"``."""
         return self._plan_result
 
     def summary(self) -> OffloadSummary:
@@ -535,7 +572,7 @@ class Offload:
             An :class:`OffloadSummary`.
         """
         store = self._store or self._closed_store
-        if store is not None:
+        if store is not None or self.policy == "none":
             self._summary = self._make_summary(store)
             self._summary.step = self.step - (0 if self._active else 1)
         return self._summary
