@@ -6,10 +6,9 @@ import json
 
 import pytest
 import torch
-from offload_models import inputs, train
+from offload_models import inputs, open_handles, train
 
 import pyfastensor
-from pyfastensor import _lib
 
 SMALL = 16 << 10  # offload tensors of 16 KiB and more
 
@@ -34,7 +33,7 @@ def test_gradients_bit_identical(tmp_path, model_name, tier):
     assert s.bytes_offloaded[tier] > 0
     assert s.tier == tier
     off.close()
-    assert _lib.handle_count() == 0
+    assert open_handles() == 0
     assert list(tmp_path.iterdir()) == []
 
 
@@ -51,14 +50,14 @@ def test_one_store_kept_across_steps(tmp_path):
     assert all(s is stores[0] for s in stores), "a step opened a new store"
     assert files[-1] == files[1], "the spill file grew after the first steps: freed space is not reused"
     assert len(set(written)) == 1 and written[0] > 0, f"per-step bytes, not totals: {written}"
-    assert _lib.handle_count() > 0
+    assert open_handles() > 0
     off.close()
-    assert off._store is None and _lib.handle_count() == 0
+    assert off._store is None and open_handles() == 0
     assert off.summary().bytes_offloaded["ssd"] == written[-1]
     train(model, batch_of, steps=1, ctx=lambda: off)  # entering again opens a new store
     assert off._store is not stores[0]
     off.close()
-    assert _lib.handle_count() == 0
+    assert open_handles() == 0
 
 
 def test_close_before_backward_says_why(tmp_path):
@@ -72,7 +71,7 @@ def test_close_before_backward_says_why(tmp_path):
     off.close()
     with pytest.raises(RuntimeError, match=r"Offload.close\(\) was called"):
         loss.backward()
-    assert _lib.handle_count() == 0
+    assert open_handles() == 0
 
 
 @pytest.mark.parametrize("model_name", ["mlp", "cnn"])
@@ -105,7 +104,7 @@ def test_policy_none_measures_without_offloading(tmp_path):
     assert s.offloaded_tensors == 0
     assert s.resident_tensors > 0
     assert s.resident_peak_bytes > 0
-    assert off._store is None and _lib.handle_count() == 0, "policy='none' opened a spill store"
+    assert off._store is None and open_handles() == 0, "policy='none' opened a spill store"
 
 
 def test_prefetch_follows_profiled_order(tmp_path, monkeypatch):

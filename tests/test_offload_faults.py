@@ -7,11 +7,10 @@ import warnings
 
 import pytest
 import torch
-from offload_models import inputs, train
+from offload_models import inputs, open_handles, train
 from torch import nn
 
 import pyfastensor
-from pyfastensor import _lib
 
 
 def test_missing_spill_dir_fails_at_entry(tmp_path):
@@ -20,7 +19,7 @@ def test_missing_spill_dir_fails_at_entry(tmp_path):
     with pytest.raises(pyfastensor.NotFoundError, match=str(missing)):
         with off:
             pass
-    assert _lib.handle_count() == 0
+    assert open_handles() == 0
 
 
 def test_read_only_spill_dir_fails_at_entry(mount_fs):
@@ -53,13 +52,13 @@ def test_exception_mid_step_leaks_nothing(tmp_path):
     with pytest.raises(KeyError):
         step()
     gc.collect()
-    assert _lib.handle_count() == 0
+    assert open_handles() == 0
     assert list(tmp_path.iterdir()) == []
     with off:  # the object is usable again
         torch.relu(lin(torch.randn(128, 256))).sum().backward()
     assert off.summary().offloaded_tensors > 0
     off.close()
-    assert _lib.handle_count() == 0
+    assert open_handles() == 0
 
 
 def test_backward_after_failed_step_says_why(tmp_path):
@@ -90,7 +89,7 @@ def test_full_disk_warns_once_and_trains_correctly(mount_fs):
         for x, y in zip(a, b, strict=True):
             assert torch.equal(x, y)
     off.close()
-    assert _lib.handle_count() == 0
+    assert open_handles() == 0
 
 
 def test_full_disk_raises_on_request(mount_fs):
@@ -100,7 +99,7 @@ def test_full_disk_raises_on_request(mount_fs):
     with pytest.raises(pyfastensor.NoSpaceError, match="on_full='warn'"):
         train(model, batch_of, steps=1, ctx=lambda: off)
     gc.collect()
-    assert _lib.handle_count() == 0
+    assert open_handles() == 0
 
 
 def test_exception_in_one_object_spares_another_sharing_the_store(tmp_path):
@@ -131,4 +130,21 @@ def test_exception_in_one_object_spares_another_sharing_the_store(tmp_path):
     with a:
         torch.relu(lin(xa)).sum().backward()
     a.close()
-    assert store.closed and _lib.handle_count() == 0
+    assert store.closed and open_handles() == 0
+
+
+def test_auto_tier_is_host_memory_on_tmpfs_and_ssd_on_disk(tmp_path, mount_fs):
+    lin = nn.Linear(256, 256)
+    x = torch.randn(128, 256)
+    (want,) = torch.autograd.grad(torch.relu(lin(x)).sum(), lin.weight)
+    tiers = {}
+    for name, where in (("disk", tmp_path), ("tmpfs", mount_fs("tmpfs", "size=16m"))):
+        off = pyfastensor.offload(tier="auto", spill_dir=str(where), min_size=4096)
+        with off:
+            (got,) = torch.autograd.grad(torch.relu(lin(x)).sum(), lin.weight)
+        assert torch.equal(got, want), name
+        s = off.summary()
+        assert s.offloaded_tensors > 0
+        tiers[name] = (s.tier, set(s.bytes_offloaded))
+        off.close()
+    assert tiers == {"disk": ("ssd", {"ssd"}), "tmpfs": ("host", {"host"})}

@@ -12,10 +12,10 @@ import gc
 
 import pytest
 import torch
+from offload_models import open_handles
 from torch import nn
 
 import pyfastensor
-from pyfastensor import _lib
 from pyfastensor.bench.offload import conv_net, deep_mlp
 
 MIN_SIZE = 64 << 10
@@ -47,7 +47,7 @@ def test_peak_under_all_is_at_most_a_quarter_of_no_offload(tmp_path, model_name)
         assert s.resident_peak_bytes <= base // 4, (s.resident_peak_bytes, base)
     off.close()
     none.close()
-    assert _lib.handle_count() == 0
+    assert open_handles() == 0
 
 
 def test_meter_counts_a_storage_once_and_until_it_is_freed():

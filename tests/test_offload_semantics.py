@@ -7,10 +7,10 @@ import gc
 import pytest
 import torch
 import torch.utils.checkpoint as cp
+from offload_models import open_handles
 from torch import nn
 
 import pyfastensor
-from pyfastensor import _lib
 from pyfastensor.offload._store import SpillStore
 
 KIB = 1 << 10
@@ -219,7 +219,7 @@ def test_checkpoint_inside_and_around(tmp_path):
     inner.close()
     outer.close()
     gc.collect()
-    assert _lib.handle_count() == 0
+    assert open_handles() == 0
 
 
 def test_inplace_ops_autograd_allows(tmp_path):
@@ -258,4 +258,4 @@ def test_slot_freed_when_autograd_drops_it(tmp_path):
     assert store.stats()["live_slots"] == 0
     del store, off  # the store closes with its last reference
     gc.collect()
-    assert _lib.handle_count() == 0
+    assert open_handles() == 0
