@@ -24,6 +24,10 @@ type Tensor struct {
 	Ratios map[string]float64 `json:"ratios,omitempty"`
 	Relu   bool               `json:"relu"`   // a ReLU output (grad_fn)
 	GapNs  int64              `json:"gap_ns"` // forward compute since the previous save
+	// BwdGapNs is the backward compute before its first unpack since the
+	// previous unpack ended (-1: never unpacked in the profiling step).
+	// Recorded for prefetch planning; Schedule uses the totals.
+	BwdGapNs int64 `json:"bwd_gap_ns"`
 }
 
 // Profile is the profiling step's record.

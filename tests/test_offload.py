@@ -202,6 +202,9 @@ def test_scheduled_policy_plans_after_profiling(tmp_path, capsys):
     assert any("fp16" in t["measured_ratios"] for t in tensors)  # max-pool indices (int64) have none
     assert not any("fp16" in c for t in tensors for c in t["ratios"]), "fp16 was not allowed"
     assert all(t["write_ns"] > 0 for t in tensors)
+    unpacked = [t for t in tensors if t["bwd_gap_ns"] >= 0]
+    assert len(unpacked) >= len(tensors) - 1 and sum(t["bwd_gap_ns"] for t in unpacked) > 0
+    assert sum(t["bwd_gap_ns"] for t in unpacked) <= plan["profile"]["backward_ns"]
     assert {d["codec"] for d in decisions if d["offload"]} <= {"raw", "sparse"}
     assert "offload to ssd" in off.plan()
 

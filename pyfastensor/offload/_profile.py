@@ -6,8 +6,9 @@ for every stored tensor: its size, write and read times (measured by the
 store, scaled to the uncompressed size when the profiling step wrote it
 compressed), its compression ratio under each codec (``fp16`` for float32,
 ``sparse`` and ``fp16+sparse`` for ReLU outputs, whether allowed or not:
-``measured_ratios``), whether it is a ReLU output, and the forward compute
-time since the previous save. The Go scheduler (``offload.Schedule``) turns
+``measured_ratios``), whether it is a ReLU output, the forward compute
+time since the previous save, and the backward compute time before its
+first unpack since the previous unpack (``bwd_gap_ns``). The Go scheduler (``offload.Schedule``) turns
 that into a plan, choosing among the codecs the user allowed (``ratios``).
 """
 
@@ -37,6 +38,7 @@ class Recorder:
         self.last_pack_end = self.start
         self.forward_pack_time = 0.0
         self.first_unpack: float | None = None
+        self.last_unpack_end: float | None = None
         self.unpack_time = 0.0
         self.end: float | None = None
 
@@ -58,7 +60,8 @@ class Recorder:
         allowed = {c: r for c, r in measured.items() if set(c.split("+")) <= self.compression}
         self.tensors[index] = {
             "index": index, "size": nbytes, "relu": relu, "ratios": allowed, "measured_ratios": measured,
-            "gap_ns": int(max(started - self.last_pack_end, 0) * 1e9), "write_ns": 0, "read_ns": 0,
+            "gap_ns": int(max(started - self.last_pack_end, 0) * 1e9), "bwd_gap_ns": -1,
+            "write_ns": 0, "read_ns": 0,
         }
         self.slots[slot] = index
 
@@ -67,9 +70,19 @@ class Recorder:
         if self.first_unpack is None:
             self.forward_pack_time += seconds
 
-    def unpacking(self) -> None:
+    def unpacking(self, index: int) -> None:
+        """An unpack of pack ``index`` begins: the backward compute since the
+        previous unpack ended is that tensor's backward gap (its first unpack)."""
+        now = time.perf_counter()
         if self.first_unpack is None:
-            self.first_unpack = time.perf_counter()
+            self.first_unpack = now
+        rec = self.tensors.get(index)
+        if rec is not None and rec["bwd_gap_ns"] < 0:
+            rec["bwd_gap_ns"] = int(max(now - (self.last_unpack_end or now), 0) * 1e9)
+
+    def unpack_done(self, seconds: float) -> None:
+        self.unpack_time += seconds
+        self.last_unpack_end = time.perf_counter()
 
     def measured(self, slot: int, info: dict[str, Any]) -> None:
         """Store-measured times of a slot (from ``slot_info``)."""

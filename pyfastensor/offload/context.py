@@ -98,8 +98,12 @@ class Offload:
             keep the tensor in memory and warn once; ``"raise"``: raise
             :class:`~pyfastensor.NoSpaceError`.
         module: a module whose parameters and buffers must never be
-            offloaded, recognised by storage (they are also recognised
-            without it as parameters and leaves that require grad).
+            offloaded, recognised by storage. Without it, parameters are
+            still recognised (``nn.Parameter``, and leaves that require
+            grad), but a buffer saved for backward (BatchNorm's running
+            statistics in eval mode, a registered mask) cannot be told from
+            an input and is offloaded like one when at least ``min_size``:
+            pass the model.
         engine: force one spill engine (``"posix"``, ``"direct"``...)
             instead of the dictionary's choice.
         verbose: print the scheduler's plan when it is made.
@@ -341,7 +345,7 @@ class Offload:
         start = time.perf_counter()
         rec = self._recorder
         if rec is not None:
-            rec.unpacking()
+            rec.unpacking(h.entry.index)
         try:
             if self._active:
                 self._drain()
@@ -369,7 +373,7 @@ class Offload:
             spent = time.perf_counter() - start
             self._unpack_time += spent
             if rec is not None:
-                rec.unpack_time += spent
+                rec.unpack_done(spent)
 
     # -- entries -------------------------------------------------------------
 
