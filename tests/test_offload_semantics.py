@@ -52,7 +52,8 @@ def offload(tmp_path, **kw):
     return pyfastensor.offload(spill_dir=str(tmp_path), **kw)
 
 
-def test_parameters_and_buffers_never_offloaded(tmp_path, puts):
+@pytest.mark.parametrize("pass_module", [True, False], ids=["module=", "no-module"])
+def test_parameters_and_buffers_never_offloaded(tmp_path, puts, pass_module):
     class M(nn.Module):
         def __init__(self):
             super().__init__()
@@ -66,12 +67,13 @@ def test_parameters_and_buffers_never_offloaded(tmp_path, puts):
 
     m = M()
     x = torch.randn(64, 256)
-    with offload(tmp_path, module=m) as off:
+    with offload(tmp_path, module=m if pass_module else None) as off:
         m(x).sum().backward()
     own = {t.untyped_storage().data_ptr() for t in [*m.parameters(), *m.buffers()]}
     assert puts, "activations were offloaded"
     assert not own & {addr for addr, _ in puts}
     assert off.summary().skipped_tensors >= 2
+    assert nn.modules.module._global_forward_pre_hooks == {}, "the module watch outlived the context"
 
 
 def test_same_storage_offloaded_once(tmp_path, puts):

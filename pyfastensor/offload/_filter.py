@@ -19,6 +19,32 @@ def storages_of(module: nn.Module | None) -> set[int]:
     return out
 
 
+class ModuleWatch:
+    """Registers the parameters and buffers of every module run while active.
+
+    Without ``module=``, a buffer saved for backward looks like any input.
+    A global forward pre-hook sees each module before its forward runs and
+    adds the storages of its own parameters and buffers to ``registered``
+    (once per module per step), so they are known before anything they
+    feed is packed.
+    """
+
+    def __init__(self, registered: set[int]) -> None:
+        self.registered = registered
+        self._seen: set[int] = set()
+        self._handle = nn.modules.module.register_module_forward_pre_hook(self._pre)
+
+    def _pre(self, module: nn.Module, args: object) -> None:
+        if id(module) in self._seen:
+            return
+        self._seen.add(id(module))
+        for t in [*module.parameters(recurse=False), *module.buffers(recurse=False)]:
+            self.registered.add(t.untyped_storage().data_ptr())
+
+    def remove(self) -> None:
+        self._handle.remove()
+
+
 def _param_like(t: torch.Tensor) -> bool:
     return isinstance(t, nn.Parameter) or (t.is_leaf and t.requires_grad)
 

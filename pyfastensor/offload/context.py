@@ -17,7 +17,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from ..errors import NoSpaceError
 from . import _staging, codecs
-from ._filter import is_parameter, is_relu_output, storages_of, supported
+from ._filter import ModuleWatch, is_parameter, is_relu_output, storages_of, supported
 from ._order import Prefetcher
 from ._profile import Recorder, schedule
 from ._saved import Entry, Held, Meter, Saved
@@ -98,12 +98,12 @@ class Offload:
             keep the tensor in memory and warn once; ``"raise"``: raise
             :class:`~pyfastensor.NoSpaceError`.
         module: a module whose parameters and buffers must never be
-            offloaded, recognised by storage. Without it, parameters are
-            still recognised (``nn.Parameter``, and leaves that require
-            grad), but a buffer saved for backward (BatchNorm's running
-            statistics in eval mode, a registered mask) cannot be told from
-            an input and is offloaded like one when at least ``min_size``:
-            pass the model.
+            offloaded, recognised by storage. Without it, the parameters
+            and buffers of every module whose forward runs inside the
+            context are recognised the same way (a global forward
+            pre-hook, active only inside the context), besides
+            ``nn.Parameter`` and leaves that require grad; a buffer used
+            by code outside any module's forward is not.
         engine: force one spill engine (``"posix"``, ``"direct"``...)
             instead of the dictionary's choice.
         verbose: print the scheduler's plan when it is made.
@@ -164,6 +164,7 @@ class Offload:
         self._lock = threading.RLock()
         self._active = False
         self._warned = False
+        self._watch: ModuleWatch | None = None  # without module=: the modules run in the step
         self._store: SpillStore | None = None  # kept across steps; None before the first and after close
         self._closed_store: SpillStore | None = None  # closed (exception, close()): the summary's stats
         self._base: dict[str, Any] = {}  # the store's totals when the step began
@@ -188,6 +189,7 @@ class Offload:
         if self.policy == "scheduled" and self._plan is None:
             self._recorder = Recorder(self.compression)  # this is the profiling step
         self._registered = storages_of(self.module)
+        self._watch = ModuleWatch(self._registered) if self.module is None else None
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._hooks.__enter__()
         self._active = True
@@ -197,6 +199,9 @@ class Offload:
                  tb: TracebackType | None) -> None:
         hooks, self._hooks = self._hooks, None  # no cycle through the bound hooks
         hooks.__exit__(exc_type, exc, tb)
+        if self._watch is not None:
+            self._watch.remove()
+            self._watch = None
         self._active = False
         if self._recorder is not None:
             self._recorder.end = time.perf_counter()
