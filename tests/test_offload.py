@@ -107,22 +107,37 @@ def test_policy_none_measures_without_offloading(tmp_path):
     assert off._store is None and open_handles() == 0, "policy='none' opened a spill store"
 
 
-def test_prefetch_follows_profiled_order(tmp_path, monkeypatch):
-    # Whether a prefetch is needed depends on timing (a tensor whose write
-    # is still in flight is served from memory), so this checks what the
-    # prefetcher asks for, not the hits.
+@pytest.fixture
+def prefetches(monkeypatch):
+    """``watch(off)`` returns the list of (step, pack index) of every prefetch ``off`` asks for.
+
+    Whether a prefetch is needed depends on timing (a tensor whose write is
+    still in flight is served from memory), so tests check what the
+    prefetcher asks for, not the hits.
+    """
     from pyfastensor.offload._saved import Entry
 
     asked: list[tuple[int, int]] = []
+    watched: list[pyfastensor.offload.Offload] = []
     real = Entry.prefetch
 
     def spy(entry: Entry) -> int:
-        asked.append((off.step, entry.index))
+        asked.append((watched[0].step, entry.index))
         return real(entry)
 
     monkeypatch.setattr(Entry, "prefetch", spy)
+
+    def watch(off: pyfastensor.offload.Offload) -> list[tuple[int, int]]:
+        watched.append(off)
+        return asked
+
+    return watch
+
+
+def test_prefetch_follows_profiled_order(tmp_path, prefetches):
     model, batch_of = inputs("mlp", batch=256)
     off = pyfastensor.offload(spill_dir=str(tmp_path), min_size=SMALL, budget=64 << 20)
+    asked = prefetches(off)
     want = train(model, batch_of, steps=3)
     got = train(model, batch_of, steps=3, ctx=lambda: off)
     assert_same(want, got)
@@ -148,18 +163,9 @@ class _SavesTwo(torch.autograd.Function):
         return g * 2 + (first - first) + (second - second)
 
 
-def test_prefetch_order_is_recorded_not_assumed(tmp_path, monkeypatch):
-    from pyfastensor.offload._saved import Entry
-
-    asked: list[tuple[int, int]] = []
-    real = Entry.prefetch
-
-    def spy(entry: Entry) -> int:
-        asked.append((off.step, entry.index))
-        return real(entry)
-
-    monkeypatch.setattr(Entry, "prefetch", spy)
+def test_prefetch_order_is_recorded_not_assumed(tmp_path, prefetches):
     off = pyfastensor.offload(spill_dir=str(tmp_path), min_size=SMALL, budget=64 << 20)
+    asked = prefetches(off)
     x = torch.randn(1 << 14, requires_grad=True)  # 64 KiB
     grads = []
     for _ in range(3):
