@@ -259,3 +259,23 @@ func TestTransferPanicBecomesError(t *testing.T) {
 	assert.ErrorIs(t, err, ErrInternal)
 	assert.Contains(t, err.Error(), "boom")
 }
+
+func TestStallCountsTheTimeGetWaits(t *testing.T) {
+	for name, s := range tiers(t) {
+		t.Run(name, func(t *testing.T) {
+			want := pattern(1<<20, 9)
+			id, err := s.Put(want)
+			require.NoError(t, err)
+			require.NoError(t, s.Wait(id))
+			dst := make([]byte, len(want))
+			require.NoError(t, s.Get(id, dst)) // no prefetch: a synchronous read
+			assert.Equal(t, want, dst)
+			info, err := s.Info(id)
+			require.NoError(t, err)
+			st := s.Stats()
+			assert.Positive(t, info.ReadNs)
+			assert.GreaterOrEqual(t, st.StallNs, info.ReadNs, "the synchronous read is stall time")
+			assert.Zero(t, st.PrefetchHits)
+		})
+	}
+}

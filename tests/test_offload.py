@@ -171,8 +171,13 @@ def test_prefetch_order_is_recorded_not_assumed(tmp_path, prefetches):
     for _ in range(3):
         x.grad = None
         with off:
-            _SavesTwo.apply(_SavesTwo.apply(x)).sum().backward()
+            loss = _SavesTwo.apply(_SavesTwo.apply(x)).sum()
+            off.flush()  # writes done: backward reads every slot, prefetched after the first step
+            loss.backward()
         grads.append(x.grad.clone())
+        s = off.summary()
+        if off.step > 1:
+            assert s.prefetch_hits >= 3 and s.bytes_read == s.bytes_offloaded["ssd"], s
     # Packed 0, 1 (first function), 2, 3 (second); backward runs the second
     # function first and unpacks what it saved in saving order.
     assert off._order == [2, 3, 0, 1]
