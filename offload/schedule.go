@@ -22,8 +22,12 @@ type Tensor struct {
 	// codec the user allowed ("sparse", "fp16", "fp16+sparse"); absent
 	// where the codec does not apply.
 	Ratios map[string]float64 `json:"ratios,omitempty"`
-	Relu   bool               `json:"relu"`   // a ReLU output (grad_fn)
-	GapNs  int64              `json:"gap_ns"` // forward compute since the previous save
+	// CodecNs is the compute a codec adds on the critical path (encode in
+	// pack, decode in unpack), measured in the profiling step; a codec
+	// absent here is taken to cost nothing.
+	CodecNs map[string]int64 `json:"codec_ns,omitempty"`
+	Relu    bool             `json:"relu"`   // a ReLU output (grad_fn)
+	GapNs   int64            `json:"gap_ns"` // forward compute since the previous save
 	// BwdGapNs is the backward compute before its first unpack since the
 	// previous unpack ended (-1: never unpacked in the profiling step).
 	// Recorded for prefetch planning; Schedule uses the totals.
@@ -84,7 +88,9 @@ func ratio(t Tensor, codec string) float64 {
 	return 1
 }
 
-// bestCodec is the allowed codec with the highest ratio above 1, or "raw".
+// bestCodec is the allowed codec with the highest ratio above 1 that pays
+// for itself (the write time it saves exceeds its encode and decode time,
+// which, unlike the write, sit on the critical path), or "raw".
 func bestCodec(t Tensor) (string, float64) {
 	best, br := "raw", 1.0
 	names := make([]string, 0, len(t.Ratios))
@@ -93,7 +99,8 @@ func bestCodec(t Tensor) (string, float64) {
 	}
 	sort.Strings(names) // deterministic on ties
 	for _, c := range names {
-		if r := t.Ratios[c]; r > br {
+		r := t.Ratios[c]
+		if r > br && t.WriteNs-transfer(t, c) > t.CodecNs[c] {
 			best, br = c, r
 		}
 	}

@@ -59,6 +59,18 @@ func TestCompressionAwarePhaseCompressesBestRatioFirst(t *testing.T) {
 	assert.Contains(t, p.Text, "#1       4.00 MiB  offload to ssd  sparse")
 }
 
+func TestCodecThatCostsMoreThanItSavesIsNotUsed(t *testing.T) {
+	ts := []Tensor{
+		// Sparse halves a 4 ms write (saves 2 ms) but costs 3 ms of compute.
+		{Size: mib(4), WriteNs: 4e6, Ratios: map[string]float64{"sparse": 2}, CodecNs: map[string]int64{"sparse": 3e6}, Relu: true},
+		// Here it saves 3 ms for 1 ms of compute.
+		{Size: mib(4), WriteNs: 4e6, Ratios: map[string]float64{"sparse": 4}, CodecNs: map[string]int64{"sparse": 1e6}, Relu: true},
+	}
+	p := Schedule(profile(0, 1e6, ts...))
+	assert.Equal(t, map[int]string{0: "raw", 1: "sparse"}, offloaded(p))
+	assert.Contains(t, p.Text, "outlast")
+}
+
 func TestPlanNamesTheTier(t *testing.T) {
 	pr := profile(0, 1e9, Tensor{Size: mib(4), WriteNs: 1e6})
 	pr.Tier = "host"

@@ -216,6 +216,7 @@ def test_scheduled_policy_plans_after_profiling(tmp_path, capsys):
     unpacked = [t for t in tensors if t["bwd_gap_ns"] >= 0]
     assert len(unpacked) >= len(tensors) - 1 and sum(t["bwd_gap_ns"] for t in unpacked) > 0
     assert sum(t["bwd_gap_ns"] for t in unpacked) <= plan["profile"]["backward_ns"]
+    assert all(t["codec_ns"]["sparse"] > 0 for t in tensors if "sparse" in t["ratios"]), "codec cost not measured"
     assert {d["codec"] for d in decisions if d["offload"]} <= {"raw", "sparse"}
     assert "offload to ssd" in off.plan()
 

@@ -7,8 +7,10 @@ store, scaled to the uncompressed size when the profiling step wrote it
 compressed), its compression ratio under each codec (``fp16`` for float32,
 ``sparse`` and ``fp16+sparse`` for ReLU outputs, whether allowed or not:
 ``measured_ratios``), whether it is a ReLU output, the forward compute
-time since the previous save, and the backward compute time before its
-first unpack since the previous unpack (``bwd_gap_ns``). The Go scheduler (``offload.Schedule``) turns
+time since the previous save, the backward compute time before its
+first unpack since the previous unpack (``bwd_gap_ns``), and the encode
+plus decode time of the codec it was stored with (``codec_ns``: the
+scheduler compresses only where that costs less than the write it saves). The Go scheduler (``offload.Schedule``) turns
 that into a plan, choosing among the codecs the user allowed (``ratios``).
 """
 
@@ -60,10 +62,16 @@ class Recorder:
         allowed = {c: r for c, r in measured.items() if set(c.split("+")) <= self.compression}
         self.tensors[index] = {
             "index": index, "size": nbytes, "relu": relu, "ratios": allowed, "measured_ratios": measured,
-            "gap_ns": int(max(started - self.last_pack_end, 0) * 1e9), "bwd_gap_ns": -1,
+            "gap_ns": int(max(started - self.last_pack_end, 0) * 1e9), "bwd_gap_ns": -1, "codec_ns": {},
             "write_ns": 0, "read_ns": 0,
         }
         self.slots[slot] = index
+
+    def coded(self, index: int, codec: str, seconds: float) -> None:
+        """Add encode or decode time of ``codec`` for pack ``index``."""
+        rec = self.tensors.get(index)
+        if rec is not None:
+            rec["codec_ns"][codec] = rec["codec_ns"].get(codec, 0) + int(seconds * 1e9)
 
     def pack_done(self, seconds: float) -> None:
         self.last_pack_end = time.perf_counter()
@@ -105,6 +113,11 @@ class Recorder:
         for r in recs:
             if r["write_ns"] == 0:
                 r["write_ns"] = int(r["size"] / bw)
+            # Only the codec tried in the profiling step was timed: the
+            # others are taken to cost as much.
+            tried = max(r["codec_ns"].values(), default=0)
+            for c in r["ratios"]:
+                r["codec_ns"].setdefault(c, tried)
         return {
             "tensors": recs,
             "forward_ns": int(max(fwd_end - self.start - self.forward_pack_time, 0) * 1e9),

@@ -22,6 +22,7 @@ later unpack (``retain_graph``) reads again if nothing holds it.
 from __future__ import annotations
 
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -129,7 +130,7 @@ class Entry:
     """One saved storage: resident, or stored in a slot (see the module docstring)."""
 
     __slots__ = ("__weakref__", "device", "enc", "held", "index", "kept", "meter", "nbytes", "payload_nbytes",
-                 "prefetched", "relu", "resident", "roots", "seen", "storage_ref", "waiting")
+                 "prefetched", "relu", "resident", "roots", "seen", "storage_ref", "waiting", "decode_seconds")
 
     def __init__(self, index: int, nbytes: int, device: torch.device, meter: Meter,
                  storage_ref: Any, relu: bool) -> None:
@@ -151,6 +152,7 @@ class Entry:
         # layer's input) is read once, not once per node.
         self.waiting = 0
         self.kept: torch.Tensor | None = None
+        self.decode_seconds = 0.0  # the last decode's time (the profiling step records it)
 
     def handle_done(self, root: torch.Tensor | None) -> None:
         """A handle unpacked for the first time (``root``: what it got) or died unpacked (None).
@@ -231,7 +233,9 @@ class Entry:
             held.store.get(held.slot, payload.data_ptr(), payload.numel())
             if self.device.type != "cpu":  # pinned buffer, side stream (not run here: no GPU)
                 payload = _staging.default().to_device(payload, self.device)
+        started = time.perf_counter()
         flat = codecs.decode(codecs.with_payload(enc, payload))
+        self.decode_seconds = time.perf_counter() - started
         root = flat if flat._base is None else flat._base
         if root is not payload and root is not held.keep:
             self.meter.track(root)

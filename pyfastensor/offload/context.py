@@ -370,6 +370,8 @@ class Offload:
                 if rec is not None and held is not None and not held.store.closed:
                     rec.measured(held.slot, held.store.slot_info(held.slot))
                 if not entry.seen:
+                    if rec is not None and entry.enc is not None and entry.enc.codec != "raw":
+                        rec.coded(entry.index, entry.enc.codec, entry.decode_seconds)
                     entry.seen = True
                     self._unpack_log.append(entry.index)
                     self._prefetch_after(entry)
@@ -404,9 +406,12 @@ class Offload:
         codec = self._codec_for(entry, t)
         if codec is None:
             return self._keep(entry, raw)
+        started = time.perf_counter()
         enc = codecs.encode(raw if codec == "raw" else raw.view(t.dtype), codec)
         if codec != "raw" and enc.nbytes >= nbytes:  # did not pay: store as is
             enc = codecs.encode(raw, "raw")
+        if self._recorder is not None and codec != "raw":  # what trying the codec cost
+            self._recorder.coded(entry.index, codec, time.perf_counter() - started)
         payload = enc.payload
         if t.device.type != "cpu":  # pinned buffer, side stream (not run here: no GPU)
             payload, landed = _staging.default().to_host(payload)
