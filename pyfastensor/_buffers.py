@@ -50,14 +50,27 @@ def empty_aligned(nbytes: int) -> Any:
     """
     import torch  # deferred: `import pyfastensor` does not load torch
 
-    if nbytes <= 0:
-        return torch.empty(0, dtype=torch.uint8)
+    m = aligned_mapping(nbytes) if nbytes > 0 else None
+    if m is None:  # empty, or out of mappings (vm.max_map_count) or address space: torch's allocator
+        return torch.empty(max(nbytes, 0), dtype=torch.uint8)
+    return tensor_over(m)
+
+
+def aligned_mapping(nbytes: int) -> mmap.mmap | None:
+    """An anonymous private mapping of ``nbytes`` (> 0), advised for huge pages; None if refused."""
     try:
         m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    except OSError:  # out of mappings (vm.max_map_count) or address space: torch's allocator
-        return torch.empty(nbytes, dtype=torch.uint8)
+    except OSError:
+        return None
     if nbytes >= 2 << 20 and hasattr(mmap, "MADV_HUGEPAGE"):
         m.madvise(mmap.MADV_HUGEPAGE)
+    return m
+
+
+def tensor_over(m: mmap.mmap) -> Any:
+    """A uint8 tensor over the whole of ``m``; its storage keeps ``m`` alive."""
+    import torch
+
     with warnings.catch_warnings():  # the mapping is writable; torch warns for read-only buffers
         warnings.simplefilter("ignore")
         return torch.frombuffer(m, dtype=torch.uint8)

@@ -31,6 +31,7 @@ import torch
 
 from ..errors import NoSpaceError
 from . import _staging, codecs
+from ._pool import BufferPool
 from ._store import SpillStore
 
 
@@ -129,12 +130,13 @@ class Held:
 class Entry:
     """One saved storage: resident, or stored in a slot (see the module docstring)."""
 
-    __slots__ = ("__weakref__", "device", "enc", "held", "index", "kept", "meter", "nbytes", "payload_nbytes",
+    __slots__ = ("__weakref__", "device", "enc", "held", "index", "kept", "meter", "nbytes", "payload_nbytes", "pool",
                  "prefetched", "relu", "resident", "roots", "seen", "storage_ref", "waiting", "decode_seconds")
 
     def __init__(self, index: int, nbytes: int, device: torch.device, meter: Meter,
-                 storage_ref: Any, relu: bool) -> None:
+                 storage_ref: Any, relu: bool, pool: BufferPool) -> None:
         self.index = index
+        self.pool = pool
         self.nbytes = nbytes
         self.device = device
         self.meter = meter
@@ -188,14 +190,12 @@ class Entry:
     def _buffer(self) -> torch.Tensor:
         """Host memory to read the slot into: pinned when the entry goes back to an accelerator.
 
-        CPU read-backs come from torch's allocator, not a fresh mapping: the
-        heap hands the same pages back step after step, where a new mapping
-        would fault every page in again on each backward. The engines bounce
-        the unaligned edges of O_DIRECT reads themselves.
+        CPU read-backs come from the offload object's pool: mappings
+        reused step after step, already faulted in, page-aligned.
         """
         if self.device.type != "cpu":
             return _staging.default().pinned(self.payload_nbytes)
-        return torch.empty(self.payload_nbytes, dtype=torch.uint8)
+        return self.pool.take(self.payload_nbytes)
 
     def prefetch(self) -> int:
         """Start reading the slot into a fresh buffer; return the bytes asked for (0 if none)."""

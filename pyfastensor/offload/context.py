@@ -19,6 +19,7 @@ from ..errors import NoSpaceError
 from . import _staging, codecs
 from ._filter import ModuleWatch, is_parameter, is_relu_output, storages_of, supported
 from ._order import Prefetcher
+from ._pool import BufferPool
 from ._profile import Recorder, schedule
 from ._saved import Entry, Held, Meter, Saved
 from ._store import SpillStore, shared
@@ -169,6 +170,7 @@ class Offload:
         self._closed_store: SpillStore | None = None  # closed (exception, close()): the summary's stats
         self._base: dict[str, Any] = {}  # the store's totals when the step began
         self._meter = Meter()
+        self._pool = BufferPool()  # read-back buffers, reused across steps
         self._order: list[int] | None = None  # unpack order of the profiling step
         self._order_count = 0  # stored entries in the profiling step
         self._plan: dict[int, str | None] | None = None  # scheduled policy: index -> codec / None
@@ -185,6 +187,7 @@ class Offload:
             self._store = self._open_store()  # "none" offloads nothing: no store
         self._closed_store = None
         self._base = self._store.stats() if self._store is not None else {}
+        self._pool.lend_idle()  # reclaimable during forward; reused without faults if not reclaimed
         self._reset_step()
         if self.policy == "scheduled" and self._plan is None:
             self._recorder = Recorder(self.compression)  # this is the profiling step
@@ -244,6 +247,7 @@ class Offload:
         """
         if self._active:
             raise RuntimeError("pyfastensor.offload: close() inside the context; exit it first")
+        self._pool.clear()
         store, self._store = self._store, None
         if store is not None:
             self._closed_store = store
@@ -400,7 +404,7 @@ class Offload:
     def _new_entry(self, t: torch.Tensor, storage: torch.UntypedStorage) -> Entry:
         nbytes = storage.nbytes()
         entry = Entry(len(self._entries), nbytes, t.device, self._meter, StorageWeakRef(storage),
-                      is_relu_output(t))
+                      is_relu_output(t), self._pool)
         self._entries.append(weakref.ref(entry))
         raw = torch.empty(0, dtype=torch.uint8, device=t.device).set_(storage)
         codec = self._codec_for(entry, t)
@@ -551,6 +555,7 @@ class Offload:
             raw_bytes_offloaded=self._raw_bytes,
             bytes_read=int(st.get("bytes_read", 0)),
             resident_peak_bytes=self._meter.peak,
+            read_buffer_bytes=self._pool.reserved,
             stall_seconds=st.get("stall_ns", 0) / 1e9,
             pack_seconds=self._pack_time,
             unpack_seconds=self._unpack_time,

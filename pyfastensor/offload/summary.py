@@ -26,6 +26,9 @@ class OffloadSummary:
         resident_peak_bytes: peak bytes of saved tensors (of at least
             ``min_size``) held in memory: resident ones, payloads waiting
             for their write, prefetched and restored ones.
+        read_buffer_bytes: host memory the offload object keeps for
+            reading tensors back, reused from step to step (not counted in
+            the resident peak: between steps nothing is in it).
         stall_seconds: time unpack waited for the store.
         pack_seconds: time spent in the pack hook (codecs included).
         unpack_seconds: time spent in the unpack hook (stalls included).
@@ -50,6 +53,7 @@ class OffloadSummary:
     raw_bytes_offloaded: int = 0
     bytes_read: int = 0
     resident_peak_bytes: int = 0
+    read_buffer_bytes: int = 0
     stall_seconds: float = 0.0
     pack_seconds: float = 0.0
     unpack_seconds: float = 0.0
@@ -66,7 +70,8 @@ class OffloadSummary:
             f"  saved {self.saved_tensors}: offloaded {self.offloaded_tensors}, resident {self.resident_tensors}, "
             f"skipped {self.skipped_tensors}, deduplicated {self.deduplicated}",
             f"  written {written} (raw {self.raw_bytes_offloaded / mib:.1f} MiB), read {self.bytes_read / mib:.1f} MiB",
-            f"  resident peak {self.resident_peak_bytes / mib:.1f} MiB, stall {self.stall_seconds * 1e3:.1f} ms, "
+            f"  resident peak {self.resident_peak_bytes / mib:.1f} MiB (read buffers kept: "
+            f"{self.read_buffer_bytes / mib:.1f} MiB), stall {self.stall_seconds * 1e3:.1f} ms, "
             f"pack {self.pack_seconds * 1e3:.1f} ms, unpack {self.unpack_seconds * 1e3:.1f} ms, "
             f"prefetch hits {self.prefetch_hits}",
         ]
