@@ -58,7 +58,7 @@ SCHEDULED_SLOWDOWN = 1.15
 PEAK_RATIO = 0.25
 
 ROWS = ("none", "torch.save", "numpy.save", "pft-wr", "pft-w", "pft-r", "scheduled")
-KEYS = ("step_ms", "peak_bytes", "peak_ratio", "transfer_ms", "stall_ms", "read_bytes")
+KEYS = ("step_ms", "peak_bytes", "peak_ratio", "transfer_ms", "stall_ms", "read_bytes", "buffer_bytes")
 
 
 def deep_mlp(d: int = 1024, depth: int = 8) -> nn.Module:
@@ -182,13 +182,14 @@ def _train_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y
 
 def _figures(ctx: Any, none_peak: int) -> dict[str, float]:
     if isinstance(ctx, contextlib.nullcontext):
-        return {"peak_bytes": none_peak, "transfer_ms": 0.0, "stall_ms": 0.0, "read_bytes": 0}
+        return {"peak_bytes": none_peak, "transfer_ms": 0.0, "stall_ms": 0.0, "read_bytes": 0, "buffer_bytes": 0}
     if isinstance(ctx, Offload):
         s = ctx.summary()
         return {"peak_bytes": s.resident_peak_bytes, "transfer_ms": (s.pack_seconds + s.unpack_seconds) * 1e3,
-                "stall_ms": s.stall_seconds * 1e3, "read_bytes": s.bytes_read, "engines": dict(s.engines)}
+                "stall_ms": s.stall_seconds * 1e3, "read_bytes": s.bytes_read, "engines": dict(s.engines),
+                "buffer_bytes": s.read_buffer_bytes}
     return {"peak_bytes": ctx.meter.peak, "transfer_ms": (ctx.pack_seconds + ctx.unpack_seconds) * 1e3,
-            "stall_ms": 0.0, "read_bytes": 0}
+            "stall_ms": 0.0, "read_bytes": 0, "buffer_bytes": 0}
 
 
 def make_context(row: str, w: Workload, directory: str, min_size: int, budget: int) -> Any:
@@ -233,6 +234,7 @@ def run_rows(rows: dict[str, int], w: Workload, batch: int, directory: str, *, m
         f = figs[row]
         r = {k: statistics.median(g[k] for g in f) for k in ("transfer_ms", "stall_ms", "read_bytes")}
         r["peak_bytes"] = max(g["peak_bytes"] for g in f)
+        r["buffer_bytes"] = max(g["buffer_bytes"] for g in f)
         r["step_ms"] = statistics.median(times[row]) * 1e3
         r["engines"] = f[-1].get("engines", {})
         if "none" in times:
@@ -347,11 +349,13 @@ def format_report(result: dict[str, Any]) -> str:
         rows = m["rows"]
         lines.append(f"\n{name}, batch {m['batch']}, policy 'all' budget {m['budget'] / MiB:.1f} MiB")
         lines.append(f"  {'row':<11}{'step ms':>9}{'x none':>8}{'peak MiB':>10}{'x none':>8}"
-                     f"{'transfer ms':>13}{'stall ms':>10}{'read MiB':>10}  engines (MiB written, last step)")
+                     f"{'transfer ms':>13}{'stall ms':>10}{'read MiB':>10}{'bufs MiB':>10}"
+                     "  engines (MiB written, last step)")
         for row, r in rows.items():
             lines.append(f"  {row:<11}{r['step_ms']:>9.1f}{r['step_ratio']:>8.2f}{r['peak_bytes'] / MiB:>10.1f}"
                          f"{r['peak_ratio']:>8.3f}{r['transfer_ms']:>13.1f}{r['stall_ms']:>10.1f}"
-                         f"{r['read_bytes'] / MiB:>10.1f}  {_engines(r.get('engines') or {})}")
+                         f"{r['read_bytes'] / MiB:>10.1f}{r['buffer_bytes'] / MiB:>10.1f}"
+                         f"  {_engines(r.get('engines') or {})}")
         ts, pf = rows["torch.save"]["transfer_ms"], rows["pft-wr"]["transfer_ms"]
         gain = ts / max(pf, 1e-9)
         sched = rows["scheduled"]["step_ratio"]
@@ -378,7 +382,9 @@ Figures per row: median step time (forward, backward, optimizer) and the
 median of its per-round ratios to no offload; peak resident saved-tensor bytes and ratio; offload
 transfer time per step (time spent in the pack and unpack hooks, which
 includes the waits for I/O, i.e. stalls; the stall column is the part of it
-pyfastensor's store measured as waiting); bytes read back.
+pyfastensor's store measured as waiting); bytes read back; read-back
+buffers pyfastensor keeps for reuse across steps (bufs: not saved tensors,
+and reclaimable by the kernel between steps, MADV_FREE).
 
 Targets (issue 4): transfer time >= 2.5x lower with pyfastensor than
 torch.save; scheduled step <= 1.15x no offload; peak under 'all' <= 25% of
