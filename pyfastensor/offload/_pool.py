@@ -32,12 +32,24 @@ from .._buffers import aligned_mapping, tensor_over
 POOL_MIN = 1 << 20
 
 
+class _Mapping:
+    __slots__ = ("m", "used", "user")
+
+    def __init__(self, m: mmap.mmap) -> None:
+        self.m = m
+        self.user: StorageWeakRef | None = None  # the storage made over it last
+        self.used = False  # handed out since the last lend_idle
+
+    def idle(self) -> bool:
+        return self.user is None or self.user.expired()
+
+
 class BufferPool:
     """Reusable read-back buffers, by exact size."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._maps: dict[int, list[tuple[mmap.mmap, StorageWeakRef | None]]] = {}
+        self._maps: dict[int, list[_Mapping]] = {}
         self.reserved = 0  # bytes of mappings the pool holds
 
     def take(self, nbytes: int) -> torch.Tensor:
@@ -46,29 +58,35 @@ class BufferPool:
             return torch.empty(nbytes, dtype=torch.uint8)
         with self._lock:
             maps = self._maps.setdefault(nbytes, [])
-            for i, (m, user) in enumerate(maps):
-                if user is None or user.expired():
-                    t = tensor_over(m)
-                    maps[i] = (m, StorageWeakRef(t.untyped_storage()))
-                    return t
-            m = aligned_mapping(nbytes)
-            if m is None:  # out of mappings: torch's allocator
-                return torch.empty(nbytes, dtype=torch.uint8)
-            t = tensor_over(m)
-            maps.append((m, StorageWeakRef(t.untyped_storage())))
-            self.reserved += nbytes
+            free = next((x for x in maps if x.idle()), None)
+            if free is None:
+                m = aligned_mapping(nbytes)
+                if m is None:  # out of mappings: torch's allocator
+                    return torch.empty(nbytes, dtype=torch.uint8)
+                free = _Mapping(m)
+                maps.append(free)
+                self.reserved += nbytes
+            t = tensor_over(free.m)
+            free.user, free.used = StorageWeakRef(t.untyped_storage()), True
             return t
 
     def lend_idle(self) -> None:
-        """Let the kernel reclaim the pages of every mapping nobody uses (``MADV_FREE``)."""
+        """Between steps: drop the idle mappings the last step did not use
+        (what the profiling step read, say), and let the kernel reclaim the
+        pages of the others (``MADV_FREE``)."""
         advice = getattr(mmap, "MADV_FREE", None)
-        if advice is None:
-            return
         with self._lock:
-            for maps in self._maps.values():
-                for m, user in maps:
-                    if user is None or user.expired():
-                        m.madvise(advice)
+            for nbytes, maps in self._maps.items():
+                keep = []
+                for x in maps:
+                    if x.idle() and not x.used:
+                        self.reserved -= nbytes  # unmapped when its last tensor is gone
+                        continue
+                    if x.idle() and advice is not None:
+                        x.m.madvise(advice)
+                    x.used = False
+                    keep.append(x)
+                maps[:] = keep
 
     def clear(self) -> None:
         """Let go of every mapping (those still in use go with their tensors)."""
