@@ -9,9 +9,10 @@ compressed), its compression ratio under each codec (``fp16`` for float32,
 ``measured_ratios``), whether it is a ReLU output, the forward compute
 time since the previous save, the backward compute time before its
 first unpack since the previous unpack (``bwd_gap_ns``), and the encode
-plus decode time of the codec it was stored with (``codec_ns``: the
-scheduler compresses only where that costs less than the write it saves). The Go scheduler (``offload.Schedule``) turns
-that into a plan, choosing among the codecs the user allowed (``ratios``).
+plus decode time of the codec it was stored with (``codec_ns``). The Go
+scheduler (``offload.Schedule``) turns that into a plan, choosing among the
+codecs the user allowed (``ratios``), and compressing only where a codec
+costs less than the write time it saves.
 """
 
 from __future__ import annotations

@@ -210,19 +210,15 @@ class Offload:
             self._recorder.end = time.perf_counter()
         store = self._store
         try:
-            if store is None:
-                pass
-            elif exc_type is not None:
+            if store is not None and exc_type is not None:
                 # Nothing may leak: the step's slots are freed now (waiting
                 # for writes in flight), and the store closed unless another
                 # offload object uses it; a dead graph still referencing the
                 # entries raises if unpacked.
                 self._release_step()
                 if not (set(store.users) - {self}):
-                    self._store, self._closed_store = None, store
-                    store.users.discard(self)
-                    store.close()
-            else:
+                    self._drop_store()
+            elif store is not None:
                 self._settle_all(store)
                 late, self._late_error = self._late_error, None
                 if late is not None:
@@ -248,6 +244,10 @@ class Offload:
         if self._active:
             raise RuntimeError("pyfastensor.offload: close() inside the context; exit it first")
         self._pool.clear()
+        self._drop_store()
+
+    def _drop_store(self) -> None:
+        """Stop using the store; close it if no other offload object uses it."""
         store, self._store = self._store, None
         if store is not None:
             self._closed_store = store
