@@ -102,6 +102,25 @@ def test_full_disk_raises_on_request(mount_fs):
     assert open_handles() == 0
 
 
+def test_full_disk_found_at_exit_raises_and_leaks_nothing(tmp_path, monkeypatch):
+    from pyfastensor.offload._store import SpillStore
+
+    def full(self, slot):
+        raise pyfastensor.NoSpaceError(f"slot {slot}: no space left on device (simulated)")
+
+    # Writes never report done during the step; waiting for them at exit finds the disk full.
+    monkeypatch.setattr(SpillStore, "completed", lambda self: [])
+    monkeypatch.setattr(SpillStore, "wait", full)
+    lin = nn.Linear(256, 256)
+    off = pyfastensor.offload(spill_dir=str(tmp_path), min_size=4096, on_full="raise")
+    with pytest.raises(pyfastensor.NoSpaceError, match="simulated"):
+        with off:
+            loss = torch.relu(lin(torch.randn(128, 256))).sum()
+    assert off._store is None and open_handles() == 0, "the failed step kept its store"
+    with pytest.raises(RuntimeError, match="released"):
+        loss.backward()
+
+
 def test_exception_in_one_object_spares_another_sharing_the_store(tmp_path):
     lin = nn.Linear(256, 256)
     a = pyfastensor.offload(spill_dir=str(tmp_path), min_size=4096)

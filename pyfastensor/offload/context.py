@@ -211,18 +211,16 @@ class Offload:
         store = self._store
         try:
             if store is not None and exc_type is not None:
-                # Nothing may leak: the step's slots are freed now (waiting
-                # for writes in flight), and the store closed unless another
-                # offload object uses it; a dead graph still referencing the
-                # entries raises if unpacked.
-                self._release_step()
-                if not (set(store.users) - {self}):
-                    self._drop_store()
+                self._abandon_step(store)
             elif store is not None:
-                self._settle_all(store)
-                late, self._late_error = self._late_error, None
-                if late is not None:
-                    self._full_disk(late)
+                try:
+                    self._settle_all(store)
+                    late, self._late_error = self._late_error, None
+                    if late is not None:
+                        self._full_disk(late)
+                except BaseException:  # a full disk with on_full="raise": the step failed here
+                    self._abandon_step(store)
+                    raise
                 self._prefetch_after(None)  # forward is done: backward's first reads can start
         finally:
             self._summary = self._make_summary(store)
@@ -254,6 +252,15 @@ class Offload:
             store.users.discard(self)
             if not store.users:
                 store.close()
+
+    def _abandon_step(self, store: SpillStore) -> None:
+        """A step that raised: nothing may leak. Its slots are freed now
+        (waiting for writes in flight), and the store closed unless another
+        offload object uses it; a dead graph still referencing the entries
+        raises if unpacked."""
+        self._release_step()
+        if not (set(store.users) - {self}):
+            self._drop_store()
 
     def _release_step(self) -> None:
         """Free the slots of this step's entries (after an exception)."""
