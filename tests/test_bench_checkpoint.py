@@ -8,6 +8,7 @@ import sys
 import torch
 
 from pyfastensor.bench import checkpoint as bench
+from pyfastensor.bench import disk
 from pyfastensor.bench.checkpoint import Workload
 
 
@@ -67,3 +68,31 @@ def test_help_explains_the_benchmark():
     out = subprocess.run([sys.executable, "-m", "pyfastensor", "bench", "checkpoint", "--help"],
                          capture_output=True, text=True, check=True).stdout
     assert "--quick" in out and "drop_caches" in out and "torch.equal" in out
+
+
+def test_ratios_and_fractions_pair_rounds():
+    # Round 1 is a slow minute for everyone, round 2 a fast one: pyfastensor is
+    # twice as fast as torch within each round, which the per-round pairing
+    # reports (2.0), where the ratio of the medians would not.
+    nbytes = 10**9
+    rounds = {
+        "pyfastensor": [{"save_s": 2.0, "cold_s": 2.0, "warm_s": 1.0, "newmem_s": 1.0},
+                        {"save_s": 0.5, "cold_s": 0.5, "warm_s": 0.25, "newmem_s": 0.25},
+                        {"save_s": 1.0, "cold_s": 1.0, "warm_s": 0.5, "newmem_s": 0.5}],
+        "torch": [{"save_s": 4.0, "cold_s": 4.0, "warm_s": 2.0},
+                  {"save_s": 1.0, "cold_s": 1.0, "warm_s": 0.5},
+                  {"save_s": 8.0, "cold_s": 8.0, "warm_s": 4.0}],
+    }
+    limits = [disk.DiskLimit(500, 500, "t", "", ""), disk.DiskLimit(2000, 2000, "t", "", ""),
+              disk.DiskLimit(1000, 1000, "t", "", "")]
+    rows = bench.summarize(nbytes, rounds, limits)
+    assert rows["pyfastensor"]["save_gbps"] == 1.0  # median of 0.5, 2, 1 GB/s
+    assert rows["torch"]["ratio"]["save_gbps"] == 2.0  # 2, 2, 8: median 2 (medians alone: 1.0 / 0.25 = 4)
+    assert rows["pyfastensor"]["save_frac"] == 1.0  # each round exactly at its own limit
+    assert bench.paired(rows, "pyfastensor", "torch", "warm") == 2.0
+    assert bench.slowest_peer(rows, "pyfastensor", "cold") == ("torch", 2.0)
+    result = {"workloads": {"gpt2": {"rows": rows}}, "limit": {"write_mbps": 1000, "read_mbps": 1000}}
+    got = {t["what"]: t for t in bench.targets(result)}
+    assert got["durable save >= 85% of the disk's write limit"]["met"]
+    assert "50% of the read into new memory" in got["cold load >= 85% of the disk's read limit"]["figures"]
+    assert got["cold load faster than every peer"]["met"]

@@ -36,9 +36,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -366,71 +366,119 @@ def read_into_new_memory(path: str) -> float:
     return seconds
 
 
-def measure_tool(tool: str, w: Workload, directory: str, *, repeat: int = 1) -> dict[str, Any]:
-    """Save ``w`` durably with ``tool``, load it cold then warm; best of ``repeat``; verify once.
+def measure_round(tool: str, w: Workload, directory: str, *, check: bool = False) -> dict[str, float]:
+    """One round of ``tool`` on ``w``: a durable save, a cold load, a warm load (and, for
+    pyfastensor, the read into new memory after the cold load), each load touching every page.
+
+    Args:
+        check: compare both loads with the saved dict (:func:`check_equal`).
 
     Returns:
-        ``{"save_gbps" (None when the save is not this row's), "cold_gbps", "warm_gbps",
-        "save_s", "cold_s", "warm_s", "cold_method"}``; seconds are the best.
+        Seconds: ``{"save_s", "cold_s", "warm_s"}``, and ``"newmem_s"`` for pyfastensor.
     """
-    saver, loader, fname, timed_save = _TOOLS[tool]
+    saver, loader, fname, _ = _TOOLS[tool]
     path = os.path.join(directory, fname)
     keys = list(w.state)
-    best = {"save_s": math.inf, "cold_s": math.inf, "warm_s": math.inf}
-    method = ""
+    out: dict[str, float] = {}
     try:
-        for i in range(max(1, repeat)):
-            _remove(path)
-            start = time.perf_counter()
-            saver(w.state, path)
-            best["save_s"] = min(best["save_s"], time.perf_counter() - start)
+        _remove(path)
+        start = time.perf_counter()
+        saver(w.state, path)
+        out["save_s"] = time.perf_counter() - start
 
-            method = disk.drop_caches(_files(path))
-            start = time.perf_counter()
-            got = loader(path, keys)
-            touch_pages(got)
-            best["cold_s"] = min(best["cold_s"], time.perf_counter() - start)
-            if i == 0:
-                check_equal(tool, w.state, got)
-            del got
-            if tool == "pyfastensor":
-                disk.drop_caches(_files(path))
-                best["newmem_s"] = min(best.get("newmem_s", math.inf), read_into_new_memory(path))
+        disk.drop_caches(_files(path))
+        start = time.perf_counter()
+        got = loader(path, keys)
+        touch_pages(got)
+        out["cold_s"] = time.perf_counter() - start
+        if check:
+            check_equal(tool, w.state, got)
+        del got
+        if tool == "pyfastensor":
+            disk.drop_caches(_files(path))
+            out["newmem_s"] = read_into_new_memory(path)
 
-            disk.cache_files(_files(path))  # warm: the whole file in the page cache, for every tool
-            start = time.perf_counter()
-            got = loader(path, keys)
-            touch_pages(got)
-            best["warm_s"] = min(best["warm_s"], time.perf_counter() - start)
-            if i == 0:
-                check_equal(f"{tool} (warm)", w.state, got)
-            del got
+        disk.cache_files(_files(path))  # warm: the whole file in the page cache, for every tool
+        start = time.perf_counter()
+        got = loader(path, keys)
+        touch_pages(got)
+        out["warm_s"] = time.perf_counter() - start
+        if check:
+            check_equal(f"{tool} (warm)", w.state, got)
+        del got
     finally:
         _remove(path)
-    n = w.nbytes
-    out: dict[str, Any] = {f"{k[:-2]}_gbps": n / v / 1e9 for k, v in best.items()}
-    out.setdefault("newmem_gbps", None)
-    out.update(best)
-    if not timed_save:
-        out["save_gbps"] = out["save_s"] = None
-    out["cold_method"] = method
     return out
+
+
+def summarize(nbytes: int, rounds: dict[str, list[dict[str, float]]],
+              limits: list[disk.DiskLimit] | None = None) -> dict[str, dict[str, Any]]:
+    """Rows of one workload from its rounds (``tool -> [measure_round result per round]``).
+
+    Each figure is the median over rounds; so is each ratio, taken round by
+    round (pyfastensor's figure over the peer's in the same round), and each
+    fraction of the disk's limit (the figure over the limit measured at the
+    start of the same round, when ``limits`` has one per round): on a
+    machine whose disk and memory drift by tens of percent between minutes,
+    pairing within a round cancels most of the drift.
+    """
+    def gbps(sec: float) -> float:
+        return nbytes / sec / 1e9
+
+    rows: dict[str, dict[str, Any]] = {}
+    for tool, rs in rounds.items():
+        timed_save = _TOOLS[tool][3]
+        r: dict[str, Any] = {}
+        for k in ("save", "cold", "warm", "newmem"):
+            secs = [x[f"{k}_s"] for x in rs if f"{k}_s" in x]
+            if k == "save" and not timed_save:
+                secs = []
+            r[f"{k}_s"] = statistics.median(secs) if secs else None
+            r[f"{k}_gbps"] = gbps(r[f"{k}_s"]) if secs else None
+        r["rounds"] = rs
+        for k, lk in (("save", "write_mbps"), ("cold", "read_mbps")):
+            fr = [gbps(x[f"{k}_s"]) * 1e3 / getattr(lim, lk) for x, lim in zip(rs, limits or [], strict=False)]
+            r[f"{k}_frac"] = statistics.median(fr) if fr and r[f"{k}_gbps"] is not None else None
+        rows[tool] = r
+    pft = rounds.get("pyfastensor")
+    for tool, r in rows.items():
+        r["ratio"] = {}
+        for k in KEYS:
+            ok = pft is not None and tool not in OURS and rows["pyfastensor"][k] and r[k]
+            sk = k.replace("_gbps", "_s")
+            r["ratio"][k] = (statistics.median(x[sk] / y[sk] for x, y in zip(rounds[tool], pft, strict=True))
+                             if ok else None)
+    return rows
 
 
 # ---------------------------------------------------------------- run and report
 
 
-def _ratios(rows: dict[str, dict[str, Any]]) -> None:
-    pft = rows.get("pyfastensor")
-    for tool, r in rows.items():
-        r["ratio"] = {}
-        for k in KEYS:
-            ok = pft is not None and tool not in OURS and pft[k] and r[k]
-            r["ratio"][k] = pft[k] / r[k] if ok else None
+def paired(rows: dict[str, dict[str, Any]], ours: str, peer: str, key: str) -> float | None:
+    """Median over rounds of ``ours``'s figure over ``peer``'s (``key``: save, cold, warm), round by round."""
+    a, b = rows[ours]["rounds"], rows[peer]["rounds"]
+    pairs = [y[f"{key}_s"] / x[f"{key}_s"] for x, y in zip(a, b, strict=False)
+             if f"{key}_s" in x and f"{key}_s" in y]
+    return statistics.median(pairs) if pairs else None
+
+
+def slowest_peer(rows: dict[str, dict[str, Any]], ours: str, key: str) -> tuple[str, float] | None:
+    """The peer ``ours`` gains least on (smallest :func:`paired` ratio for ``key``) and that ratio."""
+    ratios = {t: paired(rows, ours, t, key) for t in rows
+              if t not in OURS and (key != "save" or _TOOLS[t][3])}
+    ratios = {t: v for t, v in ratios.items() if v is not None}
+    if not ratios:
+        return None
+    worst = min(ratios, key=lambda t: ratios[t])
+    return worst, ratios[worst]
 
 
 def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
-    """The issue's targets, each ``{"workload", "what", "met", "figures"}``, from a :func:`run` result."""
+    """The issue's targets, each ``{"workload", "what", "met", "figures"}``, from a :func:`run` result.
+
+    Fractions of the limit and ratios to peers are medians of per-round
+    figures (see :func:`summarize`).
+    """
     out: list[dict[str, Any]] = []
     lim = result.get("limit") or {}
     for name, m in result["workloads"].items():
@@ -438,88 +486,94 @@ def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
         if "pyfastensor" not in rows:
             continue
         pft = rows["pyfastensor"]
-        peers = {t: r for t, r in rows.items() if t not in OURS}
-
-        def add(what: str, met: bool, figures: str, name: str = name) -> None:
-            out.append({"workload": name, "what": what, "met": bool(met), "figures": figures})
-
+        checks: list[tuple[str, str, str, bool]] = []  # (what, ours, key, strictly faster)
         if name in MODELS:
-            for k, lk, word in (("save_gbps", "write_mbps", "write"), ("cold_gbps", "read_mbps", "read")):
-                if lk in lim:
-                    frac = pft[k] * 1e3 / lim[lk]
+            for key, lk, word, doing in (("save", "write_mbps", "write", "durable save"),
+                                         ("cold", "read_mbps", "read", "cold load")):
+                frac = pft.get(f"{key}_frac")
+                if lk in lim and frac is not None:
                     extra = ""
-                    if k == "cold_gbps" and pft.get("newmem_gbps"):
-                        extra = (f"; {pft[k] / pft['newmem_gbps']:.0%} of the read into new memory "
-                                 f"({pft['newmem_gbps']:.2f} GB/s)")
-                    add(f"{'durable save' if k == 'save_gbps' else 'cold load'} >= {LIMIT_TARGET:.0%} of "
-                        f"the disk's {word} limit", frac >= LIMIT_TARGET,
-                        f"{pft[k]:.2f} GB/s = {frac:.0%} of {lim[lk] / 1e3:.2f} GB/s{extra}")
-                others = {t: r[k] for t, r in peers.items() if r[k]}
-                if others:
-                    top = max(others, key=lambda t: others[t])
-                    add(f"{'durable save' if k == 'save_gbps' else 'cold load'} faster than every peer",
-                        pft[k] > others[top], f"{pft[k]:.2f} GB/s vs best peer {top} {others[top]:.2f} GB/s")
-            others = {t: r["warm_gbps"] for t, r in peers.items()}
-            if others:
-                top = max(others, key=lambda t: others[t])
-                for tool, how in (("pyfastensor", ""), ("pyfastensor-mmap", " with mmap=True")):
-                    if tool in rows:
-                        w = rows[tool]["warm_gbps"]
-                        add(f"warm load{how} no slower than the fastest peer", w >= others[top],
-                            f"{w:.2f} GB/s vs {top} {others[top]:.2f} GB/s")
+                    if key == "cold" and pft.get("newmem_gbps"):
+                        nm = statistics.median(x["newmem_s"] / x["cold_s"] for x in pft["rounds"])
+                        extra = f"; {nm:.0%} of the read into new memory ({pft['newmem_gbps']:.2f} GB/s)"
+                    out.append({"workload": name, "what": f"{doing} >= {LIMIT_TARGET:.0%} of the disk's {word} limit",
+                                "met": frac >= LIMIT_TARGET,
+                                "figures": f"{pft[f'{key}_gbps']:.2f} GB/s = {frac:.0%} of "
+                                           f"{lim[lk] / 1e3:.2f} GB/s{extra}"})
+                checks.append((f"{doing} faster than every peer", "pyfastensor", key, True))
+            checks += [(f"warm load{how} no slower than the fastest peer", tool, "warm", False)
+                       for tool, how in (("pyfastensor", ""), ("pyfastensor-mmap", " with mmap=True"))
+                       if tool in rows]
         elif name == "small" and "torch" in rows:
-            t = rows["torch"]
-            for k, word in (("save_gbps", "durable save"), ("cold_gbps", "cold load"), ("warm_gbps", "warm load")):
-                add(f"{word} no slower than torch", pft[k] >= t[k],
-                    f"{pft[k]:.2f} GB/s vs torch {t[k]:.2f} GB/s ({pft[k] / t[k]:.2f}x)")
+            checks += [(f"{word} no slower than torch", "pyfastensor", key, False)
+                       for key, word in (("save", "durable save"), ("cold", "cold load"), ("warm", "warm load"))]
+        for what, ours, key, strict in checks:
+            found = (("torch", paired(rows, ours, "torch", key)) if name == "small"
+                     else slowest_peer(rows, ours, key))
+            if found is None or found[1] is None:
+                continue
+            peer, v = found
+            out.append({"workload": name, "what": what, "met": v > 1 if strict else v >= 1,
+                        "figures": f"{rows[ours][f'{key}_gbps']:.2f} GB/s vs {peer} "
+                                   f"{rows[peer][f'{key}_gbps']:.2f} GB/s (paired ratio {v:.2f})"})
     return out
 
 
 def run(directory: str, *, workloads: list[Workload] | None = None, quick: bool = False,
-        tools: tuple[str, ...] = TOOLS, repeat: int = 1, limit: bool = True, limit_size: int | None = None,
+        tools: tuple[str, ...] = TOOLS, repeat: int = 3, limit: bool = True, limit_size: int | None = None,
         progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run the benchmark in ``directory`` (left as found); return the tables as a dict.
+
+    Each round measures the disk's limit, then runs every tool on every
+    workload once (:func:`measure_round`); the tables are medians over
+    rounds (:func:`summarize`).
 
     Args:
         directory: where the checkpoints go; each is removed after its loads.
         workloads: the state dicts (default :func:`build_workloads` of every workload).
         quick: smaller default workloads and a 256 MiB disk limit.
         tools: rows to run. Default every tool.
-        repeat: passes per figure; the best counts. Default 1.
-        limit: measure the disk's O_DIRECT limit first (fio when installed).
+        repeat: rounds. Default 3.
+        limit: measure the disk's O_DIRECT limit at the start of each round (fio when installed).
         limit_size: bytes per direction for the limit (default 1 GiB; 256 MiB with quick).
         progress: called with a line before each row.
 
     Returns:
-        ``{"workloads": {name: {"nbytes", "params", "tensors", "rows": {tool: {KEYS..., "ratio"}}}},
-        "limit": {...} or absent, "cold_method", "targets": [...]}``.
+        ``{"workloads": {name: {"nbytes", "params", "tensors", "rows": {tool: {KEYS..., "ratio",
+        "save_frac", "cold_frac", "rounds"}}}}, "limit": {...} or absent, "cold_method", "targets": [...]}``.
     """
+    repeat = max(1, repeat)
     result: dict[str, Any] = {"workloads": {}, "repeat": repeat, "cold_method": disk.cold_cache_method()}
-    if limit:
-        size = limit_size or ((256 * MiB) if quick else GiB)
-        try:
-            lim = disk.measure_limit(directory, size=size)
-            result["limit"] = {"write_mbps": lim.write_mbps, "read_mbps": lim.read_mbps,
-                               "describe": lim.describe()}
-        except Exception as e:  # noqa: BLE001 - the limit is context; the rows still mean something
-            result["limit_error"] = f"disk limit not measured: {e}"
     loads = workloads if workloads is not None else build_workloads(quick=quick)
     # Each row holds a state dict and a loaded copy (plus torch's own
     # buffers): fault that much memory in once so no tool pays the VM's first touch.
     disk.prime_memory(min(3 * max((w.nbytes for w in loads), default=0), _available_memory() // 2))
-    for w in loads:
-        rows: dict[str, dict[str, Any]] = {}
-        for tool in tools:
+    limits: list[disk.DiskLimit] = []
+    rounds: dict[str, dict[str, list[dict[str, float]]]] = {w.name: {t: [] for t in tools} for w in loads}
+    for i in range(repeat):
+        if limit and "limit_error" not in result:
             if progress:
-                progress(f"{w.name}: {tool}")
-            rows[tool] = measure_tool(tool, w, directory, repeat=repeat)
-        _ratios(rows)
-        lim = result.get("limit")
-        for r in rows.values():
-            r["save_frac"] = r["save_gbps"] * 1e3 / lim["write_mbps"] if lim and r["save_gbps"] else None
-            r["cold_frac"] = r["cold_gbps"] * 1e3 / lim["read_mbps"] if lim else None
+                progress(f"round {i + 1}/{repeat}: disk limit")
+            try:
+                limits.append(disk.measure_limit(directory, size=limit_size or ((256 * MiB) if quick else GiB)))
+            except Exception as e:  # noqa: BLE001 - the limit is context; the rows still mean something
+                result["limit_error"] = f"disk limit not measured: {e}"
+                limits = []
+        for w in loads:
+            for tool in tools:
+                if progress:
+                    progress(f"round {i + 1}/{repeat}: {w.name}: {tool}")
+                rounds[w.name][tool].append(measure_round(tool, w, directory, check=i == 0))
+    if limits:
+        result["limit"] = {
+            "write_mbps": statistics.median(x.write_mbps for x in limits),
+            "read_mbps": statistics.median(x.read_mbps for x in limits),
+            "rounds": [{"write_mbps": x.write_mbps, "read_mbps": x.read_mbps} for x in limits],
+            "describe": limits[0].describe(),
+        }
+    for w in loads:
         result["workloads"][w.name] = {"nbytes": w.nbytes, "params": w.params, "tensors": len(w.state),
-                                       "rows": rows}
+                                       "rows": summarize(w.nbytes, rounds[w.name], limits)}
     result["targets"] = targets(result)
     return result
 
@@ -543,10 +597,16 @@ def format_report(result: dict[str, Any]) -> str:
     """The per-workload tables, the disk limit and the targets block."""
     lines = []
     if "limit" in result:
-        lines.append(result["limit"]["describe"])
+        lim = result["limit"]
+        lines.append(lim["describe"].replace("disk limit", "disk limit, first round", 1))
+        if len(lim["rounds"]) > 1:
+            lines.append("disk limit per round: write " + ", ".join(f"{x['write_mbps']:.0f}" for x in lim["rounds"])
+                         + " MB/s; read " + ", ".join(f"{x['read_mbps']:.0f}" for x in lim["rounds"]) + " MB/s")
     elif "limit_error" in result:
         lines.append(result["limit_error"])
-    lines.append(f"cold cache: {result['cold_method']}; best of {result['repeat']}")
+    lines.append(f"cold cache: {result['cold_method']}")
+    lines.append(f"figures: medians of {result['repeat']} rounds; ratios (pft/peer) and fractions of the limit: "
+                 "medians of the per-round figures (pyfastensor against the peer, or the limit, of the same round)")
     for name, m in result["workloads"].items():
         lines.append(f"\n{name}: {m['tensors']} tensors, {m['params'] / 1e6:.1f}M elements, "
                      f"{m['nbytes'] / 1e6:.0f} MB")
@@ -574,12 +634,16 @@ def format_report(result: dict[str, Any]) -> str:
 
 
 _DESCRIPTION = __doc__.split("\n", 2)[2] + """
-Each tool and workload: one durable save, one cold load, one warm load (the
-same load again after the tool's files were read once whole, so they sit in
-the page cache whatever the cold load did); --repeat N keeps the best
-of N such rounds. Every tool's first cold and warm loads are checked against
-the saved dict (same keys, torch.equal per tensor), so a fast wrong answer
-fails the run instead of scoring.
+A round measures the disk's limit, then, for each workload and tool, one
+durable save, one cold load and one warm load (the same load again after
+the tool's files were read once whole, so they sit in the page cache
+whatever the cold load did). --repeat N runs N rounds (default 3). Each
+figure is the median over rounds; each ratio to a peer and each fraction of
+the limit is the median of the per-round ratios (pyfastensor and the peer,
+or the limit, of the same round), which cancels the drift of a virtual
+machine's disk and memory between minutes. The first round's cold and warm
+loads are checked against the saved dict (same keys, torch.equal per
+tensor), so a fast wrong answer fails the run instead of scoring.
 
 Before the first row, as much anonymous memory as the runs need is faulted
 in once and freed: on a virtual machine the first touch of never-used guest
@@ -592,8 +656,8 @@ posix_fadvise(POSIX_FADV_DONTNEED) of the tool's files, which drops only
 their pages. Run as root for figures comparable with the disk's.
 
 The disk's limit: fio, libaio O_DIRECT sequential write (fsync) and read,
-in the same directory, once at the start (the engines' best at 64 MiB blocks
-when fio is missing). Columns: GB/s of each tool, pyfastensor's figure over
+in the same directory, at the start of every round (the engines' best at
+64 MiB blocks when fio is missing). Columns: GB/s of each tool, pyfastensor's figure over
 the peer's (>1: pyfastensor faster), save over the write limit and cold
 load over the read limit.
 
@@ -622,7 +686,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "temporary directory inside it and leaves nothing behind")
     p.add_argument("--workloads", default=None,
                    help=f"comma list among {', '.join(WORKLOADS)} (default: all)")
-    p.add_argument("--repeat", type=int, default=1, help="rounds per tool; the best counts (default 1)")
+    p.add_argument("--repeat", type=int, default=3,
+                   help="rounds (disk limit, then every tool); medians count (default 3)")
     p.add_argument("--quick", action="store_true",
                    help="GPT-2 shape with 4 layers and vocab 8192, 1,000 small tensors, 256M disk limit")
     p.add_argument("--no-limit", action="store_true", help="skip measuring the disk's limit")
