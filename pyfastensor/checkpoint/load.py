@@ -56,10 +56,11 @@ def load(
     shared storages and views behave exactly as in torch.
 
     Records the page cache holds (cachestat) are copied from it; the others
-    are read with O_DIRECT where the filesystem allows. Storages of 1 MiB
-    and more read that way get page-aligned memory of their own (huge
-    pages where the kernel allows), which O_DIRECT fills without a copy;
-    like those of ``torch.load(..., mmap=True)``, they cannot be resized
+    are read with O_DIRECT where the filesystem allows. Storages of 2 MiB
+    and more, and those of 1 MiB and more read with O_DIRECT, get
+    page-aligned memory of their own (huge pages where the kernel allows:
+    one fault per 2 MiB), which O_DIRECT fills without a copy; like those
+    of ``torch.load(..., mmap=True)``, they cannot be resized
     (``untyped_storage().resize_()``); everything else, sharing between
     processes included, works as with torch's allocator.
 
