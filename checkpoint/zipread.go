@@ -1,6 +1,7 @@
 package checkpoint
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -58,10 +59,20 @@ func OpenArchive(path string) (*Archive, error) {
 	return a, nil
 }
 
+// OpenArchiveMemory is OpenArchive over data, the whole file at path
+// already in memory (a cold load reads it whole, in large O_DIRECT
+// requests, before parsing it): the same checks, with no read of the file.
+// data is only read during the call; errors name path.
+func OpenArchiveMemory(path string, data []byte) (*Archive, error) {
+	p := &parser{f: bytes.NewReader(data), path: path, size: int64(len(data)), inMemory: true}
+	return p.parse()
+}
+
 type parser struct {
-	f    *os.File
-	path string
-	size int64
+	f        io.ReaderAt
+	path     string
+	size     int64
+	inMemory bool // f is the file's bytes in memory: no page cache to consult
 }
 
 // read returns n bytes at off, or a corruption error naming record when
@@ -299,7 +310,12 @@ func (p *parser) checkLocals(es []Entry, heads [][]byte, cdOff int64) error {
 			los[gi], lens[gi] = lo, max(hi-lo, 0)
 		}
 	}
-	res, _ := gds.Resident(p.path, los, lens) // best effort: nil reads spans
+	var res []float64
+	if p.inMemory { // headers one by one, from memory
+		clear(lens)
+	} else {
+		res, _ = gds.Resident(p.path, los, lens) // best effort: nil reads spans
+	}
 	return runTasks(len(groups), defaultReadWorkers(), func(gi int) error {
 		g := groups[gi]
 		v := &view{}

@@ -158,6 +158,43 @@ func pft_ckpt_open(path *C.char, handle *C.uint64_t, out **C.char, errbuf *C.cha
 	})
 }
 
+// pft_ckpt_open_memory is pft_ckpt_open over the whole file at path
+// already in memory (size bytes at addr, read during the call only):
+// checkpoint.OpenArchiveMemory.
+//
+//export pft_ckpt_open_memory
+func pft_ckpt_open_memory(path *C.char, addr unsafe.Pointer, size C.int64_t, handle *C.uint64_t, out **C.char,
+	errbuf *C.char, errlen C.size_t) C.int {
+	return call(errbuf, errlen, func() error {
+		if size < 0 || (size > 0 && addr == nil) {
+			return fmt.Errorf("%w: %d bytes at %p", gds.ErrInvalid, int64(size), addr)
+		}
+		a, err := checkpoint.OpenArchiveMemory(C.GoString(path), unsafe.Slice((*byte)(addr), int(size)))
+		if err != nil {
+			return ckptErr(err)
+		}
+		if err := putJSON(out, a); err != nil {
+			return err
+		}
+		*handle = newHandle(a)
+		return nil
+	})
+}
+
+// pft_ckpt_plan_whole describes the file at path for a whole-file cold
+// read (checkpoint.PlanWhole) as JSON.
+//
+//export pft_ckpt_plan_whole
+func pft_ckpt_plan_whole(path *C.char, out **C.char, errbuf *C.char, errlen C.size_t) C.int {
+	return call(errbuf, errlen, func() error {
+		plan, err := checkpoint.PlanWhole(C.GoString(path))
+		if err != nil {
+			return ckptErr(err)
+		}
+		return putJSON(out, plan)
+	})
+}
+
 // pft_ckpt_resident returns, as a JSON list, the share of each record's
 // data in the page cache (checkpoint.Archive.Resident).
 //

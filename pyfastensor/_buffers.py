@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import bisect
+import ctypes
 import mmap
+import os
 import warnings
 from typing import Any
 
@@ -89,3 +92,88 @@ def empty_bytes(nbytes: int) -> Any:
     import torch
 
     return empty_aligned(nbytes) if nbytes >= ALIGNED_MIN else torch.empty(nbytes, dtype=torch.uint8)
+
+
+#: Page-aligned records at least this large get their own pages of a
+#: :class:`PageArena` when a load reads a file whole; smaller ones are copied
+#: out of it into torch's memory.
+CARVE_MIN = 64 << 10
+
+_PAGE = mmap.PAGESIZE
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+class _Pages:
+    """Owner of a run of pages of a :class:`PageArena`, seen by numpy as a uint8
+    array (``__array_interface__``); the pages are unmapped when it is freed,
+    that is when the last tensor over them is."""
+
+    def __init__(self, addr: int, nbytes: int, maplen: int) -> None:
+        self.__array_interface__ = {"data": (addr, False), "shape": (nbytes,), "typestr": "|u1", "version": 3}
+        self._range = (addr, maplen)
+
+    def __del__(self) -> None:
+        _libc.munmap(*self._range)
+
+
+class PageArena:
+    """One anonymous, page-aligned mapping (huge pages where the kernel allows)
+    whose page runs are handed to tensors that then own them.
+
+    A cold load reads a whole file into one, then gives each large record's
+    pages (``[offset, offset + nbytes)`` rounded out to pages, which records
+    starting on page boundaries never share) to the record's tensor:
+    tensors are freed one by one as with torch's allocator, with no copy
+    and one huge-page fault per 2 MiB. :meth:`close` unmaps every page not
+    handed out.
+
+    Raises:
+        OSError: the kernel refused the mapping.
+    """
+
+    def __init__(self, nbytes: int) -> None:
+        #: Bytes asked for; :attr:`size` is that rounded up to pages.
+        self.nbytes = nbytes
+        self.size = max(_PAGE, -(-nbytes // _PAGE) * _PAGE)
+        addr = _libc.mmap(None, self.size, mmap.PROT_READ | mmap.PROT_WRITE,
+                          mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
+        if addr in (None, _MAP_FAILED):
+            err = ctypes.get_errno()
+            raise OSError(err, f"cannot map {self.size} bytes: {os.strerror(err)}")
+        self.addr: int = addr
+        if self.size >= 2 << 20 and hasattr(mmap, "MADV_HUGEPAGE"):
+            _libc.madvise(addr, self.size, mmap.MADV_HUGEPAGE)
+        self._given: list[tuple[int, int]] = []  # page runs handed out, [lo, hi) offsets, sorted
+        self._closed = False
+
+    def take(self, offset: int, nbytes: int) -> Any:
+        """A uint8 tensor of ``nbytes`` at ``offset`` (a page boundary) that owns its pages from now on."""
+        import torch
+
+        hi = -(-(offset + nbytes) // _PAGE) * _PAGE
+        i = bisect.bisect(self._given, (offset, hi))
+        if (self._closed or offset % _PAGE or nbytes <= 0 or hi > self.size
+                or (i and self._given[i - 1][1] > offset) or (i < len(self._given) and self._given[i][0] < hi)):
+            raise ValueError(f"cannot hand out {nbytes} bytes at {offset} of a {self.size}-byte arena "
+                             "(closed, not on a page boundary, out of range or already handed out)")
+        self._given.insert(i, (offset, hi))
+        return torch.from_numpy(np.asarray(_Pages(self.addr + offset, nbytes, hi - offset)))
+
+    def close(self) -> None:
+        """Unmap every page not handed out (idempotent); tensors handed out keep theirs."""
+        if self._closed:
+            return
+        self._closed = True
+        at = 0
+        for lo, hi in [*self._given, (self.size, self.size)]:
+            if lo > at:
+                _libc.munmap(self.addr + at, lo - at)
+            at = max(at, hi)
+
+    def __del__(self) -> None:
+        self.close()

@@ -23,6 +23,8 @@ _lib.register({
                       _P(_lib.i64), _lib.c_int, _lib.c_char_p, _lib.c_int, _lib.i64, _lib.c_int,
                       _P(_lib.i64), _P(_lib.c_void_p)],
     "pft_ckpt_open": [_lib.c_char_p, _P(_lib.u64), _P(_lib.c_void_p)],
+    "pft_ckpt_open_memory": [_lib.c_char_p, _lib.c_void_p, _lib.i64, _P(_lib.u64), _P(_lib.c_void_p)],
+    "pft_ckpt_plan_whole": [_lib.c_char_p, _P(_lib.c_void_p)],
     "pft_ckpt_read": [_lib.u64, _lib.i64, _P(_lib.i64), _P(_lib.c_void_p), _P(_lib.i64),
                       _lib.c_int, _lib.c_char_p, _lib.c_int, _lib.i64, _lib.c_int, _P(_lib.i64),
                       _P(_lib.c_void_p)],
@@ -136,23 +138,38 @@ def read_raw(
     return json.loads(_lib.take_string(out))
 
 
+def plan_whole(path: str) -> dict[str, Any]:
+    """``{"size", "resident", "direct", "ours"}`` of the file at ``path``: its length, the share of
+    it in the page cache, whether O_DIRECT works in its directory, whether our writer wrote it
+    (see checkpoint/whole.go)."""
+    out = ctypes.c_void_p()
+    _lib.call("pft_ckpt_plan_whole", _lib.cstr(path), ctypes.byref(out))
+    return json.loads(_lib.take_string(out))
+
+
 class Archive:
     """An archive opened by the Go core, its central directory validated.
 
     Args:
         path: the zip file.
+        memory: ``(address, nbytes)`` of the whole file already in memory, to
+            parse instead of reading the file (read during the call only).
 
     Raises:
         CorruptFileError: when the central directory, a local header or a data
             descriptor fails a check, or the file is truncated.
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], memory: tuple[int, int] | None = None) -> None:
         self.path = os.fspath(path)
         self._handle = 0
         handle = _lib.u64()
         out = ctypes.c_void_p()
-        _lib.call("pft_ckpt_open", _lib.cstr(self.path), ctypes.byref(handle), ctypes.byref(out))
+        if memory is None:
+            _lib.call("pft_ckpt_open", _lib.cstr(self.path), ctypes.byref(handle), ctypes.byref(out))
+        else:
+            _lib.call("pft_ckpt_open_memory", _lib.cstr(self.path), memory[0], memory[1],
+                      ctypes.byref(handle), ctypes.byref(out))
         self._handle = handle.value
         desc = json.loads(_lib.take_string(out))
         self.size: int = desc["file_size"]

@@ -11,13 +11,14 @@ bytes, storage records as uint8 tensors allocated once and never copied.
 from __future__ import annotations
 
 import ctypes
+import mmap
 import re
 import sys
 from typing import Any
 
 import torch
 
-from .._buffers import ALIGNED_MIN, HUGE_MIN, empty_aligned
+from .._buffers import ALIGNED_MIN, CARVE_MIN, HUGE_MIN, PageArena, empty_aligned
 from ..errors import CorruptFileError
 from ._native import Archive
 
@@ -31,14 +32,21 @@ _DEVICE_NAMES = tuple(d.encode() for d in (
 class PreloadedZip:
     """Records of ``archive`` under ``prefix``, in the shape of ``torch._C.PyTorchFileReader``."""
 
-    def __init__(self, archive: Archive, prefix: str, *, storages: bool = True) -> None:
+    def __init__(self, archive: Archive, prefix: str, *, storages: bool = True,
+                 arena: PageArena | None = None) -> None:
         self.archive = archive
         self.prefix = prefix
+        self.arena = arena
         data = prefix + "data/"
         self._small: dict[str, Any] = {}  # name -> ctypes buffer, then bytes
         self._tensors: dict[str, torch.Tensor] = {}
         #: Entry indices of the storage records.
         self.storage_indices = [i for i, e in enumerate(archive.entries) if e.name.startswith(data)]
+        #: Bytes of storage records.
+        self.data_bytes = sum(archive.entries[i].size for i in self.storage_indices)
+        if arena is not None:
+            self._from_arena(arena, data)
+            return
         # Storages of HUGE_MIN and up get mappings of their own (huge
         # pages, page-aligned: empty_aligned), wherever their bytes come
         # from. Below that, records mostly in the page cache are copied into
@@ -57,12 +65,35 @@ class PreloadedZip:
                                          else torch.empty(e.size, dtype=torch.uint8))
             else:
                 self._small[e.name] = ctypes.create_string_buffer(max(e.size, 1))
-        #: Bytes of storage records.
-        self.data_bytes = sum(archive.entries[i].size for i in self.storage_indices)
+
+    def _from_arena(self, arena: PageArena, data: str) -> None:
+        """Take the records from the whole file in ``arena`` (read, not yet verified): large
+        storages get their pages, smaller ones and the other records are copied out."""
+        for e in self.archive.entries:
+            at = arena.addr + e.offset
+            if not e.name.startswith(data):
+                self._small[e.name] = ctypes.string_at(at, e.size)
+            elif e.offset % mmap.PAGESIZE == 0 and e.size >= CARVE_MIN:
+                self._tensors[e.name] = arena.take(e.offset, e.size)
+            else:
+                t = torch.empty(e.size, dtype=torch.uint8)
+                if e.size:
+                    ctypes.memmove(t.data_ptr(), at, e.size)
+                self._tensors[e.name] = t
+
+    def _verify_arena(self, indices: list[int], counter: ctypes.c_int64 | None) -> None:
+        """Check the CRC-32s of records in the arena (the bytes every copy was made from)."""
+        assert self.arena is not None
+        es = self.archive.entries
+        self.archive.verify([(i, self.arena.addr + es[i].offset, es[i].size) for i in indices], counter=counter)
 
     def read_small(self, *, verify: bool) -> None:
         """Fill the records that are not storages (the pickle, the byte order...)."""
         idx = self.archive.index
+        if self.arena is not None:
+            if verify:
+                self._verify_arena([idx[n] for n in self._small], None)
+            return
         reads = [(idx[n], ctypes.addressof(b), self.archive.entries[idx[n]].size)
                  for n, b in self._small.items() if not isinstance(b, bytes)]
         if reads:
@@ -71,8 +102,15 @@ class PreloadedZip:
                        for n, b in self._small.items()}
 
     def read_storages(self, *, verify: bool, engine: str | None, counter: ctypes.c_int64 | None) -> None:
-        """Fill the storage records, in one parallel native read, straight into their tensors."""
+        """Fill the storage records, in one parallel native read, straight into their tensors
+        (with an arena: check them, the file having been read whole)."""
         idx = self.archive.index
+        if self.arena is not None:
+            if verify:
+                self._verify_arena(self.storage_indices, counter)
+            elif counter is not None:
+                counter.value = self.data_bytes
+            return
         reads = [(idx[n], t.data_ptr(), t.numel()) for n, t in self._tensors.items()]
         self.archive.read(reads, verify=verify, engine=engine, counter=counter)
 

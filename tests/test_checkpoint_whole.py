@@ -1,0 +1,176 @@
+"""Cold loads of our files read the file whole (O_DIRECT) into a page arena whose pages become the tensors'."""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import os
+
+import pytest
+import torch
+from checkpoint_helpers import assert_same
+
+import pyfastensor
+from pyfastensor import CorruptFileError
+from pyfastensor._buffers import CARVE_MIN, PageArena
+
+load_mod = importlib.import_module("pyfastensor.checkpoint.load")
+
+
+def state() -> dict:
+    g = torch.Generator().manual_seed(5)
+    return {"big": torch.randn(600_000, generator=g),  # 2.4 MB: its own pages
+            "mid": torch.randn(CARVE_MIN // 4 + 3, generator=g),  # just over CARVE_MIN, not whole pages
+            "small": torch.randn(100, generator=g),  # copied out
+            "step": torch.tensor(7)}
+
+
+def mapped() -> list[tuple[int, int]]:
+    out = []
+    with open("/proc/self/maps") as f:
+        for line in f:
+            lo, hi = line.split()[0].split("-")
+            out.append((int(lo, 16), int(hi, 16)))
+    return out
+
+
+def mapped_within(lo: int, hi: int) -> list[tuple[int, int]]:
+    return [(max(a, lo), min(b, hi)) for a, b in mapped() if a < hi and b > lo]
+
+
+@pytest.fixture
+def arenas(monkeypatch):
+    """Every file is big enough to be read whole; yields the arenas the loads read into."""
+    monkeypatch.setattr(load_mod, "WHOLE_MIN", 0)
+    seen: list[PageArena] = []
+    real = load_mod._read_whole
+
+    def spy(path, progress):
+        a = real(path, progress)
+        if a is not None:
+            seen.append(a)
+        return a
+
+    monkeypatch.setattr(load_mod, "_read_whole", spy)
+    return seen
+
+
+def cold(path) -> bool:
+    """Drop the file's cached pages; False where the filesystem keeps them (tmpfs) or O_DIRECT fails."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    plan = load_mod.plan_whole(os.fspath(path))
+    return plan["resident"] < 0.5 and plan["direct"]
+
+
+@pytest.fixture
+def saved(tmp_path):
+    path = tmp_path / "ck.pt"
+    pyfastensor.save(state(), path)
+    if not cold(path):
+        pytest.skip("the temporary directory keeps its pages cached or refuses O_DIRECT")
+    return path
+
+
+def test_large_records_get_their_pages_and_the_rest_is_unmapped(saved, arenas):
+    got = pyfastensor.load(saved)
+    assert_same(got, state())
+    (arena,) = arenas
+    lo, hi = arena.addr, arena.addr + arena.size
+    page = os.sysconf("SC_PAGE_SIZE")
+    runs = sorted((t.data_ptr(), t.data_ptr() + -(-t.untyped_storage().nbytes() // page) * page)
+                  for t in (got["big"], got["mid"]))
+    assert all(lo <= a < b <= hi and a % page == 0 for a, b in runs)
+    # Only the two records' pages are still mapped; the small ones were copied out.
+    assert mapped_within(lo, hi) == runs or _merged(mapped_within(lo, hi)) == _merged(runs)
+    assert not lo <= got["small"].data_ptr() < hi and not lo <= got["step"].data_ptr() < hi
+    # Each tensor owns its pages: freeing one unmaps them and leaves the other intact.
+    big_run = (got["big"].data_ptr(), runs[[r[0] for r in runs].index(got["big"].data_ptr())][1])
+    del got["big"]
+    assert not any(a < big_run[1] and b > big_run[0] for a, b in mapped_within(lo, hi))
+    assert torch.equal(got["mid"], state()["mid"])
+    got["mid"].mul_(2)  # writable, private
+    assert torch.equal(got["mid"], state()["mid"] * 2)
+    del got
+    assert mapped_within(lo, hi) == []
+
+
+def _merged(runs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for a, b in sorted(runs):
+        if out and out[-1][1] == a:
+            out[-1] = (out[-1][0], b)
+        else:
+            out.append((a, b))
+    return out
+
+
+def test_tensors_share_and_survive_as_torch_storages(saved, arenas):
+    got = pyfastensor.load(saved)
+    assert arenas
+    big = got["big"]
+    with pytest.raises(RuntimeError, match="not resizable"):
+        big.untyped_storage().resize_(8)
+    big.share_memory_()
+    assert big.is_shared() and torch.equal(big, state()["big"])
+
+
+@pytest.mark.parametrize("record,key", [("archive/data/0", "['big']"), ("archive/data/2", "['small']")])
+def test_damaged_record_raises_and_unmaps_everything(saved, arenas, record, key):
+    from test_checkpoint_corrupt import data_span, flip
+
+    start, size = data_span(saved, record)
+    flip(saved, start + size // 2)
+    assert cold(saved)
+    with pytest.raises(CorruptFileError) as e:
+        pyfastensor.load(saved)
+    msg = str(e.value)
+    assert str(saved) in msg and record in msg and key in msg and "CRC-32" in msg
+    (arena,) = arenas
+    del e
+    gc.collect()  # the traceback's frames held the records' tensors
+    assert mapped_within(arena.addr, arena.addr + arena.size) == []
+
+
+def test_damaged_local_header_is_caught_from_memory(saved, arenas):
+    from test_checkpoint_corrupt import data_span, flip
+
+    start, _ = data_span(saved, "archive/data/0")
+    flip(saved, start - 4096 + 30 + 2)  # inside the name of data/0's local header (header, then padding)
+    assert cold(saved)
+    with pytest.raises(CorruptFileError, match=str(saved)):
+        pyfastensor.load(saved)
+    assert arenas
+
+
+def test_whole_read_only_for_cold_files_of_ours(tmp_path, saved, arenas):
+    pyfastensor.load(saved, mmap=True)
+    pyfastensor.load(saved, engine="posix")
+    assert arenas == []  # neither reads whole
+    saved.read_bytes()  # now cached
+    pyfastensor.load(saved)
+    assert arenas == []
+    theirs = tmp_path / "theirs.pt"
+    torch.save(state(), theirs)
+    cold(theirs)
+    assert_same(pyfastensor.load(theirs), state())
+    assert arenas == []
+
+
+def test_arena_refuses_overlapping_and_unaligned_runs():
+    a = PageArena(1 << 20)
+    page = os.sysconf("SC_PAGE_SIZE")
+    t = a.take(page, 3 * page)
+    for off, n in ((0, 2 * page), (3 * page, 10), (page // 2, 10), (a.size, 1)):
+        with pytest.raises(ValueError, match="cannot hand out"):
+            a.take(off, n)
+    a.close()
+    assert mapped_within(a.addr, a.addr + a.size) == [(t.data_ptr(), t.data_ptr() + 3 * page)]
+    with pytest.raises(ValueError):
+        a.take(8 * page, 10)
+    del t
+    assert mapped_within(a.addr, a.addr + a.size) == []
