@@ -27,6 +27,9 @@ type WholePlan struct {
 	// records then start on page boundaries (DataAlign), and their pages
 	// can be handed to tensors whole.
 	Ours bool `json:"ours"`
+	// Records is the number of records our zip64 end record announces (0
+	// when the file is not ours or its end is damaged; opening it says how).
+	Records int64 `json:"records"`
 }
 
 // PlanWhole describes the file at path for a whole-file cold read.
@@ -44,15 +47,20 @@ func PlanWhole(path string) (WholePlan, error) {
 	if res, err := gds.Resident(path, []int64{0}, []int64{st.Size()}); err == nil && len(res) == 1 {
 		plan.Resident = res[0]
 	}
-	if st.Size() >= int64(cdCommentLen) {
+	// Our files end with the zip64 end record, its locator, the end record
+	// and our comment (endRecords).
+	if n := int64(endTotalLen + cdCommentLen); st.Size() >= n {
 		f, err := os.Open(path)
 		if err != nil {
 			return WholePlan{}, classify(err)
 		}
 		defer f.Close()
-		tail := make([]byte, cdCommentLen)
-		if _, err := f.ReadAt(tail, st.Size()-int64(cdCommentLen)); err == nil {
-			plan.Ours = oursComment(tail)
+		tail := make([]byte, n)
+		if _, err := f.ReadAt(tail, st.Size()-n); err == nil {
+			plan.Ours = oursComment(tail[endTotalLen:])
+			if plan.Ours && le.Uint32(tail) == sigEnd64 {
+				plan.Records = int64(min(le.Uint64(tail[32:]), uint64(st.Size())))
+			}
 		}
 	}
 	return plan, nil

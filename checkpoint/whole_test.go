@@ -51,11 +51,13 @@ func TestPlanWhole(t *testing.T) {
 	assert.GreaterOrEqual(t, plan.Resident, 0.0)
 	assert.LessOrEqual(t, plan.Resident, 1.0)
 	assert.True(t, plan.Ours)
+	assert.Equal(t, int64(len(a.Entries)), plan.Records)
 	foreign := filepath.Join(t.TempDir(), "foreign.zip")
 	require.NoError(t, os.WriteFile(foreign, []byte("PK\x05\x06 not one of ours, long enough"), 0o644))
 	plan, err = PlanWhole(foreign)
 	require.NoError(t, err)
 	assert.False(t, plan.Ours)
+	assert.Zero(t, plan.Records)
 	_, err = PlanWhole(path + ".missing")
 	require.ErrorIs(t, err, os.ErrNotExist)
 }

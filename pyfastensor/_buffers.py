@@ -36,15 +36,8 @@ def address_of(buf: Any, *, writable: bool) -> tuple[int, int, Any]:
 
 
 #: Tensors at least this large get page-aligned, huge-page memory from
-#: :func:`empty_aligned` when read from the disk (O_DIRECT fills it in place).
+#: :func:`empty_aligned` when loaded.
 ALIGNED_MIN = 1 << 20
-
-#: Tensors at least this large get :func:`empty_aligned` memory however they
-#: are read, from the page cache too: a mapping of its own is faulted in one
-#: 2 MiB huge page at a time, where torch's allocator hands out memory
-#: faulted 4 KiB at a time (measured on the development VM, a warm 500 MB
-#: load: 2.2 GB/s into torch's memory, 4.1 GB/s into such mappings).
-HUGE_MIN = 2 << 20
 
 
 def empty_aligned(nbytes: int) -> Any:

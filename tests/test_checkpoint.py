@@ -345,29 +345,15 @@ def test_cold_large_storages_load_page_aligned_and_shareable(tmp_path):
         pyfastensor.load(path)["big"].untyped_storage().resize_(8)
 
 
-def test_cached_mid_sized_storages_load_into_torch_memory(tmp_path):
-    """A record under HUGE_MIN the page cache holds is copied from it into torch's own (reused) memory."""
-    from pyfastensor._buffers import ALIGNED_MIN, HUGE_MIN
-
-    path = tmp_path / "mid.pt"
-    sd = {"mid": torch.randn((ALIGNED_MIN + HUGE_MIN) // 8)}  # 1.5 MiB
+def test_cached_large_storages_load_into_torch_memory(tmp_path):
+    """A record the page cache holds is copied from it into torch's own (reused) memory."""
+    path = tmp_path / "big.pt"
+    sd = {"big": torch.randn(1 << 20)}
     pyfastensor.save(sd, path)
     path.read_bytes()  # now cached
     got = pyfastensor.load(path)
-    assert torch.equal(got["mid"], sd["mid"])
-    got["mid"].untyped_storage().resize_(8)  # torch's allocator: resizable
-
-
-def test_cached_huge_storages_get_mappings_of_their_own(tmp_path):
-    """From HUGE_MIN up, a cached record is copied into a page-aligned mapping too (huge pages)."""
-    path = tmp_path / "big.pt"
-    sd = {"big": torch.randn(1 << 20)}  # 4 MiB
-    pyfastensor.save(sd, path)
-    path.read_bytes()
-    got = pyfastensor.load(path)
-    assert torch.equal(got["big"], sd["big"]) and got["big"].data_ptr() % 4096 == 0
-    with pytest.raises(RuntimeError, match="not resizable"):
-        got["big"].untyped_storage().resize_(8)
+    assert torch.equal(got["big"], sd["big"])
+    got["big"].untyped_storage().resize_(8)  # torch's allocator: resizable
 
 
 def test_load_falls_back_to_torch_memory_when_mappings_run_out(tmp_path, monkeypatch):

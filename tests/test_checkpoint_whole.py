@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import importlib
 import os
+import zipfile
 
 import pytest
 import torch
@@ -42,6 +43,7 @@ def mapped_within(lo: int, hi: int) -> list[tuple[int, int]]:
 def arenas(monkeypatch):
     """Every file is big enough to be read whole; yields the arenas the loads read into."""
     monkeypatch.setattr(load_mod, "WHOLE_MIN", 0)
+    monkeypatch.setattr(load_mod, "WHOLE_AVERAGE", (0, 1 << 62))
     seen: list[PageArena] = []
     real = load_mod._read_whole
 
@@ -145,6 +147,20 @@ def test_damaged_local_header_is_caught_from_memory(saved, arenas):
     with pytest.raises(CorruptFileError, match=str(saved)):
         pyfastensor.load(saved)
     assert arenas
+
+
+def test_whole_read_only_for_files_of_mid_sized_records(saved, monkeypatch):
+    monkeypatch.setattr(load_mod, "WHOLE_MIN", 0)
+    plan = load_mod.plan_whole(str(saved))
+    n = len(zipfile.ZipFile(saved).namelist())
+    assert plan["records"] == n
+    for window, whole in (((0, 1 << 62), True), ((plan["size"] // n + 1, 1 << 62), False),
+                          ((0, plan["size"] // n), False)):
+        monkeypatch.setattr(load_mod, "WHOLE_AVERAGE", window)
+        arena = load_mod._read_whole(str(saved), False)
+        assert (arena is not None) == whole, window
+        if arena is not None:
+            arena.close()
 
 
 def test_whole_read_only_for_cold_files_of_ours(tmp_path, saved, arenas):

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from .._buffers import ALIGNED_MIN, CARVE_MIN, HUGE_MIN, PageArena, empty_aligned
+from .._buffers import ALIGNED_MIN, CARVE_MIN, PageArena, empty_bytes
 from ..errors import CorruptFileError
 from ._native import Archive
 
@@ -47,22 +47,18 @@ class PreloadedZip:
         if arena is not None:
             self._from_arena(arena, data)
             return
-        # Storages of HUGE_MIN and up get mappings of their own (huge
-        # pages, page-aligned: empty_aligned), wherever their bytes come
-        # from. Below that, records mostly in the page cache are copied into
-        # torch's memory (reused from earlier allocations), and cold ones of
-        # ALIGNED_MIN and up go direct into page-aligned memory. A mapped
-        # load (storages=False) takes its storages from the mapping instead.
-        mid = storages and any(ALIGNED_MIN <= e.size < HUGE_MIN and e.name.startswith(data)
-                               for e in archive.entries)
-        cached = archive.resident() if mid else [0.0] * len(archive.entries)
+        # Records mostly in the page cache are copied from it into torch's
+        # memory (warm, reused); cold ones of ALIGNED_MIN and up go direct
+        # into page-aligned memory (empty_bytes). A mapped load
+        # (storages=False) takes its storages from the mapping instead.
+        big = storages and any(e.size >= ALIGNED_MIN and e.name.startswith(data) for e in archive.entries)
+        cached = archive.resident() if big else [0.0] * len(archive.entries)
         for e, c in zip(archive.entries, cached, strict=True):
             if e.name.startswith(data):
                 if not storages:
                     continue
-                aligned = e.size >= HUGE_MIN or (e.size >= ALIGNED_MIN and c < 0.5)
-                self._tensors[e.name] = (empty_aligned(e.size) if aligned
-                                         else torch.empty(e.size, dtype=torch.uint8))
+                self._tensors[e.name] = (torch.empty(e.size, dtype=torch.uint8) if c >= 0.5
+                                         else empty_bytes(e.size))
             else:
                 self._small[e.name] = ctypes.create_string_buffer(max(e.size, 1))
 
