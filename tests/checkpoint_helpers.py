@@ -1,10 +1,21 @@
-"""Shared helpers of the checkpoint tests: comparing loaded objects with torch's."""
+"""Shared helpers of the checkpoint tests: comparing loaded objects with torch's, evicting files."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
+
+
+def evict(path: Any) -> None:
+    """Write back and drop the file's pages from the page cache (filesystems like tmpfs keep them)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
 
 
 def tensor_bytes(t: torch.Tensor) -> bytes:

@@ -11,7 +11,7 @@ import zipfile
 
 import pytest
 import torch
-from checkpoint_helpers import assert_same, sharing, tensors
+from checkpoint_helpers import assert_same, evict, sharing, tensors
 
 import pyfastensor
 
@@ -317,12 +317,7 @@ def _drop_pages(path) -> bool:
     """Drop ``path``'s cached pages; False when the filesystem keeps them (tmpfs)."""
     from pyfastensor.checkpoint._native import Archive
 
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
+    evict(path)
     with Archive(path) as a:  # opening reads the small records' headers: look at the big ones
         return max(r for e, r in zip(a.entries, a.resident(), strict=True) if e.size >= 1 << 20) < 0.5
 

@@ -9,7 +9,7 @@ import zipfile
 
 import pytest
 import torch
-from checkpoint_helpers import assert_same
+from checkpoint_helpers import assert_same, evict
 
 import pyfastensor
 from pyfastensor import CorruptFileError
@@ -59,12 +59,7 @@ def arenas(monkeypatch):
 
 def cold(path) -> bool:
     """Drop the file's cached pages; False where the filesystem keeps them (tmpfs) or O_DIRECT fails."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
+    evict(path)
     plan = load_mod.plan_whole(os.fspath(path))
     return plan["resident"] < 0.5 and plan["direct"]
 
