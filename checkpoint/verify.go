@@ -31,6 +31,10 @@ func (a *Archive) Verify(reqs []ReadRequest, o ReadOptions) error {
 	if a.NoCRC {
 		return nil
 	}
+	reqs, err := a.verifyGranules(reqs, o.Progress)
+	if err != nil {
+		return err
+	}
 	tasks, crcs, err := a.split(reqs, verifyPiece, "memory")
 	if err != nil {
 		return err
@@ -60,6 +64,34 @@ func (a *Archive) Verify(reqs []ReadRequest, o ReadOptions) error {
 		return err
 	}
 	return a.checkCRCs(reqs, crcs)
+}
+
+// verifyGranules checks the requests whose memory is the records' place in
+// the memory ReadWhole read the file into, from the granules' sums it took
+// then, and returns the others.
+func (a *Archive) verifyGranules(reqs []ReadRequest, progress func(int64)) ([]ReadRequest, error) {
+	if a.whole == nil {
+		return reqs, nil
+	}
+	var rest []ReadRequest
+	for _, r := range reqs {
+		if r.Index < 0 || r.Index >= len(a.Entries) {
+			rest = append(rest, r) // split says what is wrong
+			continue
+		}
+		e := &a.Entries[r.Index]
+		if int64(len(r.Dst)) != e.Size || e.Method != 0 || !a.whole.holds(r.Dst, e.DataOff) {
+			rest = append(rest, r)
+			continue
+		}
+		if got := a.whole.crc(e.DataOff, e.Size); got != e.CRC {
+			return nil, corrupt(a.Path, e.Name, e.DataOff, "CRC-32 of the data is %08x, the central directory says %08x", got, e.CRC)
+		}
+		if progress != nil {
+			progress(e.Size)
+		}
+	}
+	return rest, nil
 }
 
 // populate maps the pages of p in one call (MADV_POPULATE_READ, Linux

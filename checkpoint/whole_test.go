@@ -1,10 +1,13 @@
 package checkpoint
 
 import (
+	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 
+	"github.com/pyfastensor/pyfastensor/gds"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -60,4 +63,76 @@ func TestPlanWhole(t *testing.T) {
 	assert.Zero(t, plan.Records)
 	_, err = PlanWhole(path + ".missing")
 	require.ErrorIs(t, err, os.ErrNotExist)
+}
+
+func TestGranuleSumsJoinToEachRangesCRC(t *testing.T) {
+	data := randBytes(5*granule+123, 9)
+	g := &granuleSums{data: data, sums: make([]uint32, (len(data)+granule-1)/granule)}
+	for i := range g.sums {
+		g.sums[i] = crcOf(data[i*granule : min((i+1)*granule, len(data))])
+	}
+	ranges := [][2]int64{{0, 0}, {0, int64(len(data))}, {0, granule}, {granule, 2 * granule}, {1, granule - 1},
+		{granule - 1, 2}, {100, 3 * granule}, {2 * granule, int64(len(data)) - 2*granule}, {int64(len(data)) - 5, 5}}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 200 {
+		off := rng.Int64N(int64(len(data)))
+		ranges = append(ranges, [2]int64{off, rng.Int64N(int64(len(data)) - off + 1)})
+	}
+	for _, r := range ranges {
+		require.Equal(t, crcOf(data[r[0]:r[0]+r[1]]), g.crc(r[0], r[1]), "%d bytes at %d", r[1], r[0])
+	}
+}
+
+func TestReadWholeReadsParsesAndVerifies(t *testing.T) {
+	path, a := savedSample(t)
+	want, err := os.ReadFile(path)
+	require.NoError(t, err)
+	engines := []string{"posix"}
+	if gds.ProbeDir(filepath.Dir(path)).Direct {
+		engines = append(engines, "direct")
+	}
+	for _, engine := range engines {
+		dst := make([]byte, len(want))
+		var moved atomic.Int64
+		w, err := ReadWhole(path, dst, ReadOptions{Chooser: FixedChooser(engine), Progress: func(n int64) { moved.Add(n) }})
+		require.NoError(t, err, engine)
+		assert.Equal(t, want, dst, engine)
+		assert.Equal(t, int64(len(want)), moved.Load(), engine)
+		assert.Equal(t, a.Entries, w.Entries, engine)
+		reqs := make([]ReadRequest, len(w.Entries))
+		for i, e := range w.Entries {
+			reqs[i] = ReadRequest{Index: i, Dst: dst[e.DataOff : e.DataOff+e.Size]}
+			assert.True(t, e.Size == 0 || w.whole.holds(reqs[i].Dst, e.DataOff), "checked from the granules")
+		}
+		require.NoError(t, w.Verify(reqs, ReadOptions{}), engine)
+	}
+}
+
+func TestReadWholeCatchesAFlippedByteAndAShrunkFile(t *testing.T) {
+	path, a := savedSample(t)
+	e := a.Entries[len(a.Entries)-2] // the largest record, 2 task sizes and a byte
+	flip(t, path, e.DataOff+e.Size/2)
+	dst := make([]byte, a.Size)
+	w, err := ReadWhole(path, dst, ReadOptions{Chooser: FixedChooser("posix")})
+	require.NoError(t, err, "the structure is intact")
+	err = w.Verify([]ReadRequest{{Index: len(a.Entries) - 2, Dst: dst[e.DataOff : e.DataOff+e.Size]}}, ReadOptions{})
+	require.ErrorIs(t, err, ErrCorrupt)
+	assert.Contains(t, err.Error(), path)
+	assert.Contains(t, err.Error(), e.Name)
+
+	// The same memory, not read by ReadWhole: summed in full, the same verdict.
+	copied := append([]byte(nil), dst[e.DataOff:e.DataOff+e.Size]...)
+	err = w.Verify([]ReadRequest{{Index: len(a.Entries) - 2, Dst: copied}}, ReadOptions{})
+	require.ErrorIs(t, err, ErrCorrupt)
+
+	// NoVerify keeps no sums: Verify sums the memory itself.
+	w, err = ReadWhole(path, dst, ReadOptions{Chooser: FixedChooser("posix"), NoVerify: true})
+	require.NoError(t, err)
+	assert.Nil(t, w.whole)
+
+	require.NoError(t, os.Truncate(path, a.Size-100))
+	_, err = ReadWhole(path, dst, ReadOptions{Chooser: FixedChooser("posix")})
+	require.ErrorIs(t, err, ErrCorrupt)
+	assert.Contains(t, err.Error(), path)
+	assert.Contains(t, err.Error(), "shrunk")
 }

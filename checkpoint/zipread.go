@@ -34,6 +34,9 @@ type Archive struct {
 	// says 0, as torch writes with torch.serialization.set_crc32_options(False).
 	// Reads cannot verify such a file.
 	NoCRC bool `json:"no_crc"`
+
+	// whole holds the CRC-32s of the file's granules when ReadWhole read it.
+	whole *granuleSums
 }
 
 // OpenArchive reads and validates the central directory of the zip file at

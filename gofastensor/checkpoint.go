@@ -158,18 +158,34 @@ func pft_ckpt_open(path *C.char, handle *C.uint64_t, out **C.char, errbuf *C.cha
 	})
 }
 
-// pft_ckpt_open_memory is pft_ckpt_open over the whole file at path
-// already in memory (size bytes at addr, read during the call only):
-// checkpoint.OpenArchiveMemory.
+// pft_ckpt_read_whole reads the file at path whole into the caller's
+// memory (size bytes at addr, the file's length) through engine (NULL:
+// the default chooser's), and parses it from there; out and handle as for
+// pft_ckpt_open. With verify non-zero the records' CRC-32s are summed as
+// the file lands, and pft_ckpt_verify over that memory uses those sums:
+// the memory must stay as read, and mapped, while the handle is open
+// (checkpoint.ReadWhole).
 //
-//export pft_ckpt_open_memory
-func pft_ckpt_open_memory(path *C.char, addr unsafe.Pointer, size C.int64_t, handle *C.uint64_t, out **C.char,
+//export pft_ckpt_read_whole
+func pft_ckpt_read_whole(path *C.char, addr unsafe.Pointer, size C.int64_t, verify C.int, engine *C.char,
+	threads C.int, taskSize C.int64_t, workers C.int, progress *C.int64_t, handle *C.uint64_t, out **C.char,
 	errbuf *C.char, errlen C.size_t) C.int {
 	return call(errbuf, errlen, func() error {
-		if size < 0 || (size > 0 && addr == nil) {
-			return fmt.Errorf("%w: %d bytes at %p", gds.ErrInvalid, int64(size), addr)
+		ch, err := chooser(engine)
+		if err != nil {
+			return err
 		}
-		a, err := checkpoint.OpenArchiveMemory(C.GoString(path), unsafe.Slice((*byte)(addr), int(size)))
+		dst, err := memory(addr, C.size_t(size))
+		if err != nil {
+			return err
+		}
+		a, err := checkpoint.ReadWhole(C.GoString(path), dst, checkpoint.ReadOptions{
+			NoVerify: verify == 0,
+			Chooser:  ch,
+			Engine:   gds.Options{Threads: int(threads), TaskSize: int64(taskSize)},
+			Workers:  int(workers),
+			Progress: progressFunc(progress),
+		})
 		if err != nil {
 			return ckptErr(err)
 		}

@@ -43,17 +43,14 @@ def mapped_within(lo: int, hi: int) -> list[tuple[int, int]]:
 def arenas(monkeypatch):
     """Every file is big enough to be read whole; yields the arenas the loads read into."""
     monkeypatch.setattr(load_mod, "WHOLE_MIN", 0)
-    monkeypatch.setattr(load_mod, "WHOLE_AVERAGE", (0, 1 << 62))
+    monkeypatch.setattr(load_mod, "WHOLE_AVERAGE_MIN", 0)
     seen: list[PageArena] = []
-    real = load_mod._read_whole
 
-    def spy(path, progress):
-        a = real(path, progress)
-        if a is not None:
-            seen.append(a)
-        return a
+    def spy(nbytes):
+        seen.append(PageArena(nbytes))
+        return seen[-1]
 
-    monkeypatch.setattr(load_mod, "_read_whole", spy)
+    monkeypatch.setattr(load_mod, "PageArena", spy)
     return seen
 
 
@@ -141,21 +138,22 @@ def test_damaged_local_header_is_caught_from_memory(saved, arenas):
     assert cold(saved)
     with pytest.raises(CorruptFileError, match=str(saved)):
         pyfastensor.load(saved)
-    assert arenas
+    (arena,) = arenas
+    assert mapped_within(arena.addr, arena.addr + arena.size) == []
 
 
-def test_whole_read_only_for_files_of_mid_sized_records(saved, monkeypatch):
+def test_whole_read_only_for_files_of_records_not_too_small(saved, monkeypatch):
     monkeypatch.setattr(load_mod, "WHOLE_MIN", 0)
     plan = load_mod.plan_whole(str(saved))
     n = len(zipfile.ZipFile(saved).namelist())
     assert plan["records"] == n
-    for window, whole in (((0, 1 << 62), True), ((plan["size"] // n + 1, 1 << 62), False),
-                          ((0, plan["size"] // n), False)):
-        monkeypatch.setattr(load_mod, "WHOLE_AVERAGE", window)
-        arena = load_mod._read_whole(str(saved), False)
-        assert (arena is not None) == whole, window
-        if arena is not None:
-            arena.close()
+    for least, taken in ((0, True), (plan["size"] // n, True), (plan["size"] // n + 1, False)):
+        monkeypatch.setattr(load_mod, "WHOLE_AVERAGE_MIN", least)
+        whole = load_mod._read_whole(str(saved), True, False)
+        assert (whole is not None) == taken, least
+        if whole is not None:
+            whole[1].close()
+            whole[0].close()
 
 
 def test_whole_read_only_for_cold_files_of_ours(tmp_path, saved, arenas):

@@ -23,7 +23,8 @@ _lib.register({
                       _P(_lib.i64), _lib.c_int, _lib.c_char_p, _lib.c_int, _lib.i64, _lib.c_int,
                       _P(_lib.i64), _P(_lib.c_void_p)],
     "pft_ckpt_open": [_lib.c_char_p, _P(_lib.u64), _P(_lib.c_void_p)],
-    "pft_ckpt_open_memory": [_lib.c_char_p, _lib.c_void_p, _lib.i64, _P(_lib.u64), _P(_lib.c_void_p)],
+    "pft_ckpt_read_whole": [_lib.c_char_p, _lib.c_void_p, _lib.i64, _lib.c_int, _lib.c_char_p, _lib.c_int,
+                            _lib.i64, _lib.c_int, _P(_lib.i64), _P(_lib.u64), _P(_lib.c_void_p)],
     "pft_ckpt_plan_whole": [_lib.c_char_p, _P(_lib.c_void_p)],
     "pft_ckpt_read": [_lib.u64, _lib.i64, _P(_lib.i64), _P(_lib.c_void_p), _P(_lib.i64),
                       _lib.c_int, _lib.c_char_p, _lib.c_int, _lib.i64, _lib.c_int, _P(_lib.i64),
@@ -152,23 +153,34 @@ class Archive:
 
     Args:
         path: the zip file.
-        memory: ``(address, nbytes)`` of the whole file already in memory, to
-            parse instead of reading the file (read during the call only).
+        whole: ``(address, nbytes)`` of memory to read the whole file into
+            (``nbytes`` its length), in large requests through ``engine``, and
+            parse from there. With ``verify`` the records' CRC-32s are summed
+            as the file lands, and :meth:`verify` over that memory uses those
+            sums: it must stay as read, and mapped, until :meth:`close`.
+        verify: see ``whole``.
+        engine: see ``whole``.
+        counter: bytes of the whole file read so far, for a progress bar.
 
     Raises:
         CorruptFileError: when the central directory, a local header or a data
             descriptor fails a check, or the file is truncated.
     """
 
-    def __init__(self, path: str | os.PathLike[str], memory: tuple[int, int] | None = None) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], whole: tuple[int, int] | None = None, *, verify: bool = True,
+        engine: str | None = None, counter: ctypes.c_int64 | None = None,
+    ) -> None:
         self.path = os.fspath(path)
         self._handle = 0
         handle = _lib.u64()
         out = ctypes.c_void_p()
-        if memory is None:
+        if whole is None:
             _lib.call("pft_ckpt_open", _lib.cstr(self.path), ctypes.byref(handle), ctypes.byref(out))
         else:
-            _lib.call("pft_ckpt_open_memory", _lib.cstr(self.path), memory[0], memory[1],
+            _lib.call("pft_ckpt_read_whole", _lib.cstr(self.path), whole[0], whole[1], int(verify),
+                      _engine(engine), config.threads(), config.task_size(), 0,
+                      ctypes.byref(counter) if counter is not None else None,
                       ctypes.byref(handle), ctypes.byref(out))
         self._handle = handle.value
         desc = json.loads(_lib.take_string(out))

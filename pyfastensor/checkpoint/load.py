@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 from .._buffers import PageArena
 from ..errors import CorruptFileError
 from . import _progress
-from ._native import Archive, plan_whole, read_raw
+from ._native import Archive, plan_whole
 from ._torchzip import PreloadedZip, key_paths
 from ._unpickle import load_cpu, unpickle
 
@@ -60,7 +60,9 @@ def load(
     are read with O_DIRECT where the filesystem allows. A file of ours
     (16 MiB and up) that is mostly not cached is read whole, in large
     O_DIRECT requests, into one page-aligned area (huge pages where the
-    kernel allows), then parsed and checked from memory; each storage of
+    kernel allows), its CRC-32s summed as it lands, then parsed and
+    checked from memory (for files whose records average 64 KiB and
+    up; smaller ones are read record by record); each storage of
     64 KiB and up keeps its own pages of that area (freed with it), the
     smaller ones are copied out. Otherwise storages of 1 MiB and more read
     with O_DIRECT get page-aligned memory of their own, which O_DIRECT
@@ -193,9 +195,10 @@ def _load_path(
     pickle_module: Any, weights_only: bool, verify: bool, engine: str | None,
     progress: bool | None, pickle_load_args: dict[str, Any], *, mmap: bool = False,
 ) -> Any:
-    arena = None if mmap or engine is not None else _read_whole(path, progress)
-    try:
-        return _load_archive(path, arena, to_torch, map_location, pickle_module, weights_only,
+    whole = None if mmap or engine is not None else _read_whole(path, verify, progress)
+    arena, archive = whole if whole is not None else (None, None)
+    try:  # the archive closes first, when the load is over; then the arena it was read into
+        return _load_archive(path, archive, arena, to_torch, map_location, pickle_module, weights_only,
                              verify, engine, progress, pickle_load_args, mmap=mmap)
     finally:
         if arena is not None:
@@ -204,58 +207,55 @@ def _load_path(
 
 #: Files from this size up are read whole when cold (:func:`_read_whole`).
 WHOLE_MIN = 16 << 20
-#: ... when their records average between these sizes (bytes per record).
-WHOLE_AVERAGE = (64 << 10, 1 << 20)
+#: ... when their records average at least this (bytes per record).
+WHOLE_AVERAGE_MIN = 64 << 10
 
 
-def _read_whole(path: str, progress: bool | None) -> PageArena | None:
-    """Read a cold file of ours whole into a :class:`PageArena`, in large O_DIRECT requests;
-    None when it is not one (mostly cached, too small, not ours, no O_DIRECT, no memory).
+def _read_whole(path: str, verify: bool, progress: bool | None) -> tuple[PageArena, Archive] | None:
+    """Read a cold file of ours whole into a :class:`PageArena`, in large O_DIRECT requests,
+    and open it from there; None when it is not one (mostly cached, too small, not ours, no
+    O_DIRECT, no memory).
 
     One sequential stream at the disk's bandwidth, where parsing the file
     first waits for the disk at every run of small records and the records
-    are then read one by one; large records' pages then become their
-    tensors' (PreloadedZip), so nothing is copied twice.
+    are then read one by one. Each request sums its pages' CRC-32s as it
+    lands, while later ones still wait for the disk, and records are
+    verified from those sums (checkpoint/whole.go). Large records' pages
+    then become their tensors' (PreloadedZip), so nothing is copied twice.
 
-    It pays for files of many mid-sized records (WHOLE_AVERAGE; measured
-    on the development VM, a ResNet-50 state dict, 320 records in 102 MB:
-    1.56x faster cold, paired). Not yet for files of large records (GPT-2,
-    3.2 MB per record: 0.84x), whose CRC-32s the per-record path sums as
-    the pieces land while this one sums them after the read, nor for files
-    of records under CARVE_MIN (10,000 records of 4-64 KiB: 0.97x), which
-    it copies out.
+    Files whose records average under WHOLE_AVERAGE_MIN (10,000 records of
+    4-64 KiB measured 0.97x on the development VM, paired) keep the
+    per-record path: records under CARVE_MIN are copied out of the arena.
     """
     plan = plan_whole(path)
     average = plan["size"] / max(plan["records"], 1)
     if not (plan["ours"] and plan["direct"] and plan["resident"] < 0.5 and plan["size"] >= WHOLE_MIN
-            and WHOLE_AVERAGE[0] <= average < WHOLE_AVERAGE[1]):
+            and average >= WHOLE_AVERAGE_MIN):
         return None
     try:
         arena = PageArena(plan["size"])
     except OSError:
         return None
-    size, piece, base = plan["size"], 8 << 20, arena.addr
     try:
-        _progress.run(
-            lambda counter: read_raw(path, [(o, base + o, min(piece, size - o)) for o in range(0, size, piece)],
-                                     engine="direct", counter=counter),
-            size, f"read {os.path.basename(path)}", progress)
+        archive = _progress.run(
+            lambda counter: Archive(path, (arena.addr, arena.nbytes), verify=verify, engine="direct",
+                                    counter=counter),
+            plan["size"], f"read {os.path.basename(path)}", progress)
     except BaseException:
         arena.close()
         raise
-    return arena
+    return arena, archive
 
 
 def _load_archive(
-    path: str, arena: PageArena | None, to_torch: Callable[[FileLike], Any], map_location: MapLocation,
-    pickle_module: Any, weights_only: bool, verify: bool, engine: str | None,
+    path: str, whole: Archive | None, arena: PageArena | None, to_torch: Callable[[FileLike], Any],
+    map_location: MapLocation, pickle_module: Any, weights_only: bool, verify: bool, engine: str | None,
     progress: bool | None, pickle_load_args: dict[str, Any], *, mmap: bool = False,
 ) -> Any:
     # A load makes a few objects per tensor (entries, storages, tensors) and
     # keeps all of them: the collector's passes over the process's heap in
     # the meantime find nothing to free (about 15% of a 10,000-tensor load).
-    memory = (arena.addr, arena.nbytes) if arena is not None else None
-    with _gc_paused(), Archive(path, memory) as archive:
+    with _gc_paused(), (whole if whole is not None else Archive(path)) as archive:
         names = [e.name for e in archive.entries]
         prefix = names[0].split("/", 1)[0] + "/" if names else ""
         if (
