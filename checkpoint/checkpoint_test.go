@@ -126,6 +126,7 @@ func saved(t *testing.T, recs []Record) (string, *Archive) {
 	require.NoError(t, err)
 	a, err := OpenArchive(path)
 	require.NoError(t, err)
+	t.Cleanup(func() { a.Close() })
 	return path, a
 }
 

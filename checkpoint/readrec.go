@@ -50,13 +50,19 @@ func (a *Archive) Read(reqs []ReadRequest, o ReadOptions) (st Stats, err error) 
 	if err != nil {
 		return st, err
 	}
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	src, err := a.source()
+	if err != nil {
+		return st, err
+	}
 	offs, sizes := make([]int64, len(reqs)), make([]int64, len(reqs))
 	for i, r := range reqs {
 		e := &a.Entries[r.Index]
 		offs[i], sizes[i] = e.DataOff, e.Size
 		st.DataBytes += e.Size
 	}
-	engines := readEngines(a.Path, o.Chooser, offs, sizes)
+	engines := readEngines(src, o.Chooser, offs, sizes)
 	if o.Workers <= 0 {
 		o.Workers = readWorkers(engines)
 	}
@@ -67,7 +73,7 @@ func (a *Archive) Read(reqs []ReadRequest, o ReadOptions) (st Stats, err error) 
 	for _, t := range tasks {
 		left[t.rec].Add(1)
 	}
-	rd := newEngineFiles(a.Path, os.O_RDONLY, o.Engine, o.Progress)
+	rd := newEngineFiles(src, os.O_RDONLY, o.Engine, o.Progress)
 	defer func() {
 		if cerr := rd.close(); err == nil && cerr != nil {
 			err = cerr
@@ -167,5 +173,11 @@ func (a *Archive) Resident() ([]float64, error) {
 	for i, e := range a.Entries {
 		offs[i], sizes[i] = e.DataOff, e.Size
 	}
-	return gds.Resident(a.Path, offs, sizes)
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	src, err := a.source()
+	if err != nil {
+		return nil, err
+	}
+	return gds.Resident(src, offs, sizes)
 }

@@ -82,6 +82,10 @@ func PlanWhole(path string) (WholePlan, error) {
 // Verify then checks records in dst from those sums, touching only the
 // partial granules at their ends. dst must stay as read, and alive, for
 // as long as the Archive is verified from it.
+//
+// When the file at path no longer has dst's length (a save replaced it
+// since its caller measured it), ReadWhole opens the file as OpenArchive
+// does instead, leaving dst alone: the Archive's ReadWhole is false.
 func ReadWhole(path string, dst []byte, o ReadOptions) (a *Archive, err error) {
 	size := int64(len(dst))
 	if o.Chooser == nil {
@@ -91,18 +95,34 @@ func ReadWhole(path string, dst []byte, o ReadOptions) (a *Archive, err error) {
 		}
 		o.Chooser = DefaultChooser(filepath.Dir(abs))
 	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, classify(err)
+	}
+	defer func() {
+		if a == nil {
+			f.Close()
+		}
+	}()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if st.Size() != size {
+		return openPinned(f, path, st.Size())
+	}
+	pinned := &Archive{Path: path, pin: f}
+	src, err := pinned.source()
+	if err != nil {
+		return nil, err
+	}
 	engine := o.Chooser.Engine(OpRead, size)
 	var sums []uint32
 	if !o.NoVerify {
 		sums = make([]uint32, (size+granule-1)/granule)
 	}
 	tasks := splitPieces(0, size, max(granule, pieceSize(o.Engine)&^(granule-1)))
-	rd := newEngineFiles(path, os.O_RDONLY, o.Engine, o.Progress)
-	defer func() {
-		if cerr := rd.close(); err == nil && cerr != nil {
-			err = cerr
-		}
-	}()
+	rd := newEngineFiles(src, os.O_RDONLY, o.Engine, o.Progress)
 	err = runTasks(len(tasks), cmp.Or(o.Workers, readWorkers([]string{engine})), func(t int) error {
 		pc := tasks[t]
 		p := dst[pc.lo:pc.hi]
@@ -122,12 +142,16 @@ func ReadWhole(path string, dst []byte, o ReadOptions) (a *Archive, err error) {
 		rd.count(f.Engine(), int64(len(p)))
 		return nil
 	})
+	if cerr := rd.close(); err == nil {
+		err = cerr
+	}
 	if err != nil {
 		return nil, err
 	}
 	if a, err = OpenArchiveMemory(path, dst); err != nil {
 		return nil, err
 	}
+	a.ReadWhole, a.pin = true, f
 	if sums != nil {
 		a.whole = &granuleSums{data: dst, sums: sums}
 	}

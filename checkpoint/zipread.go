@@ -35,8 +35,52 @@ type Archive struct {
 	// Reads cannot verify such a file.
 	NoCRC bool `json:"no_crc"`
 
+	// ReadWhole says whether ReadWhole read the file whole into memory
+	// (false when the file's size had changed since its caller measured it).
+	ReadWhole bool `json:"read_whole"`
+
 	// whole holds the CRC-32s of the file's granules when ReadWhole read it.
 	whole *granuleSums
+
+	// pin is the file parsed, held open until Close: reads reopen this
+	// inode (source), so that a file replaced at path by a rename, as
+	// every save of ours replaces it, is read as it was parsed, not as its
+	// successor, whose records lie elsewhere. mu keeps Close from closing
+	// it under a read.
+	mu     sync.RWMutex
+	pin    *os.File
+	closed bool
+}
+
+// source returns the name that opens the inode the archive was parsed
+// from: /proc/self/fd/N of the pinned file (Linux), or Path without /proc
+// or a pin. Callers hold a.mu for reading.
+func (a *Archive) source() (string, error) {
+	if a.pin == nil {
+		if a.closed {
+			return "", fmt.Errorf("%w: archive %s", gds.ErrClosed, a.Path)
+		}
+		return a.Path, nil
+	}
+	name := fmt.Sprintf("/proc/self/fd/%d", a.pin.Fd())
+	if _, err := os.Stat(name); err != nil {
+		return a.Path, nil // no /proc: the path, as it is now
+	}
+	return name, nil
+}
+
+// Close releases the file the archive holds open (idempotent). Reads
+// after Close fail.
+func (a *Archive) Close() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.closed = true
+	if a.pin == nil {
+		return nil
+	}
+	err := a.pin.Close()
+	a.pin = nil
+	return err
 }
 
 // OpenArchive reads and validates the central directory of the zip file at
@@ -49,16 +93,28 @@ func OpenArchive(path string) (*Archive, error) {
 	if err != nil {
 		return nil, classify(err)
 	}
-	defer f.Close()
 	st, err := f.Stat()
 	if err != nil {
+		f.Close()
 		return nil, err
 	}
-	p := &parser{f: f, path: path, size: st.Size()}
+	a, err := openPinned(f, path, st.Size())
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return a, nil
+}
+
+// openPinned parses f, of size bytes, opened from path, and pins it in the
+// archive.
+func openPinned(f *os.File, path string, size int64) (*Archive, error) {
+	p := &parser{f: f, path: path, size: size}
 	a, err := p.parse()
 	if err != nil {
 		return nil, err
 	}
+	a.pin = f
 	return a, nil
 }
 

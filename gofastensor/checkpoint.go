@@ -316,8 +316,11 @@ func overMemory[T any](n int, keys *C.int64_t, addrs *unsafe.Pointer, sizes *C.i
 //export pft_ckpt_close
 func pft_ckpt_close(h C.uint64_t, errbuf *C.char, errlen C.size_t) C.int {
 	return call(errbuf, errlen, func() error {
-		_, err := release[*checkpoint.Archive](h)
-		return err
+		a, err := release[*checkpoint.Archive](h)
+		if err != nil {
+			return err
+		}
+		return a.Close()
 	})
 }
 

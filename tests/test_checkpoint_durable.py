@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from checkpoint_helpers import assert_same, evict
 
 import pyfastensor
 from pyfastensor import NoSpaceError
@@ -130,3 +131,54 @@ def test_unwritable_directory_is_a_permission_error(mount_fs):
 def test_missing_directory(tmp_path):
     with pytest.raises(FileNotFoundError):
         pyfastensor.save({"w": torch.ones(1)}, tmp_path / "nope" / "ck.pt")
+
+
+def old_and_new() -> tuple[dict, dict]:
+    """Two checkpoints of different layouts (the new file's records lie elsewhere)."""
+    old = {"w": torch.full((1_500_000,), 1.0), "b": torch.arange(3000, dtype=torch.float64),
+           "small": [torch.full((10,), i) for i in range(20)]}
+    return old, {"other": torch.arange(1000.0), "w": torch.full((700_000,), 2.0)}
+
+
+def _replacing(monkeypatch, owner, name, path: Path, new: dict) -> list[int]:
+    """Make ``owner.name`` save ``new`` over ``path`` (a rename, as every save of ours) on its
+    first call, before doing its work: a save landing in the middle of a load."""
+    real, calls = getattr(owner, name), []
+
+    def replace_then(*args, **kwargs):
+        if not calls:
+            pyfastensor.save(new, path)
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, replace_then)
+    return calls
+
+
+@pytest.mark.parametrize("verify", [True, False])
+def test_load_reads_the_file_it_opened_while_a_save_replaces_it(tmp_path, monkeypatch, verify):
+    from pyfastensor.checkpoint import _native
+
+    path = tmp_path / "ck.pt"
+    old, new = old_and_new()
+    pyfastensor.save(old, path)
+    evict(path)
+    calls = _replacing(monkeypatch, _native.Archive, "read", path, new)
+    got = pyfastensor.load(path, verify=verify, progress=False)
+    assert calls, "the save ran inside the load"
+    assert_same(got, old)  # not a CorruptFileError, not the new file's bytes at the old offsets
+    monkeypatch.undo()
+    assert_same(pyfastensor.load(path), new)
+
+
+def test_whole_file_read_after_a_replacing_save_loads_the_new_file(tmp_path, monkeypatch):
+    load_mod = sys.modules["pyfastensor.checkpoint.load"]
+    monkeypatch.setattr(load_mod, "WHOLE_MIN", 0)
+    monkeypatch.setattr(load_mod, "WHOLE_AVERAGE_MIN", 0)
+    path = tmp_path / "ck.pt"
+    old, new = old_and_new()
+    pyfastensor.save(old, path)
+    evict(path)
+    calls = _replacing(monkeypatch, load_mod, "PageArena", path, new)  # measured, then replaced
+    assert_same(pyfastensor.load(path, progress=False), new)
+    assert calls

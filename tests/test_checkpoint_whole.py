@@ -149,11 +149,11 @@ def test_whole_read_only_for_files_of_records_not_too_small(saved, monkeypatch):
     assert plan["records"] == n
     for least, taken in ((0, True), (plan["size"] // n, True), (plan["size"] // n + 1, False)):
         monkeypatch.setattr(load_mod, "WHOLE_AVERAGE_MIN", least)
-        whole = load_mod._read_whole(str(saved), True, False)
-        assert (whole is not None) == taken, least
-        if whole is not None:
-            whole[1].close()
-            whole[0].close()
+        arena, archive = load_mod._read_whole(str(saved), True, False)
+        assert (arena is not None) == taken == (archive is not None), least
+        if arena is not None:
+            archive.close()
+            arena.close()
 
 
 def test_whole_read_only_for_cold_files_of_ours(tmp_path, saved, arenas):

@@ -151,13 +151,18 @@ def plan_whole(path: str) -> dict[str, Any]:
 class Archive:
     """An archive opened by the Go core, its central directory validated.
 
+    The file stays open until :meth:`close`: reads go to the file that was
+    parsed, even after a save has replaced it at ``path``.
+
     Args:
         path: the zip file.
         whole: ``(address, nbytes)`` of memory to read the whole file into
             (``nbytes`` its length), in large requests through ``engine``, and
             parse from there. With ``verify`` the records' CRC-32s are summed
             as the file lands, and :meth:`verify` over that memory uses those
-            sums: it must stay as read, and mapped, until :meth:`close`.
+            sums: it must stay as read, and mapped, until :meth:`close`. A file
+            whose length is no longer ``nbytes`` (replaced by a save since it
+            was measured) is opened as without ``whole`` (:attr:`read_whole`).
         verify: see ``whole``.
         engine: see ``whole``.
         counter: bytes of the whole file read so far, for a progress bar.
@@ -185,6 +190,8 @@ class Archive:
         self._handle = handle.value
         desc = json.loads(_lib.take_string(out))
         self.size: int = desc["file_size"]
+        #: Whether ``whole`` was read (False: the file no longer had ``nbytes``, and was opened as it is).
+        self.read_whole: bool = desc.get("read_whole", False)
         self.entries: list[Entry] = [
             Entry(e["name"], e["offset"], e["size"], e["crc32"], e["method"])
             for e in desc["entries"] or []

@@ -195,8 +195,7 @@ def _load_path(
     pickle_module: Any, weights_only: bool, verify: bool, engine: str | None,
     progress: bool | None, pickle_load_args: dict[str, Any], *, mmap: bool = False,
 ) -> Any:
-    whole = None if mmap or engine is not None else _read_whole(path, verify, progress)
-    arena, archive = whole if whole is not None else (None, None)
+    arena, archive = (None, None) if mmap or engine is not None else _read_whole(path, verify, progress)
     try:  # the archive closes first, when the load is over; then the arena it was read into
         return _load_archive(path, archive, arena, to_torch, map_location, pickle_module, weights_only,
                              verify, engine, progress, pickle_load_args, mmap=mmap)
@@ -211,10 +210,11 @@ WHOLE_MIN = 16 << 20
 WHOLE_AVERAGE_MIN = 64 << 10
 
 
-def _read_whole(path: str, verify: bool, progress: bool | None) -> tuple[PageArena, Archive] | None:
+def _read_whole(path: str, verify: bool, progress: bool | None) -> tuple[PageArena | None, Archive | None]:
     """Read a cold file of ours whole into a :class:`PageArena`, in large O_DIRECT requests,
-    and open it from there; None when it is not one (mostly cached, too small, not ours, no
-    O_DIRECT, no memory).
+    and open it from there: ``(arena, archive)``; ``(None, None)`` when it is not one (mostly
+    cached, too small, not ours, no O_DIRECT, no memory), and ``(None, archive)`` when a save
+    replaced it after it was measured (``archive`` is then the new file, opened as it is).
 
     One sequential stream at the disk's bandwidth, where parsing the file
     first waits for the disk at every run of small records and the records
@@ -231,11 +231,11 @@ def _read_whole(path: str, verify: bool, progress: bool | None) -> tuple[PageAre
     average = plan["size"] / max(plan["records"], 1)
     if not (plan["ours"] and plan["direct"] and plan["resident"] < 0.5 and plan["size"] >= WHOLE_MIN
             and average >= WHOLE_AVERAGE_MIN):
-        return None
+        return None, None
     try:
         arena = PageArena(plan["size"])
     except OSError:
-        return None
+        return None, None
     try:
         archive = _progress.run(
             lambda counter: Archive(path, (arena.addr, arena.nbytes), verify=verify, engine="direct",
@@ -244,6 +244,9 @@ def _read_whole(path: str, verify: bool, progress: bool | None) -> tuple[PageAre
     except BaseException:
         arena.close()
         raise
+    if not archive.read_whole:
+        arena.close()
+        return None, archive
     return arena, archive
 
 
