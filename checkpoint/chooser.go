@@ -1,6 +1,9 @@
 package checkpoint
 
 import (
+	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -116,6 +119,22 @@ func (c FixedChooser) Engine(Op, int64) string { return string(c) }
 
 // Observe implements Chooser.
 func (c FixedChooser) Observe(Op, int64, string, time.Duration) {}
+
+// dirOf returns the absolute directory of path, whose O_DIRECT probe
+// applies to it; for /proc/self/fd/N (a file pinned open, see
+// Archive.source) the directory of the file the descriptor holds.
+func dirOf(path string) (string, error) {
+	if strings.HasPrefix(path, "/proc/self/fd/") {
+		if target, err := os.Readlink(path); err == nil && filepath.IsAbs(target) {
+			return filepath.Dir(strings.TrimSuffix(target, " (deleted)")), nil
+		}
+	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return "", err
+	}
+	return filepath.Dir(abs), nil
+}
 
 // directOK caches, per directory, whether the probe found O_DIRECT working.
 var directOK sync.Map // dir -> bool

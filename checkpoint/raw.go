@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"slices"
 	"time"
 
@@ -105,11 +104,11 @@ func b2i(b bool) int {
 func ReadRaw(path string, extents []Extent, o ReadOptions) (st Stats, err error) {
 	start := time.Now()
 	if o.Chooser == nil {
-		abs, aerr := filepath.Abs(path)
-		if aerr != nil {
-			return st, aerr
+		dir, derr := dirOf(path)
+		if derr != nil {
+			return st, derr
 		}
-		o.Chooser = DefaultChooser(filepath.Dir(abs))
+		o.Chooser = DefaultChooser(dir)
 	}
 	var tasks []piece
 	offs, sizes := make([]int64, len(extents)), make([]int64, len(extents))

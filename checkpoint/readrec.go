@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"sync/atomic"
 	"time"
 
@@ -40,11 +39,11 @@ func (a *Archive) Read(reqs []ReadRequest, o ReadOptions) (st Stats, err error) 
 	start := time.Now()
 	o.NoVerify = o.NoVerify || a.NoCRC
 	if o.Chooser == nil {
-		abs, aerr := filepath.Abs(a.Path)
-		if aerr != nil {
-			return st, aerr
+		dir, derr := dirOf(a.Path)
+		if derr != nil {
+			return st, derr
 		}
-		o.Chooser = DefaultChooser(filepath.Dir(abs))
+		o.Chooser = DefaultChooser(dir)
 	}
 	tasks, crcs, err := a.split(reqs, pieceSize(o.Engine), "destination")
 	if err != nil {

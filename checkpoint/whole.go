@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"hash/crc32"
 	"os"
-	"path/filepath"
 	"sync"
 
 	"github.com/pyfastensor/pyfastensor/gds"
@@ -46,11 +45,11 @@ func PlanWhole(path string) (WholePlan, error) {
 	if err != nil {
 		return WholePlan{}, classify(err)
 	}
-	abs, err := filepath.Abs(path)
+	dir, err := dirOf(path)
 	if err != nil {
 		return WholePlan{}, err
 	}
-	c, ok := DefaultChooser(filepath.Dir(abs)).(*ThresholdChooser)
+	c, ok := DefaultChooser(dir).(*ThresholdChooser)
 	plan := WholePlan{Size: st.Size(), Direct: ok && c.Direct}
 	if res, err := gds.Resident(path, []int64{0}, []int64{st.Size()}); err == nil && len(res) == 1 {
 		plan.Resident = res[0]
@@ -89,11 +88,11 @@ func PlanWhole(path string) (WholePlan, error) {
 func ReadWhole(path string, dst []byte, o ReadOptions) (a *Archive, err error) {
 	size := int64(len(dst))
 	if o.Chooser == nil {
-		abs, aerr := filepath.Abs(path)
-		if aerr != nil {
-			return nil, aerr
+		dir, derr := dirOf(path)
+		if derr != nil {
+			return nil, derr
 		}
-		o.Chooser = DefaultChooser(filepath.Dir(abs))
+		o.Chooser = DefaultChooser(dir)
 	}
 	f, err := os.Open(path)
 	if err != nil {
@@ -151,7 +150,7 @@ func ReadWhole(path string, dst []byte, o ReadOptions) (a *Archive, err error) {
 	if a, err = OpenArchiveMemory(path, dst); err != nil {
 		return nil, err
 	}
-	a.ReadWhole, a.pin = true, f
+	a.ReadWhole, a.pin, a.Fd = true, f, int(f.Fd())
 	if sums != nil {
 		a.whole = &granuleSums{data: dst, sums: sums}
 	}

@@ -1,6 +1,7 @@
 package checkpoint
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -178,4 +179,20 @@ func TestReplacedFileIsReadAsParsed(t *testing.T) {
 	require.NoError(t, a.Close(), "idempotent")
 	_, err = a.Read([]ReadRequest{{Index: 1, Dst: make([]byte, len(old[1].Data))}}, ReadOptions{})
 	require.ErrorIs(t, err, gds.ErrClosed)
+}
+
+func TestDirOfFollowsAPinnedDescriptor(t *testing.T) {
+	path, a := savedSample(t)
+	a.mu.RLock()
+	src, err := a.source()
+	a.mu.RUnlock()
+	require.NoError(t, err)
+	assert.Equal(t, fmt.Sprintf("/proc/self/fd/%d", a.Fd), src)
+	dir, err := dirOf(src)
+	require.NoError(t, err)
+	assert.Equal(t, filepath.Dir(path), dir, "the file's directory, for its O_DIRECT probe")
+	require.NoError(t, os.Remove(path))
+	dir, err = dirOf(src)
+	require.NoError(t, err)
+	assert.Equal(t, filepath.Dir(path), dir, "even once removed")
 }

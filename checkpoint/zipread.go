@@ -38,6 +38,9 @@ type Archive struct {
 	// ReadWhole says whether ReadWhole read the file whole into memory
 	// (false when the file's size had changed since its caller measured it).
 	ReadWhole bool `json:"read_whole"`
+	// Fd is the descriptor of the file parsed, open until Close (-1 when
+	// none is held): the caller maps or reopens the same inode through it.
+	Fd int `json:"fd"`
 
 	// whole holds the CRC-32s of the file's granules when ReadWhole read it.
 	whole *granuleSums
@@ -114,7 +117,7 @@ func openPinned(f *os.File, path string, size int64) (*Archive, error) {
 	if err != nil {
 		return nil, err
 	}
-	a.pin = f
+	a.pin, a.Fd = f, int(f.Fd())
 	return a, nil
 }
 
@@ -124,7 +127,11 @@ func openPinned(f *os.File, path string, size int64) (*Archive, error) {
 // data is only read during the call; errors name path.
 func OpenArchiveMemory(path string, data []byte) (*Archive, error) {
 	p := &parser{f: bytes.NewReader(data), path: path, size: int64(len(data)), inMemory: true}
-	return p.parse()
+	a, err := p.parse()
+	if a != nil {
+		a.Fd = -1
+	}
+	return a, err
 }
 
 type parser struct {

@@ -14,13 +14,13 @@ import json
 import math
 import os
 import struct
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
 from ._buffers import empty_bytes
 from .checkpoint import _progress
-from .checkpoint._native import read_raw, write_raw
+from .checkpoint._native import read_raw, same_file, write_raw
 from .errors import CorruptFileError
 
 #: safetensors dtype names.
@@ -151,18 +151,26 @@ def load_file(
         CorruptFileError: the header is malformed or inconsistent, or the file is truncated.
     """
     path = os.fspath(filename)
-    size = os.path.getsize(path)
+    # One open file for the header and the data: a save replacing the file
+    # meanwhile (a rename) cannot pair this header with another file's bytes.
     with open(path, "rb") as f:
-        raw = f.read(8)
-        if len(raw) < 8:
-            raise CorruptFileError(f"{path} is not a safetensors file: {size} bytes")
-        (n,) = struct.unpack("<Q", raw)
-        if n > _MAX_HEADER or 8 + n > size:
-            raise CorruptFileError(f"{path}: header length {n} does not fit a file of {size} bytes")
-        try:
-            header = json.loads(f.read(n))
-        except ValueError as e:
-            raise CorruptFileError(f"{path}: header is not valid JSON: {e}") from None
+        return _load_open(f, path, device, engine, progress)
+
+
+def _load_open(f: BinaryIO, path: str, device: str | int | torch.device, engine: str | None,
+               progress: bool | None) -> dict[str, torch.Tensor]:
+    """:func:`load_file` of the file open as ``f``, opened from ``path``."""
+    size = os.fstat(f.fileno()).st_size
+    raw = f.read(8)
+    if len(raw) < 8:
+        raise CorruptFileError(f"{path} is not a safetensors file: {size} bytes")
+    (n,) = struct.unpack("<Q", raw)
+    if n > _MAX_HEADER or 8 + n > size:
+        raise CorruptFileError(f"{path}: header length {n} does not fit a file of {size} bytes")
+    try:
+        header = json.loads(f.read(n))
+    except ValueError as e:
+        raise CorruptFileError(f"{path}: header is not valid JSON: {e}") from None
     header.pop("__metadata__", None)
     start = 8 + n
     out: dict[str, torch.Tensor] = {}
@@ -192,7 +200,8 @@ def load_file(
     if start + pos != size:
         raise CorruptFileError(f"{path}: data region is {size - start} bytes, the header describes {pos}"
                                f"{' (truncated)' if start + pos > size else ''}")
-    _progress.run(lambda c: read_raw(path, extents, engine=engine, counter=c),
+    source = same_file(f.fileno(), path)
+    _progress.run(lambda c: read_raw(source, extents, engine=engine, counter=c),
                   pos, f"load {os.path.basename(path)}", progress)
     dev = torch.device(f"cuda:{device}" if isinstance(device, int) else device)
     if dev.type != "cpu":

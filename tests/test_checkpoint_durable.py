@@ -171,6 +171,18 @@ def test_load_reads_the_file_it_opened_while_a_save_replaces_it(tmp_path, monkey
     assert_same(pyfastensor.load(path), new)
 
 
+@pytest.mark.parametrize("verify", [True, False])
+def test_mapped_load_maps_the_file_it_opened_while_a_save_replaces_it(tmp_path, monkeypatch, verify):
+    load_mod = sys.modules["pyfastensor.checkpoint.load"]
+    path = tmp_path / "ck.pt"
+    old, new = old_and_new()
+    pyfastensor.save(old, path)
+    calls = _replacing(monkeypatch, load_mod, "_map", path, new)
+    got = pyfastensor.load(path, mmap=True, verify=verify)
+    assert calls
+    assert_same(got, old)
+
+
 def test_whole_file_read_after_a_replacing_save_loads_the_new_file(tmp_path, monkeypatch):
     load_mod = sys.modules["pyfastensor.checkpoint.load"]
     monkeypatch.setattr(load_mod, "WHOLE_MIN", 0)

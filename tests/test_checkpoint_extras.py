@@ -51,6 +51,16 @@ def test_open_loads_only_chosen_records(tmp_path, monkeypatch):
         monkeypatch.undo()
 
 
+def test_open_keeps_reading_the_file_it_opened(tmp_path):
+    path = tmp_path / "x.pt"
+    old = {"a": torch.arange(5000.0), "b": torch.ones(3)}
+    pyfastensor.save(old, path)
+    with pyfastensor.open(path) as ck:
+        pyfastensor.save({"b": torch.zeros(9), "a": torch.full((100,), 2.0)}, path)  # replaced
+        assert_same(ck.load(), old)
+    assert_same(pyfastensor.open(path).load()["a"], torch.full((100,), 2.0))
+
+
 def test_open_rejects_missing_keys(tmp_path):
     pyfastensor.save({"a": torch.ones(1)}, tmp_path / "x.pt")
     with pyfastensor.open(tmp_path / "x.pt") as ck:

@@ -139,6 +139,13 @@ def read_raw(
     return json.loads(_lib.take_string(out))
 
 
+def same_file(fd: int, path: str) -> str:
+    """A name that opens the file open as ``fd`` (read from ``path``) even after a save's
+    rename has replaced it there: ``/proc/self/fd/<fd>``, or ``path`` without /proc."""
+    name = f"/proc/self/fd/{fd}"
+    return name if fd >= 0 and os.path.exists(name) else path
+
+
 def plan_whole(path: str) -> dict[str, Any]:
     """``{"size", "resident", "direct", "ours"}`` of the file at ``path``: its length, the share of
     it in the page cache, whether O_DIRECT works in its directory, whether our writer wrote it
@@ -192,6 +199,8 @@ class Archive:
         self.size: int = desc["file_size"]
         #: Whether ``whole`` was read (False: the file no longer had ``nbytes``, and was opened as it is).
         self.read_whole: bool = desc.get("read_whole", False)
+        #: A name that opens the file parsed, while the archive is open (:func:`same_file`).
+        self.source = same_file(desc.get("fd", -1), self.path)
         self.entries: list[Entry] = [
             Entry(e["name"], e["offset"], e["size"], e["crc32"], e["method"])
             for e in desc["entries"] or []

@@ -44,7 +44,10 @@ class CheckpointReader:
     the storage records its tensors need, in one parallel native read,
     straight into their destination storages. Tensors that share a storage
     share it in what you load too, across calls, for as long as the reader
-    lives. Not safe for concurrent use from several threads.
+    lives. The reader holds the file open and reads that file: a save that
+    replaces it at its path meanwhile does not change what it loads (open
+    the path again for the new checkpoint). Not safe for concurrent use from
+    several threads.
     """
 
     def __init__(

@@ -271,7 +271,7 @@ def _load_archive(
         try:
             zf.read_small(verify=verify)
             if mmap:
-                overall = _map(path, archive.size)
+                overall = _map(archive.source, archive.size)
                 base = overall.data_ptr()
                 entries = archive.entries
                 records = [(i, base + entries[i].offset, entries[i].size)
