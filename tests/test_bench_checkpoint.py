@@ -96,3 +96,18 @@ def test_ratios_and_fractions_pair_rounds():
     assert got["durable save >= 85% of the disk's write limit"]["met"]
     assert "50% of the read into new memory" in got["cold load >= 85% of the disk's read limit"]["figures"]
     assert got["cold load faster than every peer"]["met"]
+
+
+def test_each_round_starts_with_another_tool(tmp_path, monkeypatch):
+    calls = []
+
+    def fake_round(tool, w, directory, *, check=False):
+        calls.append(tool)
+        return {"save_s": 1.0, "cold_s": 1.0, "warm_s": 1.0} | ({"newmem_s": 1.0} if tool == "pyfastensor" else {})
+
+    monkeypatch.setattr(bench, "measure_round", fake_round)
+    monkeypatch.setattr(disk, "prime_memory", lambda n: None)
+    tools = ("pyfastensor", "torch", "safetensors")
+    bench.run(str(tmp_path), workloads=_tiny()[:1], tools=tools, repeat=4, limit=False)
+    assert calls == ["pyfastensor", "torch", "safetensors", "torch", "safetensors", "pyfastensor",
+                     "safetensors", "pyfastensor", "torch", "pyfastensor", "torch", "safetensors"]
