@@ -366,11 +366,25 @@ def read_into_new_memory(path: str) -> float:
     return seconds
 
 
+def _fresh_memory(w: Workload) -> None:
+    """Touch and free, just before a timed load, the memory it will take (:func:`disk.prime_memory`).
+
+    On the development VM the guest reports memory free for a second or
+    two to the host, which takes it back: the next touch of it costs a
+    fault on the host too. A GPT-2 read into new memory took 130-150 ms
+    right after such memory was freed and 370-440 ms five seconds later.
+    Without this, a load's figure depended on whether the tool before it
+    had freed anonymous memory (torch's copies) or not (mapped loads).
+    """
+    disk.prime_memory(min(2 * w.nbytes, _available_memory() // 2))
+
+
 def measure_round(tool: str, w: Workload, directory: str, *, check: bool = False) -> dict[str, float]:
     """One round of ``tool`` on ``w``: a durable save, a cold load, a warm load, each load
-    touching every page; for pyfastensor, then the read into new memory of a file saved again,
-    in the cold load's conditions (the first read after the save's writes ran measurably
-    slower on the development VM, whichever reader it was).
+    touching every page and starting with memory just freed (:func:`_fresh_memory`); for
+    pyfastensor, then the read into new memory of a file saved again, in the cold load's
+    conditions (the first read after the save's writes ran measurably slower on the
+    development VM, whichever reader it was).
 
     Args:
         check: compare both loads with the saved dict (:func:`check_equal`).
@@ -389,6 +403,7 @@ def measure_round(tool: str, w: Workload, directory: str, *, check: bool = False
         out["save_s"] = time.perf_counter() - start
 
         disk.drop_caches(_files(path))
+        _fresh_memory(w)
         start = time.perf_counter()
         got = loader(path, keys)
         touch_pages(got)
@@ -398,6 +413,7 @@ def measure_round(tool: str, w: Workload, directory: str, *, check: bool = False
         del got
 
         disk.cache_files(_files(path))  # warm: the whole file in the page cache, for every tool
+        _fresh_memory(w)
         start = time.perf_counter()
         got = loader(path, keys)
         touch_pages(got)
@@ -409,6 +425,7 @@ def measure_round(tool: str, w: Workload, directory: str, *, check: bool = False
             _remove(path)
             saver(w.state, path)
             disk.drop_caches(_files(path))
+            _fresh_memory(w)
             out["newmem_s"] = read_into_new_memory(path)
     finally:
         _remove(path)
