@@ -541,7 +541,7 @@ def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def run(directory: str, *, workloads: list[Workload] | None = None, quick: bool = False,
-        tools: tuple[str, ...] = TOOLS, repeat: int = 3, limit: bool = True, limit_size: int | None = None,
+        tools: tuple[str, ...] = TOOLS, repeat: int = 5, limit: bool = True, limit_size: int | None = None,
         progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run the benchmark in ``directory`` (left as found); return the tables as a dict.
 
@@ -554,7 +554,7 @@ def run(directory: str, *, workloads: list[Workload] | None = None, quick: bool 
         workloads: the state dicts (default :func:`build_workloads` of every workload).
         quick: smaller default workloads and a 256 MiB disk limit.
         tools: rows to run. Default every tool.
-        repeat: rounds. Default 3.
+        repeat: rounds. Default 5.
         limit: measure the disk's O_DIRECT limit at the start of each round (fio when installed).
         limit_size: bytes per direction for the limit (default 1 GiB; 256 MiB with quick).
         progress: called with a line before each row.
@@ -662,7 +662,9 @@ _DESCRIPTION = __doc__.split("\n", 2)[2] + """
 A round measures the disk's limit, then, for each workload and tool, one
 durable save, one cold load and one warm load (the same load again after
 the tool's files were read once whole, so they sit in the page cache
-whatever the cold load did). --repeat N runs N rounds (default 3). Each
+whatever the cold load did). --repeat N runs N rounds (default 5: the
+first round's loads, the first of the process, ran up to twice as slow for
+every tool on the development VM, and with 3 rounds that one counted). Each
 figure is the median over rounds; each ratio to a peer and each fraction of
 the limit is the median of the per-round ratios (pyfastensor and the peer,
 or the limit, of the same round), which cancels the drift of a virtual
@@ -713,8 +715,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "temporary directory inside it and leaves nothing behind")
     p.add_argument("--workloads", default=None,
                    help=f"comma list among {', '.join(WORKLOADS)} (default: all)")
-    p.add_argument("--repeat", type=int, default=3,
-                   help="rounds (disk limit, then every tool); medians count (default 3)")
+    p.add_argument("--repeat", type=int, default=5,
+                   help="rounds (disk limit, then every tool); medians count (default 5)")
     p.add_argument("--quick", action="store_true",
                    help="GPT-2 shape with 4 layers and vocab 8192, 1,000 small tensors, 256M disk limit")
     p.add_argument("--no-limit", action="store_true", help="skip measuring the disk's limit")
