@@ -94,22 +94,43 @@ func pft_ckpt_save(path *C.char, n C.int64_t, names *C.char, addrs *unsafe.Point
 		if err != nil {
 			return err
 		}
-		ch, err := chooser(engine)
+		o, err := writeOptions(durable, engine, threads, taskSize, workers, progress)
 		if err != nil {
 			return err
 		}
-		st, err := checkpoint.Save(C.GoString(path), recs, checkpoint.WriteOptions{
-			NotDurable: durable == 0,
-			Chooser:    ch,
-			Engine:     gds.Options{Threads: int(threads), TaskSize: int64(taskSize)},
-			Workers:    int(workers),
-			Progress:   progressFunc(progress),
-		})
+		st, err := checkpoint.Save(C.GoString(path), recs, o)
 		if err != nil {
 			return ckptErr(err)
 		}
 		return putJSON(out, st)
 	})
+}
+
+// writeOptions are the options of a save, from its C arguments.
+func writeOptions(durable C.int, engine *C.char, threads C.int, taskSize C.int64_t, workers C.int,
+	progress *C.int64_t) (checkpoint.WriteOptions, error) {
+	ch, err := chooser(engine)
+	return checkpoint.WriteOptions{
+		NotDurable: durable == 0,
+		Chooser:    ch,
+		Engine:     gds.Options{Threads: int(threads), TaskSize: int64(taskSize)},
+		Workers:    int(workers),
+		Progress:   progressFunc(progress),
+	}, err
+}
+
+// readOptions are the options of a read, from its C arguments (verify
+// means nothing to raw reads).
+func readOptions(verify C.int, engine *C.char, threads C.int, taskSize C.int64_t, workers C.int,
+	progress *C.int64_t) (checkpoint.ReadOptions, error) {
+	ch, err := chooser(engine)
+	return checkpoint.ReadOptions{
+		NoVerify: verify == 0,
+		Chooser:  ch,
+		Engine:   gds.Options{Threads: int(threads), TaskSize: int64(taskSize)},
+		Workers:  int(workers),
+		Progress: progressFunc(progress),
+	}, err
 }
 
 // records turns the C arrays of pft_ckpt_save into records over the
@@ -171,7 +192,7 @@ func pft_ckpt_read_whole(path *C.char, addr unsafe.Pointer, size C.int64_t, veri
 	threads C.int, taskSize C.int64_t, workers C.int, progress *C.int64_t, handle *C.uint64_t, out **C.char,
 	errbuf *C.char, errlen C.size_t) C.int {
 	return call(errbuf, errlen, func() error {
-		ch, err := chooser(engine)
+		o, err := readOptions(verify, engine, threads, taskSize, workers, progress)
 		if err != nil {
 			return err
 		}
@@ -179,13 +200,7 @@ func pft_ckpt_read_whole(path *C.char, addr unsafe.Pointer, size C.int64_t, veri
 		if err != nil {
 			return err
 		}
-		a, err := checkpoint.ReadWhole(C.GoString(path), dst, checkpoint.ReadOptions{
-			NoVerify: verify == 0,
-			Chooser:  ch,
-			Engine:   gds.Options{Threads: int(threads), TaskSize: int64(taskSize)},
-			Workers:  int(workers),
-			Progress: progressFunc(progress),
-		})
+		a, err := checkpoint.ReadWhole(C.GoString(path), dst, o)
 		if err != nil {
 			return ckptErr(err)
 		}
@@ -239,7 +254,7 @@ func pft_ckpt_read(h C.uint64_t, n C.int64_t, indices *C.int64_t, addrs *unsafe.
 	verify C.int, engine *C.char, threads C.int, taskSize C.int64_t, workers C.int, progress *C.int64_t,
 	out **C.char, errbuf *C.char, errlen C.size_t) C.int {
 	return call(errbuf, errlen, func() error {
-		ch, err := chooser(engine)
+		o, err := readOptions(verify, engine, threads, taskSize, workers, progress)
 		if err != nil {
 			return err
 		}
@@ -247,13 +262,7 @@ func pft_ckpt_read(h C.uint64_t, n C.int64_t, indices *C.int64_t, addrs *unsafe.
 		if err != nil {
 			return err
 		}
-		st, err := a.Read(reqs, checkpoint.ReadOptions{
-			NoVerify: verify == 0,
-			Chooser:  ch,
-			Engine:   gds.Options{Threads: int(threads), TaskSize: int64(taskSize)},
-			Workers:  int(workers),
-			Progress: progressFunc(progress),
-		})
+		st, err := a.Read(reqs, o)
 		if err != nil {
 			return ckptErr(err)
 		}
@@ -340,7 +349,7 @@ func pft_raw_save(path *C.char, size C.int64_t, n C.int64_t, offsets *C.int64_t,
 	durable C.int, engine *C.char, threads C.int, taskSize C.int64_t, workers C.int, progress *C.int64_t,
 	out **C.char, errbuf *C.char, errlen C.size_t) C.int {
 	return call(errbuf, errlen, func() error {
-		ch, err := chooser(engine)
+		o, err := writeOptions(durable, engine, threads, taskSize, workers, progress)
 		if err != nil {
 			return err
 		}
@@ -348,13 +357,7 @@ func pft_raw_save(path *C.char, size C.int64_t, n C.int64_t, offsets *C.int64_t,
 		if err != nil {
 			return err
 		}
-		st, err := checkpoint.SaveRaw(C.GoString(path), int64(size), ext, checkpoint.WriteOptions{
-			NotDurable: durable == 0,
-			Chooser:    ch,
-			Engine:     gds.Options{Threads: int(threads), TaskSize: int64(taskSize)},
-			Workers:    int(workers),
-			Progress:   progressFunc(progress),
-		})
+		st, err := checkpoint.SaveRaw(C.GoString(path), int64(size), ext, o)
 		if err != nil {
 			return ckptErr(err)
 		}
@@ -370,7 +373,7 @@ func pft_raw_read(path *C.char, n C.int64_t, offsets *C.int64_t, addrs *unsafe.P
 	engine *C.char, threads C.int, taskSize C.int64_t, workers C.int, progress *C.int64_t,
 	out **C.char, errbuf *C.char, errlen C.size_t) C.int {
 	return call(errbuf, errlen, func() error {
-		ch, err := chooser(engine)
+		o, err := readOptions(1, engine, threads, taskSize, workers, progress)
 		if err != nil {
 			return err
 		}
@@ -378,12 +381,7 @@ func pft_raw_read(path *C.char, n C.int64_t, offsets *C.int64_t, addrs *unsafe.P
 		if err != nil {
 			return err
 		}
-		st, err := checkpoint.ReadRaw(C.GoString(path), ext, checkpoint.ReadOptions{
-			Chooser:  ch,
-			Engine:   gds.Options{Threads: int(threads), TaskSize: int64(taskSize)},
-			Workers:  int(workers),
-			Progress: progressFunc(progress),
-		})
+		st, err := checkpoint.ReadRaw(C.GoString(path), ext, o)
 		if err != nil {
 			return ckptErr(err)
 		}

@@ -396,31 +396,26 @@ def measure_round(tool: str, w: Workload, directory: str, *, check: bool = False
     path = os.path.join(directory, fname)
     keys = list(w.state)
     out: dict[str, float] = {}
+
+    def timed_load(what: str) -> float:
+        _fresh_memory(w)
+        start = time.perf_counter()
+        got = loader(path, keys)
+        touch_pages(got)
+        seconds = time.perf_counter() - start
+        if check:
+            check_equal(f"{tool} ({what})", w.state, got)
+        return seconds
+
     try:
         _remove(path)
         start = time.perf_counter()
         saver(w.state, path)
         out["save_s"] = time.perf_counter() - start
-
         disk.drop_caches(_files(path))
-        _fresh_memory(w)
-        start = time.perf_counter()
-        got = loader(path, keys)
-        touch_pages(got)
-        out["cold_s"] = time.perf_counter() - start
-        if check:
-            check_equal(tool, w.state, got)
-        del got
-
+        out["cold_s"] = timed_load("cold")
         disk.cache_files(_files(path))  # warm: the whole file in the page cache, for every tool
-        _fresh_memory(w)
-        start = time.perf_counter()
-        got = loader(path, keys)
-        touch_pages(got)
-        out["warm_s"] = time.perf_counter() - start
-        if check:
-            check_equal(f"{tool} (warm)", w.state, got)
-        del got
+        out["warm_s"] = timed_load("warm")
         if tool == "pyfastensor":
             _remove(path)
             saver(w.state, path)
