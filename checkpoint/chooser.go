@@ -120,16 +120,22 @@ func (c FixedChooser) Engine(Op, int64) string { return string(c) }
 // Observe implements Chooser.
 func (c FixedChooser) Observe(Op, int64, string, time.Duration) {}
 
-// dirOf returns the absolute directory of path, whose O_DIRECT probe
-// applies to it; for /proc/self/fd/N (a file pinned open, see
-// Archive.source) the directory of the file the descriptor holds.
-func dirOf(path string) (string, error) {
+// shownName returns what errors call the file at path: for
+// /proc/self/fd/N (a file pinned open, see Archive.source) the path that
+// descriptor was opened by, else path.
+func shownName(path string) string {
 	if strings.HasPrefix(path, "/proc/self/fd/") {
 		if target, err := os.Readlink(path); err == nil && filepath.IsAbs(target) {
-			return filepath.Dir(strings.TrimSuffix(target, " (deleted)")), nil
+			return strings.TrimSuffix(target, " (deleted)")
 		}
 	}
-	abs, err := filepath.Abs(path)
+	return path
+}
+
+// dirOf returns the absolute directory of the file at path (shownName),
+// whose O_DIRECT probe applies to it.
+func dirOf(path string) (string, error) {
+	abs, err := filepath.Abs(shownName(path))
 	if err != nil {
 		return "", err
 	}

@@ -22,6 +22,9 @@ type engineFiles struct {
 }
 
 func newEngineFiles(path string, flag int, opts gds.Options, progress func(int64)) *engineFiles {
+	if name := shownName(path); name != path {
+		opts.Name = name // a pinned file's errors name its path, not /proc/self/fd/N
+	}
 	return &engineFiles{path: path, flag: flag, opts: opts, progress: progress,
 		files: map[string]gds.File{}, engines: map[string]int64{}}
 }

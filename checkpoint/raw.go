@@ -134,7 +134,7 @@ func ReadRaw(path string, extents []Extent, o ReadOptions) (st Stats, err error)
 		off := extents[pc.rec].Off + pc.lo
 		if _, err := f.ReadAt(p, off); err != nil {
 			if errors.Is(err, gds.ErrEOF) {
-				return corrupt(path, "", off, "file ends before the %d bytes expected here (truncated?)", len(p))
+				return corrupt(shownName(path), "", off, "file ends before the %d bytes expected here (truncated?)", len(p))
 			}
 			return err
 		}

@@ -196,3 +196,21 @@ func TestDirOfFollowsAPinnedDescriptor(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, filepath.Dir(path), dir, "even once removed")
 }
+
+// Errors from a read through the pinned descriptor name the file's path,
+// not /proc/self/fd/N.
+func TestPinnedReadErrorsNameThePath(t *testing.T) {
+	path, a := savedSample(t)
+	last := len(a.Entries) - 2
+	e := a.Entries[last]
+	require.NoError(t, os.Truncate(path, e.DataOff+10)) // the same inode, shorter
+	_, err := a.Read([]ReadRequest{{Index: last, Dst: make([]byte, e.Size)}}, ReadOptions{Chooser: FixedChooser("posix")})
+	require.ErrorIs(t, err, ErrCorrupt)
+	assert.Contains(t, err.Error(), path)
+	assert.NotContains(t, err.Error(), "/proc/self/fd")
+
+	_, err = ReadRaw(fmt.Sprintf("/proc/self/fd/%d", a.Fd), []Extent{{e.DataOff, make([]byte, 100)}}, ReadOptions{})
+	require.ErrorIs(t, err, ErrCorrupt)
+	assert.Contains(t, err.Error(), path)
+	assert.NotContains(t, err.Error(), "/proc/self/fd")
+}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -203,6 +204,32 @@ func TestReadPastEOF(t *testing.T) {
 
 			_, err = f.ReadAt(buf, 1<<40)
 			require.ErrorIs(t, err, ErrEOF)
+		})
+	}
+}
+
+// Options.Name is what a file's errors call it: a file reopened through
+// /proc/self/fd/N keeps the name of its path.
+func TestErrorsUseOptionsName(t *testing.T) {
+	for _, name := range Names() {
+		e, err := New(name, Options{Name: "/data/shown.pt"})
+		if err != nil {
+			continue // cufile without the library
+		}
+		t.Run(name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "f")
+			require.NoError(t, os.WriteFile(path, pattern(10000, 3), 0o644))
+			g, err := os.Open(path)
+			require.NoError(t, err)
+			defer g.Close()
+			f, err := e.Open(fmt.Sprintf("/proc/self/fd/%d", g.Fd()), os.O_RDONLY, 0)
+			require.NoError(t, err)
+			defer f.Close()
+			assert.Equal(t, "/data/shown.pt", f.Path())
+			_, err = f.ReadAt(make([]byte, 4096), 8000)
+			require.ErrorIs(t, err, ErrEOF)
+			assert.Contains(t, err.Error(), "/data/shown.pt")
+			assert.NotContains(t, err.Error(), "/proc/self/fd")
 		})
 	}
 }

@@ -286,15 +286,16 @@ func (e *CuFile) Open(path string, flag int, perm os.FileMode) (File, error) {
 	if errors.Is(err, unix.EINVAL) {
 		fd, err = openFD(path, flag, uint32(perm.Perm()))
 	}
+	name := e.opts.nameFor(path)
 	if err != nil {
-		return nil, opErr("cufile", "open", path, 0, 0, 0, err)
+		return nil, opErr("cufile", "open", name, 0, 0, 0, err)
 	}
 	fh, st := e.lib.shim.handleRegister(fd)
 	if st.code != 0 {
 		unix.Close(fd)
-		return nil, opErr("cufile", "open", path, 0, 0, 0, &CuFileError{"cuFileHandleRegister", st.code, st.cuResult})
+		return nil, opErr("cufile", "open", name, 0, 0, 0, &CuFileError{"cuFileHandleRegister", st.code, st.cuResult})
 	}
-	return &cufileFile{fd: fd, fh: fh, path: path, opts: e.opts, lib: e.lib}, nil
+	return &cufileFile{fd: fd, fh: fh, path: name, opts: e.opts, lib: e.lib}, nil
 }
 
 // RegisterBuffer registers device memory p with cuFile, so that transfers

@@ -58,18 +58,19 @@ func (e *Direct) Open(path string, flag int, perm os.FileMode) (File, error) {
 		pf.(*posixFile).fallback = fmt.Sprintf("%s: %s: %v on open", e.name, ErrNoDirectIO, err)
 		return pf, nil
 	}
+	name := e.opts.nameFor(path)
 	if err != nil {
-		return nil, opErr(e.name, "open", path, 0, 0, 0, err)
+		return nil, opErr(e.name, "open", name, 0, 0, 0, err)
 	}
 	mem, off := dioAlign(fd)
-	size, err := fdSize(e.name, fd, path)
+	size, err := fdSize(e.name, fd, name)
 	if err != nil {
 		unix.Close(fd)
 		return nil, err
 	}
 	task := alignUp(e.opts.TaskSize, int64(off))
 	f := &directFile{
-		fd: fd, path: path, engine: e.name, opts: e.opts,
+		fd: fd, path: name, engine: e.name, opts: e.opts,
 		memAlign: mem, offAlign: off, task: task,
 		bounce: newBouncePool(int(task), mem), middle: e.middle,
 	}

@@ -51,7 +51,7 @@ type File interface {
 	Truncate(size int64) error
 	// Close releases the file. Further calls return an error wrapping ErrClosed.
 	Close() error
-	// Path is the path the file was opened with.
+	// Path is the path the file was opened with, or Options.Name.
 	Path() string
 	// Engine is the name of the engine that actually serves transfers; it
 	// differs from the engine asked for only after a fallback.
@@ -79,6 +79,18 @@ type Options struct {
 	// PYFASTENSOR_CUFILE_LIB environment variable, then the dynamic loader's
 	// search for libcufile.so.0.
 	CuFileLibrary string
+	// Name is what errors call an opened file. Default: the path it was
+	// opened by. A file reopened through /proc/self/fd/N keeps its own
+	// name this way.
+	Name string
+}
+
+// nameFor returns what errors call the file opened by path.
+func (o Options) nameFor(path string) string {
+	if o.Name != "" {
+		return o.Name
+	}
+	return path
 }
 
 // Default option values.

@@ -28,19 +28,20 @@ func (e *Mmap) Name() string { return "mmap" }
 // Open implements Engine. The file is always opened read-only; the mapping
 // covers its length at open.
 func (e *Mmap) Open(path string, flag int, perm os.FileMode) (File, error) {
+	name := e.opts.nameFor(path)
 	if flag&(os.O_WRONLY|os.O_RDWR|os.O_CREATE|os.O_TRUNC) != 0 {
-		return nil, opErr("mmap", "open", path, 0, 0, 0, fmt.Errorf("%w: mmap opens files for reading only", ErrUnsupported))
+		return nil, opErr("mmap", "open", name, 0, 0, 0, fmt.Errorf("%w: mmap opens files for reading only", ErrUnsupported))
 	}
 	fd, err := openFD(path, os.O_RDONLY, 0)
 	if err != nil {
-		return nil, opErr("mmap", "open", path, 0, 0, 0, err)
+		return nil, opErr("mmap", "open", name, 0, 0, 0, err)
 	}
 	defer unix.Close(fd) // the mapping outlives the descriptor
-	size, err := fdSize("mmap", fd, path)
+	size, err := fdSize("mmap", fd, name)
 	if err != nil {
 		return nil, err
 	}
-	f := &mmapFile{path: path, opts: e.opts, size: size}
+	f := &mmapFile{path: name, opts: e.opts, size: size}
 	if size > 0 {
 		f.data, err = unix.Mmap(fd, 0, int(size), unix.PROT_READ, unix.MAP_SHARED)
 		if err != nil {

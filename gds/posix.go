@@ -23,9 +23,9 @@ func (e *Posix) Name() string { return "posix" }
 func (e *Posix) Open(path string, flag int, perm os.FileMode) (File, error) {
 	fd, err := openFD(path, flag, uint32(perm.Perm()))
 	if err != nil {
-		return nil, opErr("posix", "open", path, 0, 0, 0, err)
+		return nil, opErr("posix", "open", e.opts.nameFor(path), 0, 0, 0, err)
 	}
-	return &posixFile{fd: fd, path: path, opts: e.opts}, nil
+	return &posixFile{fd: fd, path: e.opts.nameFor(path), opts: e.opts}, nil
 }
 
 // posixFile is an open file of the posix engine. It also serves the direct
