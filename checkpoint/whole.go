@@ -110,11 +110,7 @@ func ReadWhole(path string, dst []byte, o ReadOptions) (a *Archive, err error) {
 	if st.Size() != size {
 		return openPinned(f, path, st.Size())
 	}
-	pinned := &Archive{Path: path, pin: f}
-	src, err := pinned.source()
-	if err != nil {
-		return nil, err
-	}
+	src := pinnedName(f, path)
 	engine := o.Chooser.Engine(OpRead, size)
 	var sums []uint32
 	if !o.NoVerify {

@@ -65,11 +65,17 @@ func (a *Archive) source() (string, error) {
 		}
 		return a.Path, nil
 	}
-	name := fmt.Sprintf("/proc/self/fd/%d", a.pin.Fd())
+	return pinnedName(a.pin, a.Path), nil
+}
+
+// pinnedName returns a name that opens the file f, opened from path:
+// /proc/self/fd/N, or path itself without /proc (as it is now).
+func pinnedName(f *os.File, path string) string {
+	name := fmt.Sprintf("/proc/self/fd/%d", f.Fd())
 	if _, err := os.Stat(name); err != nil {
-		return a.Path, nil // no /proc: the path, as it is now
+		return path
 	}
-	return name, nil
+	return name
 }
 
 // Close releases the file the archive holds open (idempotent). Reads

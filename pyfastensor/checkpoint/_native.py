@@ -147,9 +147,9 @@ def same_file(fd: int, path: str) -> str:
 
 
 def plan_whole(path: str) -> dict[str, Any]:
-    """``{"size", "resident", "direct", "ours"}`` of the file at ``path``: its length, the share of
-    it in the page cache, whether O_DIRECT works in its directory, whether our writer wrote it
-    (see checkpoint/whole.go)."""
+    """``{"size", "resident", "direct", "ours", "records"}`` of the file at ``path``: its length,
+    the share of it in the page cache, whether O_DIRECT works in its directory, whether our
+    writer wrote it, and the record count its end announces (see checkpoint/whole.go)."""
     out = ctypes.c_void_p()
     _lib.call("pft_ckpt_plan_whole", _lib.cstr(path), ctypes.byref(out))
     return json.loads(_lib.take_string(out))
