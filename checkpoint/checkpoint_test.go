@@ -5,16 +5,14 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"io"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
 
 	"github.com/pyfastensor/pyfastensor/gds"
+	"github.com/pyfastensor/pyfastensor/transfer"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
@@ -33,19 +31,12 @@ func randBytes(n int, seed uint64) []byte {
 // records, records under and over the extent and piece sizes, sizes that
 // are not multiples of any block.
 func sampleRecords() []Record {
-	sizes := []int{0, 1, 4095, 4096, 70001, extentMin, extentMin + 13, gds.DefaultTaskSize + 4097, 2*gds.DefaultTaskSize + 1}
+	sizes := []int{0, 1, 4095, 4096, 70001, transfer.ExtentMin, transfer.ExtentMin + 13, gds.DefaultTaskSize + 4097, 2*gds.DefaultTaskSize + 1}
 	recs := []Record{{Name: "archive/data.pkl", Data: []byte("pickle bytes")}}
 	for i, n := range sizes {
 		recs = append(recs, Record{Name: fmt.Sprintf("archive/data/%d", i), Data: randBytes(n, uint64(i)), Align: DataAlign})
 	}
 	return append(recs, Record{Name: "archive/version", Data: []byte("3\n")})
-}
-
-func TestCRCCombine(t *testing.T) {
-	a, b := randBytes(1000, 1), randBytes(777, 2)
-	whole := crc32.ChecksumIEEE(append(append([]byte{}, a...), b...))
-	assert.Equal(t, whole, crcCombine(crcOf(a), crcOf(b), int64(len(b))))
-	assert.Equal(t, crcOf(a), crcCombine(crcOf(a), 0, 0))
 }
 
 func TestLayoutAlignsData(t *testing.T) {
@@ -60,7 +51,7 @@ func TestLayoutAlignsData(t *testing.T) {
 	}
 }
 
-func saveRoundTrip(t *testing.T, chooser Chooser) {
+func saveRoundTrip(t *testing.T, chooser transfer.Chooser) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "ck.pt")
 	recs := sampleRecords()
@@ -102,9 +93,9 @@ func saveRoundTrip(t *testing.T, chooser Chooser) {
 	assert.Empty(t, left, "temporary files left behind")
 }
 
-func TestRoundTripPosix(t *testing.T) { saveRoundTrip(t, FixedChooser("posix")) }
+func TestRoundTripPosix(t *testing.T) { saveRoundTrip(t, transfer.Fixed("posix")) }
 func TestRoundTripDirect(t *testing.T) {
-	saveRoundTrip(t, &ThresholdChooser{Direct: true, Threshold: 1})
+	saveRoundTrip(t, &transfer.Threshold{Direct: true, Min: 1})
 }
 func TestRoundTripDefault(t *testing.T) {
 	saveRoundTrip(t, nil)
@@ -160,7 +151,7 @@ func TestFlippedDataByte(t *testing.T) {
 	assert.Contains(t, err.Error(), path)
 	assert.Contains(t, err.Error(), e.Name)
 
-	a.Entries[5].CRC = crcOf(nil) // verification off reads it anyway
+	a.Entries[5].CRC = transfer.Checksum(nil) // verification off reads it anyway
 	reqs := []ReadRequest{{Index: 5, Dst: make([]byte, e.Size)}}
 	_, err = a.Read(reqs, ReadOptions{NoVerify: true})
 	require.NoError(t, err)
@@ -204,26 +195,6 @@ func TestTruncatedNamesRecord(t *testing.T) {
 	assert.Contains(t, err.Error(), "truncated")
 }
 
-func TestStaleTempFilesOfDeadProcessesAreRemoved(t *testing.T) {
-	dir := t.TempDir()
-	target := filepath.Join(dir, "ck.pt")
-	cmd := exec.Command("true")
-	require.NoError(t, cmd.Run())
-	dead := cmd.Process.Pid
-	stale := filepath.Join(dir, fmt.Sprintf("%s%d-abc", tempPrefix(target), dead))
-	mine := filepath.Join(dir, fmt.Sprintf("%s%d-abc", tempPrefix(target), os.Getpid()))
-	other := filepath.Join(dir, fmt.Sprintf(".other.pt%s%d-abc", tempMarker, dead))
-	for _, p := range []string{stale, mine, other} {
-		require.NoError(t, os.WriteFile(p, nil, 0o644))
-	}
-	_, err := Save(target, sampleRecords()[:2], WriteOptions{NotDurable: true})
-	require.NoError(t, err)
-	assert.NoFileExists(t, stale)
-	assert.FileExists(t, mine)
-	assert.FileExists(t, other)
-	assert.True(t, IsTempName(filepath.Base(stale)))
-}
-
 func TestSaveErrorsLeaveTargetAlone(t *testing.T) {
 	dir := t.TempDir()
 	target := filepath.Join(dir, "ck.pt")
@@ -244,22 +215,6 @@ func TestNotAZip(t *testing.T) {
 	require.True(t, errors.Is(err, ErrCorrupt), "%v", err)
 }
 
-func TestTaskPanicReachesCaller(t *testing.T) {
-	assert.PanicsWithValue(t, true, func() {
-		defer func() {
-			if r := recover(); r != nil {
-				panic(strings.Contains(fmt.Sprint(r), "boom"))
-			}
-		}()
-		_ = runTasks(10, 4, func(i int) error {
-			if i == 3 {
-				panic("boom")
-			}
-			return nil
-		})
-	})
-}
-
 // A piece may be any size up to the engines' task size; a task size that
 // does not divide records must still work (pieces of odd sizes, straight
 // and bounced).
@@ -268,7 +223,7 @@ func TestOddTaskSize(t *testing.T) {
 	path := filepath.Join(dir, "ck.pt")
 	recs := sampleRecords()
 	opts := gds.Options{TaskSize: 3<<20 + 4096}
-	_, err := Save(path, recs, WriteOptions{Chooser: &ThresholdChooser{Direct: true, Threshold: 1}, Engine: opts})
+	_, err := Save(path, recs, WriteOptions{Chooser: &transfer.Threshold{Direct: true, Min: 1}, Engine: opts})
 	require.NoError(t, err)
 	a, err := OpenArchive(path)
 	require.NoError(t, err)
@@ -276,53 +231,10 @@ func TestOddTaskSize(t *testing.T) {
 	for i, e := range a.Entries {
 		reqs[i] = ReadRequest{Index: i, Dst: make([]byte, e.Size)}
 	}
-	_, err = a.Read(reqs, ReadOptions{Chooser: &ThresholdChooser{Direct: true, Threshold: 1}, Engine: opts})
+	_, err = a.Read(reqs, ReadOptions{Chooser: &transfer.Threshold{Direct: true, Min: 1}, Engine: opts})
 	require.NoError(t, err)
 	for i := range reqs {
 		assert.True(t, bytes.Equal(recs[i].Data, reqs[i].Dst), recs[i].Name)
-	}
-}
-
-func TestRawRoundTrip(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "x.bin")
-	a, b := randBytes(3<<20+5, 1), randBytes(777, 2)
-	_, err := SaveRaw(path, 8+int64(len(a)+len(b)), []Extent{{8, a}, {8 + int64(len(a)), b}}, WriteOptions{})
-	require.NoError(t, err)
-	ga, gb := make([]byte, len(a)), make([]byte, len(b))
-	_, err = ReadRaw(path, []Extent{{8, ga}, {8 + int64(len(a)), gb}}, ReadOptions{})
-	require.NoError(t, err)
-	assert.Equal(t, a, ga)
-	assert.Equal(t, b, gb)
-	_, err = ReadRaw(path, []Extent{{8 + int64(len(a)) + 700, make([]byte, 100)}}, ReadOptions{})
-	require.ErrorIs(t, err, ErrCorrupt)
-}
-
-// Extents packed without alignment share blocks: a large one written
-// direct (its edge blocks read, patched and written back) and a small
-// neighbour written through the page cache must not lose each other's
-// bytes, whatever order the workers take them in.
-func TestRawPackedExtentsOfMixedEnginesKeepEveryByte(t *testing.T) {
-	dir := t.TempDir()
-	for trial := 0; trial < 20; trial++ {
-		var extents []Extent
-		off := int64(0)
-		for i := 0; i < 24; i++ {
-			n := 15
-			if i%2 == 0 {
-				n = 1<<20 + 4096*i + 13 // direct under the default chooser
-			}
-			extents = append(extents, Extent{off, randBytes(n, uint64(trial*100+i))})
-			off += int64(n)
-		}
-		path := filepath.Join(dir, fmt.Sprintf("packed%d.bin", trial))
-		st, err := SaveRaw(path, off, extents, WriteOptions{})
-		require.NoError(t, err)
-		got, err := os.ReadFile(path)
-		require.NoError(t, err)
-		for i, e := range extents {
-			require.True(t, bytes.Equal(e.Data, got[e.Off:e.Off+int64(len(e.Data))]),
-				"trial %d extent %d (%d bytes at %d) lost bytes; engines %v", trial, i, len(e.Data), e.Off, st.Engines)
-		}
 	}
 }
 
@@ -383,19 +295,6 @@ func TestDefaultReadFollowsResidency(t *testing.T) {
 	res, err = a.Resident()
 	require.NoError(t, err)
 	assert.Equal(t, []float64{1}, res)
-}
-
-func TestCRCCombineManyLengths(t *testing.T) {
-	for _, n := range []int{1, 2, 3, 7, 8, 255, 4096, 70001, 1 << 20} {
-		a, b := randBytes(333, uint64(n)), randBytes(n, uint64(n)+1)
-		whole := crc32.ChecksumIEEE(append(append([]byte{}, a...), b...))
-		assert.Equal(t, whole, crcCombine(crcOf(a), crcOf(b), int64(n)), n)
-		assert.Equal(t, whole, crcCombine(crcOf(a), crcOf(b), int64(n)), "cached operator, %d", n)
-	}
-	zero := make([]byte, 100) // CRC of 100 zero bytes is not zero: crc1 == 0 needs A with that CRC
-	assert.NotZero(t, crcOf(zero))
-	b := randBytes(5000, 9)
-	assert.Equal(t, crcOf(b), crcCombine(0, crcOf(b), 5000))
 }
 
 // Local headers of small records are checked from whole spans when the

@@ -3,10 +3,6 @@ package checkpoint
 import (
 	"errors"
 	"fmt"
-	"io/fs"
-	"syscall"
-
-	"github.com/pyfastensor/pyfastensor/gds"
 )
 
 // ErrCorrupt is wrapped by every error that means a checkpoint file failed
@@ -38,31 +34,4 @@ func (e *CorruptError) Unwrap() error { return ErrCorrupt }
 // corrupt builds a *CorruptError.
 func corrupt(path, record string, off int64, format string, args ...any) error {
 	return &CorruptError{Path: path, Record: record, Offset: off, Reason: fmt.Sprintf(format, args...)}
-}
-
-// readOnlyErr marks EROFS as a permission problem: a read-only mount makes
-// a directory unwritable exactly as its mode bits would, and the caller
-// should see a PermissionError either way. The message stays the cause's.
-type readOnlyErr struct{ cause error }
-
-func (e *readOnlyErr) Error() string   { return e.cause.Error() }
-func (e *readOnlyErr) Unwrap() []error { return []error{fs.ErrPermission, e.cause} }
-
-// noSpaceErr marks ENOSPC and EDQUOT met outside an engine (creating or
-// reserving the temporary file) with gds.ErrNoSpace, as engines do.
-type noSpaceErr struct{ cause error }
-
-func (e *noSpaceErr) Error() string   { return e.cause.Error() }
-func (e *noSpaceErr) Unwrap() []error { return []error{gds.ErrNoSpace, e.cause} }
-
-// classify gives EROFS its permission meaning and ENOSPC/EDQUOT the named
-// gds.ErrNoSpace; other errors pass unchanged.
-func classify(err error) error {
-	switch {
-	case errors.Is(err, syscall.EROFS):
-		return &readOnlyErr{err}
-	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
-		return &noSpaceErr{err}
-	}
-	return err
 }

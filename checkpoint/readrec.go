@@ -3,11 +3,10 @@ package checkpoint
 import (
 	"errors"
 	"fmt"
-	"os"
-	"sync/atomic"
 	"time"
 
 	"github.com/pyfastensor/pyfastensor/gds"
+	"github.com/pyfastensor/pyfastensor/transfer"
 )
 
 // ReadRequest asks for one record's bytes in Dst, whose length must be the
@@ -22,12 +21,20 @@ type ReadRequest struct {
 type ReadOptions struct {
 	// NoVerify skips the CRC-32 check.
 	NoVerify bool
-	// Chooser picks each record's engine; nil means DefaultChooser of the
-	// file's directory.
-	Chooser  Chooser
+	// Chooser picks each record's engine; nil means transfer.Default of
+	// the file's directory.
+	Chooser transfer.Chooser
+	// Resident is each request's share in the page cache, when a load plan
+	// measured it already (PlanLoad); nil measures it here.
+	Resident []float64
 	Engine   gds.Options
 	Workers  int
 	Progress func(n int64)
+}
+
+// transferOptions are the transfer's options for these read options.
+func (o ReadOptions) transferOptions() transfer.Options {
+	return transfer.Options{Chooser: o.Chooser, Resident: o.Resident, Engine: o.Engine, Workers: o.Workers, Progress: o.Progress}
 }
 
 // Read fills each request's Dst with its record's bytes, in parallel, and
@@ -38,15 +45,7 @@ type ReadOptions struct {
 func (a *Archive) Read(reqs []ReadRequest, o ReadOptions) (st Stats, err error) {
 	start := time.Now()
 	o.NoVerify = o.NoVerify || a.NoCRC
-	if o.Chooser == nil {
-		dir, derr := dirOf(a.Path)
-		if derr != nil {
-			return st, derr
-		}
-		o.Chooser = DefaultChooser(dir)
-	}
-	tasks, crcs, err := a.split(reqs, pieceSize(o.Engine), "destination")
-	if err != nil {
+	if err := a.check(reqs, "destination"); err != nil {
 		return st, err
 	}
 	a.mu.RLock()
@@ -55,100 +54,68 @@ func (a *Archive) Read(reqs []ReadRequest, o ReadOptions) (st Stats, err error) 
 	if err != nil {
 		return st, err
 	}
-	offs, sizes := make([]int64, len(reqs)), make([]int64, len(reqs))
-	for i, r := range reqs {
-		e := &a.Entries[r.Index]
-		offs[i], sizes[i] = e.DataOff, e.Size
-		st.DataBytes += e.Size
-	}
-	engines := readEngines(src, o.Chooser, offs, sizes)
-	if o.Workers <= 0 {
-		o.Workers = readWorkers(engines)
-	}
-	// Per record: pieces left and the start of its first piece, so the
-	// chooser learns the record's time when its last piece lands.
-	left := make([]atomic.Int64, len(reqs))
-	started := make([]atomic.Int64, len(reqs))
-	for _, t := range tasks {
-		left[t.rec].Add(1)
-	}
-	rd := newEngineFiles(src, os.O_RDONLY, o.Engine, o.Progress)
-	defer func() {
-		if cerr := rd.close(); err == nil && cerr != nil {
-			err = cerr
-		}
-	}()
-	err = runTasks(len(tasks), o.Workers, func(t int) error {
-		pc := tasks[t]
-		e := &a.Entries[reqs[pc.rec].Index]
-		p := reqs[pc.rec].Dst[pc.lo:pc.hi]
-		started[pc.rec].CompareAndSwap(0, time.Now().UnixNano())
-		f, err := rd.file(engines[pc.rec])
-		if err != nil {
-			return fmt.Errorf("checkpoint: read %s record %q: %w", a.Path, e.Name, err)
-		}
-		crc, _, err := moveSummed(f, false, p, e.DataOff+pc.lo, !o.NoVerify)
-		if err != nil {
-			if errors.Is(err, gds.ErrEOF) {
-				return corrupt(a.Path, e.Name, e.DataOff+pc.lo, "file ends inside the record's data (%v)", err)
-			}
-			return fmt.Errorf("checkpoint: read %s record %q: %w", a.Path, e.Name, err)
-		}
-		if !o.NoVerify {
-			crcs[pc.rec].set(pc.index, crc, int64(len(p)))
-		}
-		rd.count(f.Engine(), int64(len(p)))
-		if left[pc.rec].Add(-1) == 0 {
-			d := time.Duration(time.Now().UnixNano() - started[pc.rec].Load())
-			o.Chooser.Observe(OpRead, e.Size, engines[pc.rec], d)
-		}
-		return nil
-	})
-	if err != nil {
-		return st, err
-	}
-	if !o.NoVerify {
-		if err := a.checkCRCs(reqs, crcs); err != nil {
+	if o.Chooser == nil {
+		if o.Chooser, err = transfer.DefaultFor(src); err != nil {
 			return st, err
 		}
 	}
-	st.FileBytes, st.Engines, st.Seconds = a.Size, rd.engines, time.Since(start).Seconds()
+	if o.Resident == nil {
+		o.Resident = a.residentOf(reqs)
+	}
+	exts := make([]transfer.Extent, len(reqs))
+	for i, r := range reqs {
+		e := &a.Entries[r.Index]
+		exts[i] = transfer.Extent{Off: e.DataOff, Data: r.Dst, Sum: !o.NoVerify}
+		st.DataBytes += e.Size
+	}
+	res, tst, err := transfer.Read(src, exts, o.transferOptions())
+	if err != nil {
+		var ee *transfer.ExtentError
+		if errors.As(err, &ee) {
+			e := &a.Entries[reqs[ee.Ext].Index]
+			if errors.Is(err, gds.ErrEOF) {
+				return st, corrupt(a.Path, e.Name, ee.Off, "file ends inside the record's data (%v)", ee.Err)
+			}
+			return st, fmt.Errorf("checkpoint: read %s record %q: %w", a.Path, e.Name, ee.Err)
+		}
+		return st, fmt.Errorf("checkpoint: read %s: %w", a.Path, err)
+	}
+	if !o.NoVerify {
+		for i, r := range reqs {
+			if err := a.checkCRC(r.Index, res[i].CRC); err != nil {
+				return st, err
+			}
+		}
+	}
+	st.FileBytes, st.Engines, st.Seconds = a.Size, tst.Engines, time.Since(start).Seconds()
 	return st, nil
 }
 
-// split checks each request against its record (an index in range, a
-// memory of the record's size, called what in errors; stored uncompressed)
-// and splits the records into pieces of at most ps bytes, with one
-// pieceCRCs per request to sum them into.
-func (a *Archive) split(reqs []ReadRequest, ps int64, what string) ([]piece, []*pieceCRCs, error) {
-	var tasks []piece
-	crcs := make([]*pieceCRCs, len(reqs))
-	for i, r := range reqs {
+// check checks each request against its record: an index in range, a
+// memory of the record's size (called what in errors), stored
+// uncompressed.
+func (a *Archive) check(reqs []ReadRequest, what string) error {
+	for _, r := range reqs {
 		if r.Index < 0 || r.Index >= len(a.Entries) {
-			return nil, nil, fmt.Errorf("%w: record index %d out of range (%d records)", gds.ErrInvalid, r.Index, len(a.Entries))
+			return fmt.Errorf("%w: record index %d out of range (%d records)", gds.ErrInvalid, r.Index, len(a.Entries))
 		}
 		e := &a.Entries[r.Index]
 		if int64(len(r.Dst)) != e.Size {
-			return nil, nil, fmt.Errorf("%w: record %q has %d bytes, %s %d", gds.ErrInvalid, e.Name, e.Size, what, len(r.Dst))
+			return fmt.Errorf("%w: record %q has %d bytes, %s %d", gds.ErrInvalid, e.Name, e.Size, what, len(r.Dst))
 		}
 		if e.Method != 0 {
-			return nil, nil, fmt.Errorf("%w: record %q is compressed (method %d)", gds.ErrUnsupported, e.Name, e.Method)
+			return fmt.Errorf("%w: record %q is compressed (method %d)", gds.ErrUnsupported, e.Name, e.Method)
 		}
-		p := splitPieces(i, e.Size, ps)
-		crcs[i] = newPieceCRCs(len(p))
-		tasks = append(tasks, p...)
 	}
-	return tasks, crcs, nil
+	return nil
 }
 
-// checkCRCs compares each request's summed CRC-32 with its record's in the
-// central directory; a mismatch is ErrCorrupt naming the file and the record.
-func (a *Archive) checkCRCs(reqs []ReadRequest, crcs []*pieceCRCs) error {
-	for i, r := range reqs {
-		e := &a.Entries[r.Index]
-		if got := crcs[i].total(); got != e.CRC {
-			return corrupt(a.Path, e.Name, e.DataOff, "CRC-32 of the data is %08x, the central directory says %08x", got, e.CRC)
-		}
+// checkCRC compares a record's summed CRC-32 with the central directory's;
+// a mismatch is ErrCorrupt naming the file and the record.
+func (a *Archive) checkCRC(index int, got uint32) error {
+	e := &a.Entries[index]
+	if got != e.CRC {
+		return corrupt(a.Path, e.Name, e.DataOff, "CRC-32 of the data is %08x, the central directory says %08x", got, e.CRC)
 	}
 	return nil
 }

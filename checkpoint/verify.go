@@ -2,12 +2,12 @@ package checkpoint
 
 import (
 	"fmt"
-	"hash/crc32"
 	"os"
 	"runtime"
 	"runtime/debug"
 	"unsafe"
 
+	"github.com/pyfastensor/pyfastensor/transfer"
 	"golang.org/x/sys/unix"
 )
 
@@ -35,26 +35,32 @@ func (a *Archive) Verify(reqs []ReadRequest, o ReadOptions) error {
 	if err != nil {
 		return err
 	}
-	tasks, crcs, err := a.split(reqs, verifyPiece, "memory")
-	if err != nil {
+	if err := a.check(reqs, "memory"); err != nil {
 		return err
+	}
+	var tasks []transfer.Piece
+	crcs := make([]*transfer.PieceCRCs, len(reqs))
+	for i, r := range reqs {
+		p := transfer.Split(i, a.Entries[r.Index].Size, verifyPiece)
+		crcs[i] = transfer.NewPieceCRCs(len(p))
+		tasks = append(tasks, p...)
 	}
 	if o.Workers <= 0 {
 		o.Workers = max(4, runtime.NumCPU()) // some wait on page faults
 	}
-	err = runTasks(len(tasks), o.Workers, func(t int) (err error) {
+	err = transfer.Run(len(tasks), o.Workers, func(t int) (err error) {
 		pc := tasks[t]
-		e := &a.Entries[reqs[pc.rec].Index]
+		e := &a.Entries[reqs[pc.Ext].Index]
 		defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 		defer func() {
 			if r := recover(); r != nil {
 				err = fmt.Errorf("checkpoint: verify %s record %q at %d: memory fault (was the file truncated while mapped?): %v",
-					a.Path, e.Name, e.DataOff+pc.lo, r)
+					a.Path, e.Name, e.DataOff+pc.Lo, r)
 			}
 		}()
-		p := reqs[pc.rec].Dst[pc.lo:pc.hi]
+		p := reqs[pc.Ext].Dst[pc.Lo:pc.Hi]
 		populate(p)
-		crcs[pc.rec].set(pc.index, crc32.Update(0, crc32.IEEETable, p), int64(len(p)))
+		crcs[pc.Ext].Set(pc.Index, transfer.Checksum(p), int64(len(p)))
 		if o.Progress != nil {
 			o.Progress(int64(len(p)))
 		}
@@ -63,7 +69,12 @@ func (a *Archive) Verify(reqs []ReadRequest, o ReadOptions) error {
 	if err != nil {
 		return err
 	}
-	return a.checkCRCs(reqs, crcs)
+	for i, r := range reqs {
+		if err := a.checkCRC(r.Index, crcs[i].Total()); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // verifyGranules checks the requests whose memory is the records' place in
@@ -80,11 +91,11 @@ func (a *Archive) verifyGranules(reqs []ReadRequest, progress func(int64)) ([]Re
 			continue
 		}
 		e := &a.Entries[r.Index]
-		if int64(len(r.Dst)) != e.Size || e.Method != 0 || !a.whole.holds(r.Dst, e.DataOff) {
+		if int64(len(r.Dst)) != e.Size || e.Method != 0 || !a.whole.Holds(r.Dst, e.DataOff) {
 			rest = append(rest, r)
 			continue
 		}
-		if got := a.whole.crc(e.DataOff, e.Size); got != e.CRC {
+		if got := a.whole.CRC(e.DataOff, e.Size); got != e.CRC {
 			return nil, corrupt(a.Path, e.Name, e.DataOff, "CRC-32 of the data is %08x, the central directory says %08x", got, e.CRC)
 		}
 		if progress != nil {

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/pyfastensor/pyfastensor/transfer"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
@@ -56,7 +57,7 @@ func TestZip64LargeRecord(t *testing.T) {
 		{Name: "archive/version", Data: []byte("3\n")},
 	}
 	path := filepath.Join(t.TempDir(), "big.pt")
-	_, err = Save(path, recs, WriteOptions{NotDurable: true, Chooser: FixedChooser("posix")})
+	_, err = Save(path, recs, WriteOptions{NotDurable: true, Chooser: transfer.Fixed("posix")})
 	require.NoError(t, err)
 
 	zr, err := zip.OpenReader(path)
@@ -78,5 +79,5 @@ func TestZip64LargeRecord(t *testing.T) {
 	_, err = a.Read([]ReadRequest{{Index: 2, Dst: dst}}, ReadOptions{})
 	require.NoError(t, err)
 	assert.True(t, bytes.Equal(recs[2].Data, dst))
-	assert.Equal(t, crcOf(big), a.Entries[1].CRC)
+	assert.Equal(t, transfer.Checksum(big), a.Entries[1].CRC)
 }

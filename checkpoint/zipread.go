@@ -10,6 +10,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/pyfastensor/pyfastensor/gds"
+	"github.com/pyfastensor/pyfastensor/transfer"
 )
 
 // Entry is one record of an archive, as the central directory describes it
@@ -21,6 +22,10 @@ type Entry struct {
 	Size      int64  `json:"size"`
 	CRC       uint32 `json:"crc32"`
 	Method    uint16 `json:"method"` // 0: stored; anything else we hand back to torch
+	// Memory is where a load puts the record's bytes (MemoryAligned, ...),
+	// as the load planner decided; "" when the archive was not opened for
+	// a load.
+	Memory string `json:"memory,omitempty"`
 }
 
 // Archive is a parsed, validated zip archive.
@@ -42,8 +47,11 @@ type Archive struct {
 	// none is held): the caller maps or reopens the same inode through it.
 	Fd int `json:"fd"`
 
-	// whole holds the CRC-32s of the file's granules when ReadWhole read it.
-	whole *granuleSums
+	// whole holds the CRC-32s of the file's pages when ReadWhole read it.
+	whole *transfer.PageSums
+	// resident is each entry's share in the page cache as the load planner
+	// measured it (planMemory); nil when it did not.
+	resident []float64
 
 	// pin is the file parsed, held open until Close: reads reopen this
 	// inode (source), so that a file replaced at path by a rename, as
@@ -100,7 +108,7 @@ func (a *Archive) Close() error {
 func OpenArchive(path string) (*Archive, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, classify(err)
+		return nil, gds.Classify(err)
 	}
 	st, err := f.Stat()
 	if err != nil {
@@ -155,7 +163,7 @@ func (p *parser) read(off, n int64, record, what string) ([]byte, error) {
 
 // readInto is read into buf when its capacity suffices.
 func (p *parser) readInto(buf []byte, off, n int64, record, what string) ([]byte, error) {
-	if off < 0 || n < 0 || off+n > p.size {
+	if off < 0 || n < 0 || n > p.size-off { // not off+n: it may overflow
 		return nil, corrupt(p.path, record, off, "%s (%d bytes) lies past the end of the file (%d bytes)", what, n, p.size)
 	}
 	b := buf[:0]
@@ -204,7 +212,7 @@ func (p *parser) parse() (*Archive, error) {
 	if cdOff < 0 || cdSize < 0 || cdOff+cdSize != cdEnd {
 		return nil, corrupt(p.path, "", cdOff, "central directory (%d bytes at %d) does not end where the end records start (%d)", cdSize, cdOff, cdEnd)
 	}
-	if n < 0 || n*centralLen > cdSize {
+	if n < 0 || n > cdSize/centralLen { // not n*centralLen: a zip64 count may overflow it
 		return nil, corrupt(p.path, "", cdOff, "central directory of %d bytes cannot hold %d entries", cdSize, n)
 	}
 	cd, err := p.read(cdOff, cdSize, "", "central directory")
@@ -219,7 +227,7 @@ func (p *parser) parse() (*Archive, error) {
 		if err != nil {
 			return nil, err
 		}
-		if string(comment[:len(cdCommentPrefix)]) != cdCommentPrefix || string(sum) != fmt.Sprintf("%08x", crcOf(all)) {
+		if string(comment[:len(cdCommentPrefix)]) != cdCommentPrefix || string(sum) != fmt.Sprintf("%08x", transfer.Checksum(all)) {
 			// Find the entry that differs, if the field-by-field checks
 			// below can; else report the directory as a whole.
 			if _, err := p.entries(cd, cdOff, n, true); err != nil {
@@ -359,9 +367,9 @@ func (p *parser) checkLocals(es []Entry, heads [][]byte, cdOff int64) error {
 	var groups []group
 	for i := range es {
 		e := &es[i]
-		if n := len(groups); n > 0 && e.Size < extentMin {
+		if n := len(groups); n > 0 && e.Size < transfer.ExtentMin {
 			g := &groups[n-1]
-			if f := &es[g.first]; f.Size < extentMin && e.HeaderOff >= f.HeaderOff && reach(e)-f.HeaderOff <= spanMax {
+			if f := &es[g.first]; f.Size < transfer.ExtentMin && e.HeaderOff >= f.HeaderOff && reach(e)-f.HeaderOff <= spanMax {
 				g.last = i
 				continue
 			}
@@ -374,7 +382,7 @@ func (p *parser) checkLocals(es []Entry, heads [][]byte, cdOff int64) error {
 	// read one by one, a few hundred bytes each instead of the span.
 	los, lens := make([]int64, len(groups)), make([]int64, len(groups)) // spans; 0 bytes: none
 	for gi, g := range groups {
-		if f := &es[g.first]; f.Size < extentMin {
+		if f := &es[g.first]; f.Size < transfer.ExtentMin {
 			lo, hi := f.HeaderOff, reach(&es[g.last])
 			for i := g.first; i <= g.last; i++ {
 				hi = max(hi, reach(&es[i]))
@@ -388,7 +396,7 @@ func (p *parser) checkLocals(es []Entry, heads [][]byte, cdOff int64) error {
 	} else {
 		res, _ = gds.Resident(p.path, los, lens) // best effort: nil reads spans
 	}
-	return runTasks(len(groups), defaultReadWorkers(), func(gi int) error {
+	return transfer.Run(len(groups), transfer.CachedReadWorkers(), func(gi int) error {
 		g := groups[gi]
 		v := &view{}
 		if lo, n := los[gi], lens[gi]; n > 0 && (res == nil || res[gi] < 0.9) {
@@ -481,7 +489,7 @@ func (p *parser) checkLocal(v *view, e *Entry, h []byte, cdOff int64) error {
 		return corrupt(p.path, e.Name, e.HeaderOff, "local header names %q", lh[localHeaderLen:])
 	}
 	e.DataOff = e.HeaderOff + localHeaderLen + nameLen + extraLen
-	if e.DataOff+e.Size > cdOff {
+	if e.Size > cdOff-e.DataOff { // not DataOff+Size: a zip64 size may overflow it
 		return corrupt(p.path, e.Name, e.DataOff, "data (%d bytes) runs into the central directory at %d", e.Size, cdOff)
 	}
 	if flags&flagDescriptor == 0 {
@@ -511,8 +519,11 @@ func (p *parser) checkDescriptor(v *view, e *Entry, cdOff int64) error {
 	if le.Uint32(d) != e.CRC {
 		return corrupt(p.path, e.Name, off, "CRC-32 in the data descriptor (%08x) differs from the central directory's (%08x)", le.Uint32(d), e.CRC)
 	}
-	s32 := int64(le.Uint32(d[4:])) == e.Size && int64(le.Uint32(d[8:])) == e.Size
-	s64 := len(d) >= 20 && int64(le.Uint64(d[4:])) == e.Size && int64(le.Uint64(d[12:])) == e.Size
+	// The second size is the uncompressed one: only a stored record's
+	// equals Size (as with the local header's sizes, a compressed record's
+	// is left to torch).
+	s32 := int64(le.Uint32(d[4:])) == e.Size && (e.Method != 0 || int64(le.Uint32(d[8:])) == e.Size)
+	s64 := len(d) >= 20 && int64(le.Uint64(d[4:])) == e.Size && (e.Method != 0 || int64(le.Uint64(d[12:])) == e.Size)
 	if !s32 && !s64 {
 		return corrupt(p.path, e.Name, off, "size in the data descriptor differs from the central directory's (%d)", e.Size)
 	}

@@ -2,30 +2,37 @@ package checkpoint
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
-	"sync/atomic"
 	"time"
 
 	"github.com/pyfastensor/pyfastensor/gds"
+	"github.com/pyfastensor/pyfastensor/transfer"
 )
 
 // WriteOptions tune Save. The zero value is a durable save with the
 // default chooser.
 type WriteOptions struct {
-	// NotDurable skips the fsyncs of the commit (see commit.go).
+	// NotDurable skips the fsyncs of the commit (transfer/commit.go).
 	NotDurable bool
 	// Chooser picks each large record's engine; nil means
-	// DefaultChooser(directory of the target).
-	Chooser Chooser
+	// transfer.Default(directory of the target).
+	Chooser transfer.Chooser
 	// Engine holds the engines' options.
 	Engine gds.Options
-	// Workers is the number of transfers in flight; 0 means DefaultWorkers.
+	// Workers is the number of transfers in flight; 0 means
+	// transfer.WriteWorkers.
 	Workers int
 	// Progress, when not nil, is called with each count of data bytes
 	// written, as they are written, from several goroutines.
 	Progress func(n int64)
+	// FS is the filesystem the commit goes through; nil means the real
+	// one (tests inject faults and crashes here).
+	FS transfer.FS
+}
+
+func (o WriteOptions) transferOptions() transfer.Options {
+	return transfer.Options{Chooser: o.Chooser, Engine: o.Engine, Workers: o.Workers, Progress: o.Progress}
 }
 
 // Stats describe a finished save or load.
@@ -36,18 +43,9 @@ type Stats struct {
 	Seconds   float64          `json:"seconds"`
 }
 
-// extentMin is the smallest record written straight from its memory by its
-// own engine. Smaller records are copied into the runs of bytes between
-// extents (with the headers around them) and written by posix: one write
-// for many small records.
-const extentMin = 1 << 20
-
-// runMax bounds a run of such bytes: the memory one task composes.
-const runMax = 8 << 20
-
 // Save writes recs, in order, as a zip archive at path, through a
-// temporary file committed as commit.go describes. The records' Data is
-// only read during the call.
+// temporary file committed as transfer/commit.go describes. The records'
+// Data is only read during the call.
 //
 // On error nothing new is left at path (the previous file, if any, is
 // untouched) and the temporary file is removed.
@@ -56,18 +54,20 @@ func Save(path string, recs []Record, o WriteOptions) (st Stats, err error) {
 	if err := checkNames(recs); err != nil {
 		return st, err
 	}
-	if o.Workers <= 0 {
-		o.Workers = DefaultWorkers
-	}
 	l := plan(recs)
-	w, err := saveTemp(path, l.total, o, func(w *writer) error {
-		w.l = l
-		return w.write()
-	})
+	w, err := transfer.Create(path, l.total, !o.NotDurable, o.FS, o.transferOptions())
 	if err != nil {
-		return st, err
+		return st, fmt.Errorf("checkpoint: save %s: %w", path, err)
 	}
-	st = Stats{FileBytes: l.total, Engines: w.engines, Seconds: time.Since(start).Seconds()}
+	if err := write(w, &l); err != nil {
+		w.Abort()
+		return st, fmt.Errorf("checkpoint: save %s: %w", path, err)
+	}
+	tst, err := w.Commit()
+	if err != nil {
+		return st, fmt.Errorf("checkpoint: save %s: %w", path, err)
+	}
+	st = Stats{FileBytes: l.total, Engines: tst.Engines, Seconds: time.Since(start).Seconds()}
 	for _, r := range recs {
 		st.DataBytes += int64(len(r.Data))
 	}
@@ -92,97 +92,60 @@ func checkNames(recs []Record) error {
 	return nil
 }
 
-// writer is one save in progress.
-type writer struct {
-	l            layout
-	o            WriteOptions
-	tmp          string
-	*engineFiles // the temporary file, once per engine
-}
-
-// write moves everything: first the extents (large records, straight from
-// their memory, each piece checksummed as it is written) and the checksums
-// of the small records, then the runs of headers, small records and
-// descriptors between extents, and last the central directory.
-func (w *writer) write() error {
-	recs := w.l.recs
-	var tasks []piece
-	crcs := make([]*pieceCRCs, len(recs))
-	engines := make([]string, len(recs))
-	started := make([]atomic.Int64, len(recs))
-	left := make([]atomic.Int64, len(recs))
+// write moves everything: first the extents (records of
+// transfer.ExtentMin and up, straight from their memory through their
+// chosen engine, each piece checksummed as it is written) while the small
+// records are checksummed, then the runs of headers, small records and
+// descriptors between extents (composed one task at a time, written
+// through the page cache), and last the central directory.
+func write(w *transfer.Writer, l *layout) error {
+	recs := l.recs
+	var large []transfer.Extent
+	var largeAt, small []int
 	for i := range recs {
-		size := recs[i].size()
-		if size == 0 {
-			continue
+		if recs[i].size() >= transfer.ExtentMin {
+			large = append(large, transfer.Extent{Off: recs[i].dataOff, Data: recs[i].Data, Sum: true})
+			largeAt = append(largeAt, i)
+		} else if recs[i].size() > 0 {
+			small = append(small, i)
 		}
-		ps := splitPieces(i, size, pieceSize(w.o.Engine))
-		crcs[i] = newPieceCRCs(len(ps))
-		left[i].Store(int64(len(ps)))
-		if size >= extentMin {
-			engines[i] = w.o.Chooser.Engine(OpWrite, size)
-		}
-		tasks = append(tasks, ps...)
 	}
-	err := runTasks(len(tasks), w.o.Workers, func(t int) error {
-		pc := tasks[t]
-		r := &recs[pc.rec]
-		p := r.Data[pc.lo:pc.hi]
-		if engines[pc.rec] == "" { // small: checksum only, written with the runs
-			crcs[pc.rec].set(pc.index, crcOf(p), int64(len(p)))
-			return nil
-		}
-		started[pc.rec].CompareAndSwap(0, time.Now().UnixNano())
-		f, err := w.file(engines[pc.rec])
-		if err != nil {
-			return fmt.Errorf("record %q: %w", r.Name, err)
-		}
-		crc, _, err := moveSummed(f, true, p, r.dataOff+pc.lo, true)
-		if err != nil {
-			return fmt.Errorf("record %q: %w", r.Name, err)
-		}
-		crcs[pc.rec].set(pc.index, crc, int64(len(p)))
-		w.count(f.Engine(), int64(len(p)))
-		if left[pc.rec].Add(-1) == 0 {
-			d := time.Duration(time.Now().UnixNano() - started[pc.rec].Load())
-			w.o.Chooser.Observe(OpWrite, r.size(), engines[pc.rec], d)
-		}
+	err := transfer.Run(len(small), transfer.CachedReadWorkers(), func(k int) error {
+		recs[small[k]].crc = transfer.Checksum(recs[small[k]].Data)
 		return nil
 	})
 	if err != nil {
 		return err
 	}
-	for i := range recs {
-		if crcs[i] != nil {
-			recs[i].crc = crcs[i].total()
-		}
-	}
-	runs := w.runs(engines)
-	f, err := w.file("posix")
+	res, err := w.Write(large)
 	if err != nil {
+		var ee *transfer.ExtentError
+		if errors.As(err, &ee) {
+			return fmt.Errorf("record %q: %w", recs[largeAt[ee.Ext]].Name, ee.Err)
+		}
 		return err
 	}
-	err = runTasks(len(runs), w.o.Workers, func(i int) error {
-		buf, data := runs[i].compose(recs)
-		if int64(len(buf)) != runs[i].n { // the layout and the encoders disagree: a bug
-			return fmt.Errorf("%w: run at %d composed %d bytes, planned %d", gds.ErrInternal, runs[i].off, len(buf), runs[i].n)
+	for k, i := range largeAt {
+		recs[i].crc = res[k].CRC
+	}
+	inExtent := make([]bool, len(recs))
+	for _, i := range largeAt {
+		inExtent[i] = true
+	}
+	var rest []transfer.Extent
+	for _, r := range runs(l, inExtent) {
+		rest = append(rest, transfer.Extent{Off: r.off, Len: r.n, Engine: "posix",
+			Build: func() ([]byte, int64) { return r.compose(recs) }})
+	}
+	cd := central(l)
+	rest = append(rest, transfer.Extent{Off: l.cdOff, Len: int64(len(cd)), Engine: "posix",
+		Build: func() ([]byte, int64) { return cd, 0 }}) // not data: no progress
+	if _, err := w.Write(rest); err != nil {
+		var ee *transfer.ExtentError
+		if errors.As(err, &ee) && ee.Ext == len(rest)-1 {
+			return fmt.Errorf("central directory: %w", ee.Err)
 		}
-		if _, err := f.WriteAt(buf, runs[i].off); err != nil {
-			return err
-		}
-		if data > 0 {
-			w.count("posix", data)
-		}
-		return nil
-	})
-	if err != nil {
 		return err
-	}
-	if _, err := f.WriteAt(w.central(), w.l.cdOff); err != nil {
-		return fmt.Errorf("central directory: %w", err)
-	}
-	if !w.o.NotDurable {
-		return f.Sync()
 	}
 	return nil
 }
@@ -200,24 +163,24 @@ type run struct {
 }
 
 // runs groups everything before the central directory that is not an
-// extent into runs of at most about runMax bytes.
-func (w *writer) runs(engines []string) []run {
+// extent into runs of at most about transfer.RunMax bytes.
+func runs(l *layout, inExtent []bool) []run {
 	var out []run
 	var cur *run
 	add := func(off, n int64, s span) {
 		if n == 0 {
 			return
 		}
-		if cur == nil || cur.off+cur.n != off || cur.n+n > runMax {
+		if cur == nil || cur.off+cur.n != off || cur.n+n > transfer.RunMax {
 			out = append(out, run{off: off})
 			cur = &out[len(out)-1]
 		}
 		cur.n += n
 		cur.spans = append(cur.spans, s)
 	}
-	for i, r := range w.l.recs {
+	for i, r := range l.recs {
 		add(r.hdrOff, r.dataOff-r.hdrOff, span{i, 'h'})
-		if engines[i] == "" {
+		if !inExtent[i] {
 			add(r.dataOff, r.size(), span{i, 'd'})
 		}
 		add(r.descOff, r.end-r.descOff, span{i, 'x'})
@@ -247,47 +210,14 @@ func (r run) compose(recs []placed) ([]byte, int64) {
 
 // central encodes the central directory, the end records and the comment
 // carrying their CRC-32.
-func (w *writer) central() []byte {
-	b := make([]byte, 0, w.l.total-w.l.cdOff)
-	for _, p := range w.l.recs {
+func central(l *layout) []byte {
+	b := make([]byte, 0, l.total-l.cdOff)
+	for _, p := range l.recs {
 		b = centralEntry(b, p.Name, p.hdrOff, p.size(), p.crc)
 	}
-	b = append(b, endRecords(len(w.l.recs), w.l.cdOff, w.l.cdSize, cdCommentLen)...)
-	return append(b, fmt.Sprintf("%s%08x", cdCommentPrefix, crcOf(b))...)
+	b = append(b, endRecords(len(l.recs), l.cdOff, l.cdSize, cdCommentLen)...)
+	return append(b, fmt.Sprintf("%s%08x", cdCommentPrefix, transfer.Checksum(b))...)
 }
 
 // le is shorthand for the zip's byte order.
 var le = binary.LittleEndian
-
-// saveTemp is the save protocol shared by archives and raw files: resolve
-// the target, clean stale temporaries, create a temporary file of size
-// bytes beside it, let fill write it (fill syncs it unless o.NotDurable),
-// close the engine files and commit (commit.go). On error the temporary
-// file is removed and nothing new is left at path.
-func saveTemp(path string, size int64, o WriteOptions, fill func(*writer) error) (*writer, error) {
-	abs, err := resolveTarget(path)
-	if err != nil {
-		return nil, err
-	}
-	if o.Chooser == nil {
-		o.Chooser = DefaultChooser(filepath.Dir(abs))
-	}
-	CleanStale(abs)
-	tmp, err := createTemp(abs, size)
-	if err != nil {
-		return nil, fmt.Errorf("checkpoint: save %s: %w", path, err)
-	}
-	w := &writer{o: o, tmp: tmp, engineFiles: newEngineFiles(tmp, os.O_RDWR, o.Engine, o.Progress)}
-	err = fill(w)
-	if cerr := w.close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = commit(tmp, abs, !o.NotDurable)
-	}
-	if err != nil {
-		os.Remove(tmp)
-		return nil, fmt.Errorf("checkpoint: save %s: %w", path, err)
-	}
-	return w, nil
-}

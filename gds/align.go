@@ -67,3 +67,7 @@ func (l *blockLocks) lock(block int64) func() {
 	m.Lock()
 	return m.Unlock
 }
+
+// AlignedBuf returns n bytes of Go memory whose start is aligned to a (a
+// power of two), for O_DIRECT transfers from Go-owned buffers.
+func AlignedBuf(n, a int) []byte { return alignedBuf(n, a) }

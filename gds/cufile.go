@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -124,16 +125,49 @@ const cufileLibEnv = "PYFASTENSOR_CUFILE_LIB"
 // cufileDefaultLib is what the dynamic loader is asked for by default.
 const cufileDefaultLib = "libcufile.so.0"
 
-// cufileLibrary returns the libcufile to load: Options.CuFileLibrary, else
-// $PYFASTENSOR_CUFILE_LIB, else the soname for the loader's search.
-func cufileLibrary(o Options) string {
+// cufileCandidates are libcufile paths found by the Python package (the
+// copies torch's CUDA wheels install under site-packages), set once when
+// the library is loaded (SetCuFileCandidates).
+var cufileCandidates struct {
+	sync.Mutex
+	paths []string
+}
+
+// SetCuFileCandidates records the libcufile paths to try after
+// Options.CuFileLibrary and $PYFASTENSOR_CUFILE_LIB, before the dynamic
+// loader's search. Paths that do not exist are skipped at resolution.
+func SetCuFileCandidates(paths []string) {
+	cufileCandidates.Lock()
+	cufileCandidates.paths = slices.Clone(paths)
+	cufileCandidates.Unlock()
+}
+
+// CuFileLibrary is the one resolution of the libcufile to load, the same
+// for info(), checkpoints, the spill store and raw files: Options.
+// CuFileLibrary, else $PYFASTENSOR_CUFILE_LIB, else the first existing
+// candidate (SetCuFileCandidates), else the soname libcufile.so.0 for the
+// loader's search. It returns the library and where it came from
+// ("option", "environment", "candidate" or "loader").
+func CuFileLibrary(o Options) (lib, source string) {
 	if o.CuFileLibrary != "" {
-		return o.CuFileLibrary
+		return o.CuFileLibrary, "option"
 	}
 	if v := os.Getenv(cufileLibEnv); v != "" {
-		return v
+		return v, "environment"
 	}
-	return cufileDefaultLib
+	cufileCandidates.Lock()
+	defer cufileCandidates.Unlock()
+	for _, p := range cufileCandidates.paths {
+		if _, err := os.Stat(p); err == nil {
+			return p, "candidate"
+		}
+	}
+	return cufileDefaultLib, "loader"
+}
+
+func cufileLibrary(o Options) string {
+	lib, _ := CuFileLibrary(o)
+	return lib
 }
 
 // cufileLib is one loaded libcufile, shared by every engine and file that
@@ -162,8 +196,8 @@ var (
 )
 
 // ProbeCuFile loads libcufile and opens the cuFile driver, once per library:
-// lib is a path or a name for the dynamic loader, "" for the default
-// ($PYFASTENSOR_CUFILE_LIB, else libcufile.so.0). The outcome is cached.
+// lib is a path or a name for the dynamic loader, "" for CuFileLibrary's
+// resolution. The outcome is cached.
 //
 // The probe never crashes or hangs the process, even when libcufile does:
 // on a machine without an NVIDIA driver it does not call cuFileDriverOpen at

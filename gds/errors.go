@@ -3,6 +3,8 @@ package gds
 import (
 	"errors"
 	"fmt"
+	"io/fs"
+	"runtime/debug"
 	"syscall"
 )
 
@@ -64,9 +66,13 @@ func (e *namedErr) Error() string        { return e.cause.Error() }
 func (e *namedErr) Unwrap() []error      { return []error{e.named, e.cause} }
 func (e *namedErr) Is(target error) bool { return target == e.named }
 
-// classify maps operating-system errors to the named errors. This is the one
-// place where errno values get meaning.
-func classify(err error) error {
+// Classify maps operating-system errors to the named errors. This is the one
+// place where errno values get meaning: ENOSPC and EDQUOT are ErrNoSpace;
+// EROFS is fs.ErrPermission (a read-only mount makes a directory unwritable
+// exactly as its mode bits would, and the caller sees a PermissionError
+// either way). The message stays the operating system's; other errors pass
+// unchanged.
+func Classify(err error) error {
 	var errno syscall.Errno
 	if !errors.As(err, &errno) {
 		return err
@@ -74,8 +80,25 @@ func classify(err error) error {
 	switch errno {
 	case syscall.ENOSPC, syscall.EDQUOT:
 		return &namedErr{ErrNoSpace, err}
+	case syscall.EROFS:
+		return &namedErr{fs.ErrPermission, err}
 	}
 	return err
+}
+
+func classify(err error) error { return Classify(err) }
+
+// Recover is the one panic policy of every worker goroutine (engine pieces,
+// transfer pools, the spill store's queue): deferred as
+// `defer gds.Recover(&err)`, it turns a panic into an error wrapping
+// ErrInternal, with the stack, for that call alone. A worker's panic would
+// otherwise end the whole process, since the C boundary's recover only
+// covers the calling goroutine; the state a worker touches is its own
+// call's, so the library stays usable.
+func Recover(err *error) {
+	if r := recover(); r != nil {
+		*err = fmt.Errorf("%w: panic in a worker goroutine: %v\n%s", ErrInternal, r, debug.Stack())
+	}
 }
 
 // opErr builds an *OpError with the cause classified.

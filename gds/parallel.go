@@ -1,8 +1,6 @@
 package gds
 
 import (
-	"fmt"
-	"runtime/debug"
 	"sync"
 	"sync/atomic"
 )
@@ -68,10 +66,6 @@ func splitRun(n int, taskSize int64, threads int, piece func(lo, hi int) (int, e
 // a worker goroutine's panic would otherwise end the whole process, since
 // the C boundary's recover only covers the calling goroutine.
 func safePiece(piece func(lo, hi int) (int, error), lo, hi int) (n int, err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			n, err = 0, fmt.Errorf("%w: panic in transfer worker: %v\n%s", ErrInternal, r, debug.Stack())
-		}
-	}()
+	defer Recover(&err)
 	return piece(lo, hi)
 }

@@ -8,6 +8,7 @@ package main
 import "C"
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -165,6 +166,29 @@ func release[T any](h C.uint64_t) (T, error) {
 	}
 	delete(handles.m, uint64(h))
 	return t, nil
+}
+
+// putJSON marshals v into a C string for the caller (freed with pft_free):
+// the one way every export returns structured results.
+func putJSON(out **C.char, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	*out = cstring(string(b))
+	return nil
+}
+
+// parseJSON decodes the caller's JSON argument s into v (NULL leaves v
+// as it is).
+func parseJSON(s *C.char, v any) error {
+	if s == nil {
+		return nil
+	}
+	if err := json.Unmarshal([]byte(C.GoString(s)), v); err != nil {
+		return fmt.Errorf("%w: %v", gds.ErrInvalid, err)
+	}
+	return nil
 }
 
 // cstring allocates a C copy of s for the caller, who frees it with pft_free.

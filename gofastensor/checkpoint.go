@@ -7,7 +7,6 @@ package main
 import "C"
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/pyfastensor/pyfastensor/checkpoint"
 	"github.com/pyfastensor/pyfastensor/gds"
+	"github.com/pyfastensor/pyfastensor/transfer"
 )
 
 // Checkpoints: write a whole archive in one call; open an archive (its
@@ -41,7 +41,7 @@ func ckptErr(err error) error {
 // chooser) for NULL or "", the adaptive dictionaries behind a pft_dict_open
 // handle for "dict:<handle>" (WDic for writes, RDic for reads), else that one
 // engine for every record.
-func chooser(engine *C.char) (checkpoint.Chooser, error) {
+func chooser(engine *C.char) (transfer.Chooser, error) {
 	name := ""
 	if engine != nil {
 		name = C.GoString(engine)
@@ -57,7 +57,7 @@ func chooser(engine *C.char) (checkpoint.Chooser, error) {
 	if name == "" {
 		return nil, nil
 	}
-	return checkpoint.FixedChooser(name), nil
+	return transfer.Fixed(name), nil
 }
 
 // progressFunc adds to the caller's counter, which another thread may poll
@@ -67,15 +67,6 @@ func progressFunc(p *C.int64_t) func(int64) {
 		return nil
 	}
 	return func(n int64) { atomic.AddInt64((*int64)(unsafe.Pointer(p)), n) }
-}
-
-func putJSON(out **C.char, v any) error {
-	b, err := json.Marshal(v)
-	if err != nil {
-		return err
-	}
-	*out = cstring(string(b))
-	return nil
 }
 
 // pft_ckpt_save writes n records as a zip archive at path. names holds the
@@ -162,12 +153,21 @@ func records(n int, names *C.char, addrs *unsafe.Pointer, sizes, aligns *C.int64
 
 // pft_ckpt_open parses and validates the archive at path; out receives
 // its description (checkpoint.Archive) as JSON and handle a handle for
-// pft_ckpt_read.
+// pft_ckpt_read. With forLoad non-zero, each entry's memory is planned for
+// a load (checkpoint.OpenForLoad) from the file's residency as
+// pft_ckpt_plan_load measured it (resident; negative when unknown).
 //
 //export pft_ckpt_open
-func pft_ckpt_open(path *C.char, handle *C.uint64_t, out **C.char, errbuf *C.char, errlen C.size_t) C.int {
+func pft_ckpt_open(path *C.char, forLoad C.int, resident C.double, handle *C.uint64_t, out **C.char,
+	errbuf *C.char, errlen C.size_t) C.int {
 	return call(errbuf, errlen, func() error {
-		a, err := checkpoint.OpenArchive(C.GoString(path))
+		var a *checkpoint.Archive
+		var err error
+		if forLoad != 0 {
+			a, err = checkpoint.OpenForLoad(C.GoString(path), float64(resident))
+		} else {
+			a, err = checkpoint.OpenArchive(C.GoString(path))
+		}
 		if err != nil {
 			return ckptErr(err)
 		}
@@ -212,13 +212,14 @@ func pft_ckpt_read_whole(path *C.char, addr unsafe.Pointer, size C.int64_t, veri
 	})
 }
 
-// pft_ckpt_plan_whole describes the file at path for a whole-file cold
-// read (checkpoint.PlanWhole) as JSON.
+// pft_ckpt_plan_load decides how to load the file at path
+// (checkpoint.PlanLoad): whole or record by record, and why, as JSON.
+// mapped: a load with mmap=True; chosen: an engine named by the caller.
 //
-//export pft_ckpt_plan_whole
-func pft_ckpt_plan_whole(path *C.char, out **C.char, errbuf *C.char, errlen C.size_t) C.int {
+//export pft_ckpt_plan_load
+func pft_ckpt_plan_load(path *C.char, mapped, chosen C.int, out **C.char, errbuf *C.char, errlen C.size_t) C.int {
 	return call(errbuf, errlen, func() error {
-		plan, err := checkpoint.PlanWhole(C.GoString(path))
+		plan, err := checkpoint.PlanLoad(C.GoString(path), mapped != 0, chosen != 0)
 		if err != nil {
 			return ckptErr(err)
 		}
@@ -227,7 +228,8 @@ func pft_ckpt_plan_whole(path *C.char, out **C.char, errbuf *C.char, errlen C.si
 }
 
 // pft_ckpt_resident returns, as a JSON list, the share of each record's
-// data in the page cache (checkpoint.Archive.Resident).
+// data in the page cache (checkpoint.Archive.Resident), for inspection:
+// a load takes its residency from pft_ckpt_plan_load and pft_ckpt_open.
 //
 //export pft_ckpt_resident
 func pft_ckpt_resident(h C.uint64_t, out **C.char, errbuf *C.char, errlen C.size_t) C.int {

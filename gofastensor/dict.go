@@ -7,14 +7,14 @@ package main
 import "C"
 
 import (
-	"encoding/json"
 	"fmt"
 	"time"
 
 	"github.com/pyfastensor/pyfastensor/gds"
+	"github.com/pyfastensor/pyfastensor/transfer/dict"
 )
 
-// The adaptive dictionaries (gds.Dictionaries) behind engine choice: where
+// The adaptive dictionaries (dict.Dictionaries) behind engine choice: where
 // their file lives, open/decide/observe/save/close by handle, reading a file
 // for display, and the hit-rate report. Structured arguments and results
 // cross as JSON.
@@ -35,28 +35,9 @@ type dictOpenConfig struct {
 
 // dictState is what a handle holds.
 type dictState struct {
-	d        *gds.Dictionaries
-	views    [4]*gds.DictChooser // by use: 0 separate, 1 write+read, 2 write, 3 read
+	d        *dict.Dictionaries
+	views    [4]*dict.DictChooser // by use: 0 separate, 1 write+read, 2 write, 3 read
 	excluded map[string]string
-}
-
-func parseJSON(s *C.char, v any) error {
-	if s == nil {
-		return nil
-	}
-	if err := json.Unmarshal([]byte(C.GoString(s)), v); err != nil {
-		return fmt.Errorf("%w: %v", gds.ErrInvalid, err)
-	}
-	return nil
-}
-
-func returnJSON(out **C.char, v any) error {
-	b, err := json.Marshal(v)
-	if err != nil {
-		return err
-	}
-	*out = cstring(string(b))
-	return nil
 }
 
 // pft_dict_path returns, as JSON, the dictionary file of the filesystem
@@ -66,11 +47,11 @@ func returnJSON(out **C.char, v any) error {
 //export pft_dict_path
 func pft_dict_path(cacheDir, dir *C.char, out **C.char, errbuf *C.char, errlen C.size_t) C.int {
 	return call(errbuf, errlen, func() error {
-		p, key, err := gds.DictPath(C.GoString(cacheDir), C.GoString(dir))
+		p, key, err := dict.DictPath(C.GoString(cacheDir), C.GoString(dir))
 		if err != nil {
 			return err
 		}
-		return returnJSON(out, map[string]any{"path": p, "key": key})
+		return putJSON(out, map[string]any{"path": p, "key": key})
 	})
 }
 
@@ -84,25 +65,25 @@ func pft_dict_open(config *C.char, out *C.uint64_t, errbuf *C.char, errlen C.siz
 		if err := parseJSON(config, &oc); err != nil {
 			return err
 		}
-		mode := gds.ModeAware
+		mode := dict.ModeAware
 		if oc.Mode != "" {
-			m, err := gds.ParseMode(oc.Mode)
+			m, err := dict.ParseMode(oc.Mode)
 			if err != nil {
 				return err
 			}
 			mode = m
 		}
-		cfg := gds.DictConfig{Mode: mode, Tool: oc.Tool, Path: oc.Path, Write: oc.Write, Read: oc.Read,
+		cfg := dict.DictConfig{Mode: mode, Tool: oc.Tool, Path: oc.Path, Write: oc.Write, Read: oc.Read,
 			Explore: oc.Explore, Refresh: oc.Refresh, Alpha: oc.Alpha, SaveInterval: time.Duration(oc.SaveIntervalMs) * time.Millisecond}
 		st := &dictState{}
 		if oc.Dir != "" {
-			key, err := gds.MachineKeyFor(oc.Dir)
+			key, err := dict.MachineKeyFor(oc.Dir)
 			if err != nil {
 				return err
 			}
 			cfg.Key = key
 			if cfg.Write == nil || cfg.Read == nil {
-				w, r, ex := gds.Candidates(oc.Dir, gds.Options{})
+				w, r, ex := dict.Candidates(oc.Dir, gds.Options{})
 				st.excluded = ex
 				if cfg.Write == nil {
 					cfg.Write = w
@@ -112,19 +93,19 @@ func pft_dict_open(config *C.char, out *C.uint64_t, errbuf *C.char, errlen C.siz
 				}
 			}
 		}
-		d, err := gds.OpenDictionaries(cfg)
+		d, err := dict.OpenDictionaries(cfg)
 		if err != nil {
 			return err
 		}
 		st.d = d
-		st.views = [4]*gds.DictChooser{d.Chooser(gds.UseSeparate), d.Chooser(gds.UseWriteRead),
-			d.Chooser(gds.UseWrite), d.Chooser(gds.UseRead)}
+		st.views = [4]*dict.DictChooser{d.Chooser(dict.UseSeparate), d.Chooser(dict.UseWriteRead),
+			d.Chooser(dict.UseWrite), d.Chooser(dict.UseRead)}
 		*out = newHandle(st)
 		return nil
 	})
 }
 
-func dictView(h C.uint64_t, use C.int) (*dictState, *gds.DictChooser, error) {
+func dictView(h C.uint64_t, use C.int) (*dictState, *dict.DictChooser, error) {
 	st, err := lookup[*dictState](h)
 	if err != nil {
 		return nil, nil, err
@@ -135,11 +116,11 @@ func dictView(h C.uint64_t, use C.int) (*dictState, *gds.DictChooser, error) {
 	return st, st.views[use], nil
 }
 
-func dictOp(op C.int) (gds.Op, error) {
+func dictOp(op C.int) (dict.Op, error) {
 	if op != 0 && op != 1 {
 		return 0, fmt.Errorf("%w: op %d (0 write, 1 read)", gds.ErrInvalid, int(op))
 	}
-	return gds.Op(op), nil
+	return dict.Op(op), nil
 }
 
 // pft_dict_decide returns, as JSON, the engine for a transfer of size bytes
@@ -157,7 +138,7 @@ func pft_dict_decide(h C.uint64_t, use, op C.int, size C.int64_t, out **C.char, 
 		if err != nil {
 			return err
 		}
-		return returnJSON(out, v.Decide(o, int64(size)))
+		return putJSON(out, v.Decide(o, int64(size)))
 	})
 }
 
@@ -191,7 +172,7 @@ func pft_dict_describe(h C.uint64_t, out **C.char, errbuf *C.char, errlen C.size
 			return err
 		}
 		cfg := st.d.Config()
-		return returnJSON(out, map[string]any{
+		return putJSON(out, map[string]any{
 			"dictionaries": st.d.Snapshot(), "warnings": st.d.Warnings(), "path": cfg.Path,
 			"mode": cfg.Mode.String(), "write": cfg.Write, "read": cfg.Read, "excluded": st.excluded,
 		})
@@ -223,20 +204,20 @@ func pft_dict_close(h C.uint64_t, errbuf *C.char, errlen C.size_t) C.int {
 }
 
 // pft_dict_load reads a dictionary file for display, tolerantly (see
-// gds.ReadDictFile): {"dictionaries": {...}, "warnings": [...]}.
+// dict.ReadDictFile): {"dictionaries": {...}, "warnings": [...]}.
 //
 //export pft_dict_load
 func pft_dict_load(path *C.char, out **C.char, errbuf *C.char, errlen C.size_t) C.int {
 	return call(errbuf, errlen, func() error {
-		doc, warnings, err := gds.ReadDictFile(C.GoString(path))
+		doc, warnings, err := dict.ReadDictFile(C.GoString(path))
 		if err != nil {
 			return err
 		}
-		return returnJSON(out, map[string]any{"dictionaries": doc, "warnings": warnings})
+		return putJSON(out, map[string]any{"dictionaries": doc, "warnings": warnings})
 	})
 }
 
-// hitRateConfig is pft_dict_hitrate's JSON argument (see gds.HitRateConfig).
+// hitRateConfig is pft_dict_hitrate's JSON argument (see dict.HitRateConfig).
 type hitRateConfig struct {
 	Dir        string   `json:"dir"`
 	Write      []string `json:"write"`
@@ -254,7 +235,7 @@ type hitRateConfig struct {
 }
 
 // pft_dict_hitrate runs the hit-rate workload in dir and returns the
-// report as JSON (gds.HitRateReport). It does I/O for many seconds.
+// report as JSON (dict.HitRateReport). It does I/O for many seconds.
 //
 //export pft_dict_hitrate
 func pft_dict_hitrate(config *C.char, out **C.char, errbuf *C.char, errlen C.size_t) C.int {
@@ -266,7 +247,7 @@ func pft_dict_hitrate(config *C.char, out **C.char, errbuf *C.char, errlen C.siz
 		if hc.Dir == "" {
 			return fmt.Errorf("%w: the hit-rate workload needs a directory", gds.ErrInvalid)
 		}
-		rep, err := gds.HitRate(gds.HitRateConfig{
+		rep, err := dict.HitRate(dict.HitRateConfig{
 			Dir: hc.Dir, Write: hc.Write, Read: hc.Read, Sizes: hc.Sizes, Iterations: hc.Iterations,
 			MinSize: hc.MinSize, MaxSize: hc.MaxSize, Budget: hc.Budget, Explore: hc.Explore, Refresh: hc.Refresh,
 			Repeat: hc.Repeat, Seed: hc.Seed, DropCaches: hc.DropCaches,
@@ -274,6 +255,6 @@ func pft_dict_hitrate(config *C.char, out **C.char, errbuf *C.char, errlen C.siz
 		if err != nil {
 			return err
 		}
-		return returnJSON(out, rep)
+		return putJSON(out, rep)
 	})
 }

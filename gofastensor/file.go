@@ -44,8 +44,8 @@ func pft_file_open(engine, path *C.char, flags C.int, mode C.int, threads C.int,
 	})
 }
 
-// transfer is the shared body of pft_file_read and pft_file_write.
-func transfer(h C.uint64_t, addr unsafe.Pointer, n C.size_t, off C.int64_t, write bool, done *C.size_t) error {
+// fileIO is the shared body of pft_file_read and pft_file_write.
+func fileIO(h C.uint64_t, addr unsafe.Pointer, n C.size_t, off C.int64_t, write bool, done *C.size_t) error {
 	f, err := lookup[gds.File](h)
 	if err != nil {
 		return err
@@ -68,12 +68,12 @@ func transfer(h C.uint64_t, addr unsafe.Pointer, n C.size_t, off C.int64_t, writ
 
 //export pft_file_read
 func pft_file_read(h C.uint64_t, addr unsafe.Pointer, n C.size_t, off C.int64_t, done *C.size_t, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error { return transfer(h, addr, n, off, false, done) })
+	return call(errbuf, errlen, func() error { return fileIO(h, addr, n, off, false, done) })
 }
 
 //export pft_file_write
 func pft_file_write(h C.uint64_t, addr unsafe.Pointer, n C.size_t, off C.int64_t, done *C.size_t, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error { return transfer(h, addr, n, off, true, done) })
+	return call(errbuf, errlen, func() error { return fileIO(h, addr, n, off, true, done) })
 }
 
 //export pft_file_sync

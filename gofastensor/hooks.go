@@ -7,7 +7,6 @@ package main
 import "C"
 
 import (
-	"encoding/json"
 	"fmt"
 	"strconv"
 	"strings"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/pyfastensor/pyfastensor/gds"
 	"github.com/pyfastensor/pyfastensor/hooks"
+	"github.com/pyfastensor/pyfastensor/transfer/dict"
 )
 
 // The activation-offload store (hooks.Store) behind pyfastensor.offload.
@@ -22,7 +22,7 @@ import (
 
 // dictSpec returns the dictionary view "<handle>:<use>" names (use as in
 // pft_dict_decide: 1 write+read, 2 write, 3 read).
-func dictSpec(spec string) (*gds.DictChooser, error) {
+func dictSpec(spec string) (*dict.DictChooser, error) {
 	hs, us, ok := strings.Cut(spec, ":")
 	h, herr := strconv.ParseUint(hs, 10, 64)
 	u, uerr := strconv.Atoi(us)
@@ -207,16 +207,6 @@ func pft_store_free(h, slot C.uint64_t, errbuf *C.char, errlen C.size_t) C.int {
 	})
 }
 
-// jsonOut marshals v into a C string for the caller (freed with pft_free).
-func jsonOut(v any, out **C.char) error {
-	b, err := json.Marshal(v)
-	if err != nil {
-		return err
-	}
-	*out = cstring(string(b))
-	return nil
-}
-
 // pft_store_stats returns the store's totals as JSON (hooks.Stats).
 //
 //export pft_store_stats
@@ -226,7 +216,7 @@ func pft_store_stats(h C.uint64_t, out **C.char, errbuf *C.char, errlen C.size_t
 		if err != nil {
 			return err
 		}
-		return jsonOut(s.Stats(), out)
+		return putJSON(out, s.Stats())
 	})
 }
 
@@ -240,7 +230,7 @@ func pft_store_describe(h C.uint64_t, out **C.char, errbuf *C.char, errlen C.siz
 		if err != nil {
 			return err
 		}
-		return jsonOut(s.Describe(), out)
+		return putJSON(out, s.Describe())
 	})
 }
 
@@ -258,7 +248,7 @@ func pft_store_slot_info(h, slot C.uint64_t, out **C.char, errbuf *C.char, errle
 		if err != nil {
 			return err
 		}
-		return jsonOut(info, out)
+		return putJSON(out, info)
 	})
 }
 

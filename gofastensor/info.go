@@ -6,17 +6,19 @@ package main
 import "C"
 
 import (
-	"encoding/json"
 	"runtime"
 
 	"github.com/klauspost/cpuid/v2"
 	"github.com/pyfastensor/pyfastensor/gds"
+	"github.com/pyfastensor/pyfastensor/transfer"
 )
 
 // pft_info returns, as JSON, what the library knows of this machine and of
-// the filesystem holding dir: versions, CPU features, and each engine's
-// availability with the reason when it is not available. cufileLib, when
-// not NULL, is the libcufile path to probe.
+// the filesystem holding dir: versions, CPU features, each engine's
+// availability with the reason when it is not available, the directory's
+// probe (transfer.Probe: the same one every engine choice uses, with the
+// libcufile actually loaded) and the data path's thresholds. cufileLib,
+// when not NULL, is a libcufile path to probe instead of the one resolved.
 //
 //export pft_info
 func pft_info(dir, cufileLib *C.char, out **C.char, errbuf *C.char, errlen C.size_t) C.int {
@@ -25,12 +27,47 @@ func pft_info(dir, cufileLib *C.char, out **C.char, errbuf *C.char, errlen C.siz
 		if cufileLib != nil {
 			opts.CuFileLibrary = C.GoString(cufileLib)
 		}
-		b, err := json.Marshal(collectInfo(C.GoString(dir), opts))
-		if err != nil {
+		return putJSON(out, collectInfo(C.GoString(dir), opts))
+	})
+}
+
+// pft_configure applies process-wide settings the Python package found,
+// given as JSON: {"cufile_candidates": [paths]} (the libcufile copies that
+// torch's CUDA wheels install; gds.CuFileLibrary tries them after
+// $PYFASTENSOR_CUFILE_LIB). Called once, when the library is loaded.
+//
+//export pft_configure
+func pft_configure(config *C.char, errbuf *C.char, errlen C.size_t) C.int {
+	return call(errbuf, errlen, func() error {
+		var c struct {
+			CuFileCandidates []string `json:"cufile_candidates"`
+		}
+		if err := parseJSON(config, &c); err != nil {
 			return err
 		}
-		*out = cstring(string(b))
+		gds.SetCuFileCandidates(c.CuFileCandidates)
 		return nil
+	})
+}
+
+// pft_settings returns the data path's thresholds (transfer.Settings) as
+// JSON: the Python side reads them here rather than writing them down
+// again. overrides, when not NULL, is a JSON object of settings to change
+// first (tests only: transfer.Override).
+//
+//export pft_settings
+func pft_settings(overrides *C.char, out **C.char, errbuf *C.char, errlen C.size_t) C.int {
+	return call(errbuf, errlen, func() error {
+		var o map[string]int64
+		if err := parseJSON(overrides, &o); err != nil {
+			return err
+		}
+		if len(o) > 0 {
+			if _, err := transfer.Override(o); err != nil {
+				return err
+			}
+		}
+		return putJSON(out, transfer.Settings())
 	})
 }
 
@@ -67,8 +104,9 @@ func collectInfo(dir string, opts gds.Options) map[string]any {
 		"engines": engines,
 	}
 	if dir != "" {
-		info["dir"] = gds.ProbeDir(dir)
+		info["dir"] = transfer.Probe(dir)
 	}
+	info["settings"] = transfer.Settings()
 	return info
 }
 

@@ -25,6 +25,6 @@ func pft_offload_plan(profile *C.char, out **C.char, errbuf *C.char, errlen C.si
 		if err := json.Unmarshal([]byte(C.GoString(profile)), &p); err != nil {
 			return fmt.Errorf("%w: offload profile: %w", gds.ErrInvalid, err)
 		}
-		return jsonOut(offload.Schedule(p), out)
+		return putJSON(out, offload.Schedule(p))
 	})
 }

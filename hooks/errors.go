@@ -21,7 +21,7 @@ var (
 	ErrSpillDir = errors.New("spill directory unusable")
 	// ErrInternal: a transfer panicked on a pool goroutine; the slot's
 	// write or prefetch failed with this error instead of crashing.
-	ErrInternal = fmt.Errorf("%w: transfer panicked", gds.ErrInternal)
+	ErrInternal = gds.ErrInternal
 )
 
 // spillDirError explains why dir cannot hold a spill file.

@@ -4,24 +4,19 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"sync"
-	"time"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/pyfastensor/pyfastensor/gds"
+	"github.com/pyfastensor/pyfastensor/transfer"
 )
 
 // growStep is the least the spill file grows by, so that a run of small
 // slots does not resize the file on every put. Growth is sparse (ftruncate):
 // disk blocks are only taken when slots are written.
 const growStep = 64 << 20
-
-// aligned reports whether p starts on a slotAlign boundary.
-func aligned(p []byte) bool {
-	return len(p) == 0 || uintptr(unsafe.Pointer(unsafe.SliceData(p)))%slotAlign == 0
-}
 
 // noTmpfile makes openSpill act as on a filesystem without O_TMPFILE (tests).
 var noTmpfile = false
@@ -39,9 +34,8 @@ type spillFile struct {
 	how    string // "O_TMPFILE" or "unlink-after-open"
 	fsType string
 	anchor int // a plain descriptor that keeps the inode alive
-	files  map[string]gds.File
+	files  *transfer.Files
 	picker Picker
-	chunk  int // largest piece of a transfer from unaligned memory
 	slots  allocator
 
 	// growMu orders growth against transfers: transfers hold it shared,
@@ -62,10 +56,7 @@ func openSpill(dir string, pick func() Picker, opts gds.Options) (_ *spillFile, 
 	if !st.IsDir() {
 		return nil, spillDirError(dir, fmt.Errorf("%w: not a directory", gds.ErrInvalid))
 	}
-	s := &spillFile{dir: dir, anchor: -1, files: map[string]gds.File{}, chunk: gds.DefaultTaskSize}
-	if opts.TaskSize > 0 {
-		s.chunk = int(roundSlot(opts.TaskSize))
-	}
+	s := &spillFile{dir: dir, anchor: -1}
 	s.fsType, _ = gds.FSType(dir)
 	defer func() {
 		if err != nil {
@@ -104,29 +95,21 @@ func openSpill(dir string, pick func() Picker, opts gds.Options) (_ *spillFile, 
 	}
 
 	s.picker = pick()
-	for _, name := range s.picker.Engines() {
-		e, err := gds.New(name, opts)
-		if err != nil {
-			return nil, fmt.Errorf("spill file in %s: %w", dir, err)
-		}
-		f, err := e.Open(path, os.O_RDWR, 0o600)
-		if err != nil {
-			return nil, fmt.Errorf("spill file in %s: %w", dir, err)
-		}
-		s.files[name] = f
+	s.files = transfer.NewFiles(path, os.O_RDWR, opts, nil)
+	if err := s.files.Open(s.picker.Engines()...); err != nil {
+		return nil, fmt.Errorf("spill file in %s: %w", dir, err)
 	}
 	return s, nil
 }
 
-// file returns the open file of the engine the picker names, or the first
-// engine's file for a name it does not know.
-func (s *spillFile) file(op Op, n int64) (string, gds.File) {
+// engine returns the engine the picker names, or the first engine it lists
+// for a name it does not know (the store opened only those).
+func (s *spillFile) engine(op Op, n int64) string {
 	name := s.picker.Engine(op, n)
-	if f, ok := s.files[name]; ok {
-		return name, f
+	if slices.Contains(s.picker.Engines(), name) {
+		return name
 	}
-	name = s.picker.Engines()[0]
-	return name, s.files[name]
+	return s.picker.Engines()[0]
 }
 
 func (s *spillFile) alloc(n int64) (extent, error) {
@@ -154,7 +137,7 @@ func (s *spillFile) grow(end int64) error {
 		return nil
 	}
 	target := roundSlot(max(end, s.size+max(growStep, s.size/4)))
-	for _, f := range s.files {
+	err := s.files.Each(func(_ string, f gds.File) error {
 		if err := f.Truncate(target); err != nil {
 			// A filesystem may refuse a sparse length past its size;
 			// try exactly what is needed before giving up.
@@ -163,6 +146,10 @@ func (s *spillFile) grow(end int64) error {
 			}
 			target = end
 		}
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	s.size = target
 	return nil
@@ -184,32 +171,12 @@ func (s *spillFile) transfer(op Op, e extent, p []byte) (string, error) {
 	}
 	s.growMu.RLock()
 	defer s.growMu.RUnlock()
-	name, f := s.file(op, int64(len(p)))
-	t := time.Now()
-	// Unaligned memory goes in pieces of at most one task size: the direct
-	// engine bounces unaligned memory through task-sized buffers, and a
-	// single transfer between one and two task sizes overflows them (a gds
-	// bug, see gds/direct.go piece). Piece boundaries stay 4 KiB aligned in
-	// the file since the task size is.
-	step := len(p)
-	if !aligned(p) {
-		step = s.chunk
-	}
-	var err error
-	for lo := 0; lo < len(p) && err == nil; lo += step {
-		hi := min(lo+step, len(p))
-		if op == OpWrite {
-			_, err = f.WriteAt(p[lo:hi], e.off+int64(lo))
-		} else {
-			_, err = f.ReadAt(p[lo:hi], e.off+int64(lo))
-		}
-	}
-	if err != nil {
+	name := s.engine(op, int64(len(p)))
+	if err := s.files.Move(op, name, s.picker, transfer.Extent{Off: e.off, Data: p}); err != nil {
 		// The engine's error names engine, path (/proc/self/fd/N) and
 		// offset; add the directory, which is what the user chose.
 		return name, fmt.Errorf("spill file in %s: %w", s.dir, err)
 	}
-	s.picker.Observe(op, int64(len(p)), name, time.Since(t))
 	return name, nil
 }
 
@@ -225,10 +192,13 @@ func (s *spillFile) describe() Description {
 	if s.picker != nil {
 		d.Engines = s.picker.Engines()
 	}
-	for _, name := range d.Engines {
-		if f := s.files[name]; f != nil && f.Fallback() != "" {
-			d.Fallback = f.Fallback()
-		}
+	if s.files != nil {
+		_ = s.files.Each(func(_ string, f gds.File) error {
+			if f.Fallback() != "" {
+				d.Fallback = f.Fallback()
+			}
+			return nil
+		})
 	}
 	return d
 }
@@ -237,11 +207,8 @@ func (s *spillFile) describe() Description {
 // the last one.
 func (s *spillFile) close() error {
 	var errs []error
-	for name, f := range s.files {
-		if err := f.Close(); err != nil {
-			errs = append(errs, err)
-		}
-		delete(s.files, name)
+	if s.files != nil {
+		errs = append(errs, s.files.Close())
 	}
 	if s.anchor >= 0 {
 		if err := unix.Close(s.anchor); err != nil {

@@ -35,9 +35,10 @@ type Config struct {
 	Tier string
 	// Dir is the spill directory of the ssd tier. Default: os.TempDir().
 	Dir string
-	// Engine is the gds engine of the spill file. Default: "direct" when a
-	// probe of Dir shows O_DIRECT works, else "posix". Ignored when
-	// Picker is set.
+	// Engine is the gds engine of the spill file. Default: the choice of
+	// transfer.Default for Dir (direct for slots of
+	// transfer.DirectThreshold and up where the directory's probe says
+	// O_DIRECT works, else posix). Ignored when Picker is set.
 	Engine string
 	// Picker chooses the engine per transfer (an adaptive dictionary).
 	Picker Picker
@@ -107,10 +108,7 @@ func Open(cfg Config) (*Store, error) {
 			if cfg.Engine != "" {
 				return FixedPicker(cfg.Engine)
 			}
-			if gds.ProbeDir(dir).Direct {
-				return FixedPicker("direct")
-			}
-			return FixedPicker("posix")
+			return newDefaultPicker(dir)
 		}
 		sf, err := openSpill(dir, pick, cfg.Options)
 		if err != nil {
@@ -198,15 +196,10 @@ func (s *Store) runWrite(id SlotID, sl *slot, p []byte) {
 	}
 }
 
-// guard runs a transfer on a pool goroutine, where a panic would otherwise
-// kill the process (the C boundary's recovery covers only the caller's
-// goroutine): it becomes the transfer's error.
+// guard runs a transfer on a pool goroutine under the one panic policy
+// (gds.Recover): a panic becomes the transfer's error.
 func guard(fn func() (string, error)) (eng string, err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("%w: internal error (Go panic) in a transfer: %v", ErrInternal, r)
-		}
-	}()
+	defer gds.Recover(&err)
 	return fn()
 }
 

@@ -35,9 +35,6 @@ def address_of(buf: Any, *, writable: bool) -> tuple[int, int, Any]:
     return arr.ctypes.data, arr.nbytes, arr
 
 
-#: Tensors at least this large get page-aligned, huge-page memory from
-#: :func:`empty_aligned` when loaded.
-ALIGNED_MIN = 1 << 20
 
 
 def empty_aligned(nbytes: int) -> Any:
@@ -80,17 +77,16 @@ def tensor_over(m: mmap.mmap) -> Any:
 
 
 def empty_bytes(nbytes: int) -> Any:
-    """An uninitialised uint8 tensor to read into: :func:`empty_aligned` from
-    :data:`ALIGNED_MIN` bytes up, torch's allocator below."""
+    """An uninitialised uint8 tensor to read into: :func:`empty_aligned` from the Go core's
+    ``aligned_min`` (``transfer.AlignedMin``) up, torch's allocator below."""
     import torch
 
-    return empty_aligned(nbytes) if nbytes >= ALIGNED_MIN else torch.empty(nbytes, dtype=torch.uint8)
+    from . import _lib
 
+    if nbytes >= _lib.settings()["aligned_min"]:
+        return empty_aligned(nbytes)
+    return torch.empty(nbytes, dtype=torch.uint8)
 
-#: Page-aligned records at least this large get their own pages of a
-#: :class:`PageArena` when a load reads a file whole; smaller ones are copied
-#: out of it into torch's memory.
-CARVE_MIN = 64 << 10
 
 _PAGE = mmap.PAGESIZE
 _libc = ctypes.CDLL(None, use_errno=True)

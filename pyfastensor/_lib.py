@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib.machinery
+import json
 import os
 import threading
 from pathlib import Path
@@ -74,14 +75,16 @@ def library_path() -> Path:
     if override:
         return Path(override)
     here = Path(__file__).resolve().parent
-    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+    # setup.py names it _native.so (it uses no CPython ABI); builds before that
+    # carried the interpreter's suffix (_native.cpython-311-x86_64-linux-gnu.so).
+    for suffix in (".so", *importlib.machinery.EXTENSION_SUFFIXES):
         candidate = here / f"_native{suffix}"
         if candidate.exists():
             return candidate
     raise ImportError(
         f"pyfastensor's native library (_native*.so) is missing from {here}: the package was "
         "not built. Install it with `pip install .` (or `pip install -e .`) from the source "
-        "tree, with Go on PATH."
+        "tree, with Go on PATH, or install a prebuilt wheel (README: 'Installing without Go')."
     )
 
 
@@ -99,6 +102,8 @@ _PROTOTYPES: dict[str, list[Any]] = {
     "pft_file_describe": [u64, ctypes.POINTER(c_void_p)],
     "pft_file_close": [u64],
     "pft_debug_panic": [],
+    "pft_configure": [c_char_p],
+    "pft_settings": [c_char_p, ctypes.POINTER(c_void_p)],
 }
 
 
@@ -140,9 +145,38 @@ def lib() -> ctypes.CDLL:
             if _lib is None:
                 cdll = ctypes.CDLL(str(library_path()))
                 _declare(cdll, _PROTOTYPES)
+                _configure(cdll)
                 _loaded_pid = os.getpid()
                 _lib = cdll
     return _lib
+
+
+def _configure(cdll: ctypes.CDLL) -> None:
+    """Hand the library what only Python can find: the libcufile copies torch's CUDA
+    wheels install (the Go side resolves which libcufile to load, once, for every use)."""
+    from . import config
+
+    buf = ctypes.create_string_buffer(_ERRLEN)
+    doc = json.dumps({"cufile_candidates": config.cufile_candidates()}).encode()
+    if cdll.pft_configure(doc, buf, _ERRLEN) != 0:
+        raise errors.InternalError(buf.value.decode("utf-8", "replace"))
+
+
+_settings: dict[str, Any] | None = None
+
+
+def settings(**overrides: int) -> dict[str, Any]:
+    """The data path's thresholds, as the Go core defines them (``transfer/settings.go``).
+
+    Keyword arguments override the few that tests may change
+    (``whole_min``, ``whole_average_min``) and return the new values.
+    """
+    global _settings
+    if _settings is None or overrides:
+        out = c_void_p()
+        call("pft_settings", json.dumps(overrides).encode() if overrides else None, ctypes.byref(out))
+        _settings = json.loads(take_string(out))
+    return _settings
 
 
 def loaded() -> bool:

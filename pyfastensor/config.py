@@ -95,19 +95,19 @@ def cache_dir() -> Path:
     return Path(base) / "pyfastensor"
 
 
-def cufile_library() -> str | None:
-    """The libcufile to load: ``PYFASTENSOR_CUFILE_LIB``, else the one torch's wheels install.
+def cufile_candidates() -> list[str]:
+    """The libcufile copies torch's CUDA wheels install, for the Go core to try.
 
-    Returns None when neither exists; the native loader then asks the dynamic
-    linker for ``libcufile.so.0``.
+    The one resolution of which libcufile to load is the Go core's
+    (``gds.CuFileLibrary``): ``PYFASTENSOR_CUFILE_LIB``, else the first of
+    these that exists, else the dynamic loader's ``libcufile.so.0``.
+    ``pyfastensor.info()["dir"]`` reports the outcome.
     """
-    raw = os.environ.get("PYFASTENSOR_CUFILE_LIB")
-    if raw:
-        return raw
     roots = [*site.getsitepackages(), site.getusersitepackages(), *sys.path]
+    found: list[str] = []
     for root in roots:
         for sub in ("nvidia/cu13/lib", "nvidia/cufile/lib", "nvidia/cu12/lib"):
-            candidate = Path(root) / sub / "libcufile.so.0"
-            if candidate.exists():
-                return str(candidate)
-    return None
+            candidate = str(Path(root) / sub / "libcufile.so.0")
+            if candidate not in found and os.path.exists(candidate):
+                found.append(candidate)
+    return found

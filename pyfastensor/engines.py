@@ -76,7 +76,7 @@ class EngineFile:
             config.threads() if threads is None else threads,
             config.task_size() if task_size is None else task_size,
             config.queue_depth() if queue_depth is None else queue_depth,
-            _lib.cstr(config.cufile_library()) if engine == "cufile" else None,
+            None,  # libcufile: the Go core's one resolution (info()["dir"]["cufile_library"])
             ctypes.byref(out),
         )
         self._handle = out.value

@@ -21,9 +21,12 @@ def info(path: str | os.PathLike[str] = ".") -> dict[str, Any]:
         A dict with ``version``, ``go_version``, ``cpu`` (brand and the features
         that matter), ``engines`` (each engine's availability and, when not
         available, the reason in words: this is where a missing libcufile or
-        NVIDIA driver is explained), ``dir`` (filesystem type, whether
-        O_DIRECT works and with what alignment, from statx or a probe) and
-        ``python`` (versions, library path, the libcufile candidate).
+        NVIDIA driver is explained), ``dir`` (the directory's probe, the one
+        every engine choice uses: filesystem type, whether O_DIRECT works and
+        with what alignment, io_uring, the libcufile actually loaded and where
+        its name came from, and the fallback with its reason), ``settings``
+        (the data path's thresholds) and ``python`` (versions, library path,
+        the libcufile candidates found).
 
     Example::
 
@@ -35,13 +38,12 @@ def info(path: str | os.PathLike[str] = ".") -> dict[str, Any]:
     if os.path.isfile(d):
         d = os.path.dirname(os.path.abspath(d))
     out = ctypes.c_void_p()
-    cufile = config.cufile_library()
-    _lib.call("pft_info", _lib.cstr(d), _lib.cstr(cufile), ctypes.byref(out))
+    _lib.call("pft_info", _lib.cstr(d), None, ctypes.byref(out))
     result: dict[str, Any] = json.loads(_lib.take_string(out))
     result["python"] = {
         "package_version": __version__,
         "library": str(_lib.library_path()),
-        "cufile_library": cufile,
+        "cufile_candidates": config.cufile_candidates(),
         "torch": _torch_version(),
     }
     return result

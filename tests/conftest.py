@@ -65,3 +65,21 @@ def _private_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Dictionaries the tests learn go to a temporary cache, not the user's."""
     if "PYFASTENSOR_CACHE_DIR" not in os.environ:
         os.environ["PYFASTENSOR_CACHE_DIR"] = str(tmp_path_factory.mktemp("cache"))
+
+
+@pytest.fixture
+def go_settings() -> Iterator:
+    """Override the Go core's overridable thresholds for a test: ``go_settings(whole_min=0)``;
+    the previous values come back after it."""
+    from pyfastensor import _lib
+
+    saved: dict[str, int] = {}
+
+    def override(**values: int) -> dict:
+        for k in values:
+            saved.setdefault(k, _lib.settings()[k])
+        return _lib.settings(**values)
+
+    yield override
+    if saved:
+        _lib.settings(**saved)

@@ -183,10 +183,9 @@ def test_mapped_load_maps_the_file_it_opened_while_a_save_replaces_it(tmp_path, 
     assert_same(got, old)
 
 
-def test_whole_file_read_after_a_replacing_save_loads_the_new_file(tmp_path, monkeypatch):
+def test_whole_file_read_after_a_replacing_save_loads_the_new_file(tmp_path, monkeypatch, go_settings):
     load_mod = sys.modules["pyfastensor.checkpoint.load"]
-    monkeypatch.setattr(load_mod, "WHOLE_MIN", 0)
-    monkeypatch.setattr(load_mod, "WHOLE_AVERAGE_MIN", 0)
+    go_settings(whole_min=0, whole_average_min=0)
     path = tmp_path / "ck.pt"
     old, new = old_and_new()
     pyfastensor.save(old, path)

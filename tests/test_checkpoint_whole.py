@@ -12,10 +12,12 @@ import torch
 from checkpoint_helpers import assert_same, evict
 
 import pyfastensor
-from pyfastensor import CorruptFileError
-from pyfastensor._buffers import CARVE_MIN, PageArena
+from pyfastensor import CorruptFileError, _lib
+from pyfastensor._buffers import PageArena
+from pyfastensor.checkpoint._native import plan_load
 
 load_mod = importlib.import_module("pyfastensor.checkpoint.load")
+CARVE_MIN = _lib.settings()["carve_min"]
 
 
 def state() -> dict:
@@ -40,10 +42,9 @@ def mapped_within(lo: int, hi: int) -> list[tuple[int, int]]:
 
 
 @pytest.fixture
-def arenas(monkeypatch):
+def arenas(monkeypatch, go_settings):
     """Every file is big enough to be read whole; yields the arenas the loads read into."""
-    monkeypatch.setattr(load_mod, "WHOLE_MIN", 0)
-    monkeypatch.setattr(load_mod, "WHOLE_AVERAGE_MIN", 0)
+    go_settings(whole_min=0, whole_average_min=0)
     seen: list[PageArena] = []
 
     def spy(nbytes):
@@ -57,8 +58,8 @@ def arenas(monkeypatch):
 def cold(path) -> bool:
     """Drop the file's cached pages; False where the filesystem keeps them (tmpfs) or O_DIRECT fails."""
     evict(path)
-    plan = load_mod.plan_whole(os.fspath(path))
-    return plan["resident"] < 0.5 and plan["direct"]
+    plan = plan_load(os.fspath(path), mapped=False, chosen=False)
+    return plan["resident"] < 0.5 and pyfastensor.info(os.path.dirname(path))["dir"]["o_direct"]
 
 
 @pytest.fixture
@@ -142,18 +143,21 @@ def test_damaged_local_header_is_caught_from_memory(saved, arenas):
     assert mapped_within(arena.addr, arena.addr + arena.size) == []
 
 
-def test_whole_read_only_for_files_of_records_not_too_small(saved, monkeypatch):
-    monkeypatch.setattr(load_mod, "WHOLE_MIN", 0)
-    plan = load_mod.plan_whole(str(saved))
+def test_whole_read_only_for_files_of_records_not_too_small(saved, go_settings):
+    go_settings(whole_min=0)
+    size = os.path.getsize(saved)
     n = len(zipfile.ZipFile(saved).namelist())
-    assert plan["records"] == n
-    for least, taken in ((0, True), (plan["size"] // n, True), (plan["size"] // n + 1, False)):
-        monkeypatch.setattr(load_mod, "WHOLE_AVERAGE_MIN", least)
-        arena, archive = load_mod._read_whole(str(saved), True, False)
-        assert (arena is not None) == taken == (archive is not None), least
-        if arena is not None:
-            archive.close()
-            arena.close()
+    for least, taken in ((0, True), (size // n, True), (size // n + 1, False)):
+        go_settings(whole_average_min=least)
+        plan = plan_load(str(saved), mapped=False, chosen=False)
+        assert plan["whole"] == taken, (least, plan["reason"])
+        if not taken:
+            assert "average" in plan["reason"]
+            continue
+        arena, archive = load_mod._read_whole(str(saved), plan, True, False)
+        assert arena is not None and archive is not None, least
+        archive.close()
+        arena.close()
 
 
 def test_whole_read_only_for_cold_files_of_ours(tmp_path, saved, arenas):

@@ -22,10 +22,10 @@ _lib.register({
     "pft_ckpt_save": [_lib.c_char_p, _lib.i64, _lib.c_char_p, _P(_lib.c_void_p), _P(_lib.i64),
                       _P(_lib.i64), _lib.c_int, _lib.c_char_p, _lib.c_int, _lib.i64, _lib.c_int,
                       _P(_lib.i64), _P(_lib.c_void_p)],
-    "pft_ckpt_open": [_lib.c_char_p, _P(_lib.u64), _P(_lib.c_void_p)],
+    "pft_ckpt_open": [_lib.c_char_p, _lib.c_int, ctypes.c_double, _P(_lib.u64), _P(_lib.c_void_p)],
     "pft_ckpt_read_whole": [_lib.c_char_p, _lib.c_void_p, _lib.i64, _lib.c_int, _lib.c_char_p, _lib.c_int,
                             _lib.i64, _lib.c_int, _P(_lib.i64), _P(_lib.u64), _P(_lib.c_void_p)],
-    "pft_ckpt_plan_whole": [_lib.c_char_p, _P(_lib.c_void_p)],
+    "pft_ckpt_plan_load": [_lib.c_char_p, _lib.c_int, _lib.c_int, _P(_lib.c_void_p)],
     "pft_ckpt_read": [_lib.u64, _lib.i64, _P(_lib.i64), _P(_lib.c_void_p), _P(_lib.i64),
                       _lib.c_int, _lib.c_char_p, _lib.c_int, _lib.i64, _lib.c_int, _P(_lib.i64),
                       _P(_lib.c_void_p)],
@@ -40,8 +40,11 @@ _lib.register({
                      _lib.c_char_p, _lib.c_int, _lib.i64, _lib.c_int, _P(_lib.i64), _P(_lib.c_void_p)],
 })
 
-#: Alignment of storage records in files we write (``.storage_alignment``).
-DATA_ALIGN = 4096
+
+def data_align() -> int:
+    """Alignment of storage records in files we write (``.storage_alignment``): the Go
+    core's ``transfer.Alignment``."""
+    return int(_lib.settings()["alignment"])
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,11 @@ class Entry(NamedTuple):
     """One record of an opened archive, from its validated central directory.
 
     A named tuple: an archive of 10,000 records makes 10,000 of them per load.
+    ``memory`` is where a load puts the record's bytes, as the Go core's load
+    planner decided (checkpoint/loadplan.go): ``"aligned"`` (page-aligned memory
+    of its own, filled in place by a direct read), ``"allocator"`` (torch's
+    memory), ``"pages"`` (its own pages of the area a whole-file read filled),
+    or ``""`` when the archive was not opened for a load.
     """
 
     name: str
@@ -65,6 +73,7 @@ class Entry(NamedTuple):
     size: int
     crc32: int
     method: int
+    memory: str = ""
 
 
 def _arrays(addrs: Sequence[int], sizes: Sequence[int]) -> tuple[Any, Any]:
@@ -146,12 +155,14 @@ def same_file(fd: int, path: str) -> str:
     return name if fd >= 0 and os.path.exists(name) else path
 
 
-def plan_whole(path: str) -> dict[str, Any]:
-    """``{"size", "resident", "direct", "ours", "records"}`` of the file at ``path``: its length,
-    the share of it in the page cache, whether O_DIRECT works in its directory, whether our
-    writer wrote it, and the record count its end announces (see checkpoint/whole.go)."""
+def plan_load(path: str, *, mapped: bool, chosen: bool) -> dict[str, Any]:
+    """How to load the file at ``path``, as the Go core's load planner decides
+    (checkpoint/loadplan.go): ``{"whole", "size", "request", "resident", "reason"}``.
+    ``whole`` says to read it whole into ``size`` bytes of page-aligned memory
+    (:class:`Archive` with ``whole=``); otherwise it is read record by record
+    (:class:`Archive` with ``for_load=True`` and ``resident``)."""
     out = ctypes.c_void_p()
-    _lib.call("pft_ckpt_plan_whole", _lib.cstr(path), ctypes.byref(out))
+    _lib.call("pft_ckpt_plan_load", _lib.cstr(path), int(mapped), int(chosen), ctypes.byref(out))
     return json.loads(_lib.take_string(out))
 
 
@@ -173,6 +184,9 @@ class Archive:
         verify: see ``whole``.
         engine: see ``whole``.
         counter: bytes of the whole file read so far, for a progress bar.
+        for_load: plan each entry's memory for a load (:attr:`Entry.memory`), from
+            ``resident`` (the file's page-cache share as :func:`plan_load` measured
+            it; negative when unknown). A ``whole`` read always plans it.
 
     Raises:
         CorruptFileError: when the central directory, a local header or a data
@@ -181,14 +195,16 @@ class Archive:
 
     def __init__(
         self, path: str | os.PathLike[str], whole: tuple[int, int] | None = None, *, verify: bool = True,
-        engine: str | None = None, counter: ctypes.c_int64 | None = None,
+        engine: str | None = None, counter: ctypes.c_int64 | None = None, for_load: bool = False,
+        resident: float = -1.0,
     ) -> None:
         self.path = os.fspath(path)
         self._handle = 0
         handle = _lib.u64()
         out = ctypes.c_void_p()
         if whole is None:
-            _lib.call("pft_ckpt_open", _lib.cstr(self.path), ctypes.byref(handle), ctypes.byref(out))
+            _lib.call("pft_ckpt_open", _lib.cstr(self.path), int(for_load), resident, ctypes.byref(handle),
+                      ctypes.byref(out))
         else:
             _lib.call("pft_ckpt_read_whole", _lib.cstr(self.path), whole[0], whole[1], int(verify),
                       _engine(engine), config.threads(), config.task_size(), 0,
@@ -202,7 +218,7 @@ class Archive:
         #: A name that opens the file parsed, while the archive is open (:func:`same_file`).
         self.source = same_file(desc.get("fd", -1), self.path)
         self.entries: list[Entry] = [
-            Entry(e["name"], e["offset"], e["size"], e["crc32"], e["method"])
+            Entry(e["name"], e["offset"], e["size"], e["crc32"], e["method"], e.get("memory", ""))
             for e in desc["entries"] or []
         ]
         self.index: dict[str, int] = {e.name: i for i, e in enumerate(self.entries)}
@@ -246,7 +262,8 @@ class Archive:
                   ctypes.byref(counter) if counter is not None else None)
 
     def resident(self) -> list[float]:
-        """The share of each entry's data in the page cache now, from 0 to 1 (cachestat, or mincore)."""
+        """The share of each entry's data in the page cache now, from 0 to 1 (cachestat, or
+        mincore), for inspection: a load takes its decisions from the planner instead."""
         out = ctypes.c_void_p()
         _lib.call("pft_ckpt_resident", self._live(), ctypes.byref(out))
         return [float(x) for x in json.loads(_lib.take_string(out))]

@@ -11,14 +11,13 @@ bytes, storage records as uint8 tensors allocated once and never copied.
 from __future__ import annotations
 
 import ctypes
-import mmap
 import re
 import sys
 from typing import Any
 
 import torch
 
-from .._buffers import ALIGNED_MIN, CARVE_MIN, PageArena, empty_bytes
+from .._buffers import PageArena, empty_aligned
 from ..errors import CorruptFileError
 from ._native import Archive
 
@@ -47,29 +46,29 @@ class PreloadedZip:
         if arena is not None:
             self._from_arena(arena, data)
             return
-        # Records mostly in the page cache are copied from it into torch's
-        # memory (warm, reused); cold ones of ALIGNED_MIN and up go direct
-        # into page-aligned memory (empty_bytes). A mapped load
-        # (storages=False) takes its storages from the mapping instead.
-        big = storages and any(e.size >= ALIGNED_MIN and e.name.startswith(data) for e in archive.entries)
-        cached = archive.resident() if big else [0.0] * len(archive.entries)
-        for e, c in zip(archive.entries, cached, strict=True):
+        # Each storage goes where the load planner put it (Entry.memory):
+        # page-aligned memory of its own that a direct read fills in place
+        # ("aligned"), or torch's memory, which the page cache copies into.
+        # A mapped load (storages=False) takes its storages from the mapping
+        # instead.
+        for e in archive.entries:
             if e.name.startswith(data):
                 if not storages:
                     continue
-                self._tensors[e.name] = (torch.empty(e.size, dtype=torch.uint8) if c >= 0.5
-                                         else empty_bytes(e.size))
+                self._tensors[e.name] = (empty_aligned(e.size) if e.memory == "aligned"
+                                         else torch.empty(e.size, dtype=torch.uint8))
             else:
                 self._small[e.name] = ctypes.create_string_buffer(max(e.size, 1))
 
     def _from_arena(self, arena: PageArena, data: str) -> None:
-        """Take the records from the whole file in ``arena`` (read, not yet verified): large
-        storages get their pages, smaller ones and the other records are copied out."""
+        """Take the records from the whole file in ``arena`` (read, not yet verified): storages
+        the planner gave their pages (``"pages"``) get them, the others and the other records
+        are copied out."""
         for e in self.archive.entries:
             at = arena.addr + e.offset
             if not e.name.startswith(data):
                 self._small[e.name] = ctypes.string_at(at, e.size)
-            elif e.offset % mmap.PAGESIZE == 0 and e.size >= CARVE_MIN:
+            elif e.memory == "pages":
                 self._tensors[e.name] = arena.take(e.offset, e.size)
             else:
                 t = torch.empty(e.size, dtype=torch.uint8)

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 from .._buffers import PageArena
 from ..errors import CorruptFileError
 from . import _progress
-from ._native import Archive, plan_whole
+from ._native import Archive, plan_load
 from ._torchzip import PreloadedZip, key_paths
 from ._unpickle import load_cpu, unpickle
 
@@ -195,7 +195,12 @@ def _load_path(
     pickle_module: Any, weights_only: bool, verify: bool, engine: str | None,
     progress: bool | None, pickle_load_args: dict[str, Any], *, mmap: bool = False,
 ) -> Any:
-    arena, archive = (None, None) if mmap or engine is not None else _read_whole(path, verify, progress)
+    # The Go core decides how to read the file (checkpoint/loadplan.go);
+    # this carries the decision out.
+    plan = plan_load(path, mapped=mmap, chosen=engine is not None)
+    arena, archive = _read_whole(path, plan, verify, progress) if plan["whole"] else (None, None)
+    if archive is None:
+        archive = Archive(path, for_load=True, resident=plan["resident"])
     try:  # the archive closes first, when the load is over; then the arena it was read into
         return _load_archive(path, archive, arena, to_torch, map_location, pickle_module, weights_only,
                              verify, engine, progress, pickle_load_args, mmap=mmap)
@@ -204,41 +209,28 @@ def _load_path(
             arena.close()
 
 
-#: Files from this size up are read whole when cold (:func:`_read_whole`).
-WHOLE_MIN = 16 << 20
-#: ... when their records average at least this (bytes per record).
-WHOLE_AVERAGE_MIN = 64 << 10
+def _read_whole(
+    path: str, plan: dict[str, Any], verify: bool, progress: bool | None,
+) -> tuple[PageArena | None, Archive | None]:
+    """Read the file whole into a :class:`PageArena`, as ``plan`` says, and open it from there:
+    ``(arena, archive)``; ``(None, None)`` when no memory could be had, and ``(None, archive)``
+    when a save replaced the file after it was planned (``archive`` is then the new file,
+    opened as it is).
 
-
-def _read_whole(path: str, verify: bool, progress: bool | None) -> tuple[PageArena | None, Archive | None]:
-    """Read a cold file of ours whole into a :class:`PageArena`, in large O_DIRECT requests,
-    and open it from there: ``(arena, archive)``; ``(None, None)`` when it is not one (mostly
-    cached, too small, not ours, no O_DIRECT, no memory), and ``(None, archive)`` when a save
-    replaced it after it was measured (``archive`` is then the new file, opened as it is).
-
-    One sequential stream at the disk's bandwidth, where parsing the file
-    first waits for the disk at every run of small records and the records
-    are then read one by one. Each request sums its pages' CRC-32s as it
-    lands, while later ones still wait for the disk, and records are
-    verified from those sums (checkpoint/whole.go). Large records' pages
-    then become their tensors' (PreloadedZip), so nothing is copied twice.
-
-    Files whose records average under WHOLE_AVERAGE_MIN (10,000 records of
-    4-64 KiB measured 0.97x on the development VM, paired) keep the
-    per-record path: records under CARVE_MIN are copied out of the arena.
+    One sequential stream at the disk's bandwidth, in ``plan["request"]``-byte
+    O_DIRECT requests, where parsing the file first waits for the disk at every
+    run of small records. Each request sums its pages' CRC-32s as it lands, and
+    records are verified from those sums (checkpoint/whole.go). Records the
+    planner gave their pages (:attr:`Entry.memory` ``"pages"``) become their
+    tensors' (:class:`PreloadedZip`), so nothing is copied twice.
     """
-    plan = plan_whole(path)
-    average = plan["size"] / max(plan["records"], 1)
-    if not (plan["ours"] and plan["direct"] and plan["resident"] < 0.5 and plan["size"] >= WHOLE_MIN
-            and average >= WHOLE_AVERAGE_MIN):
-        return None, None
     try:
         arena = PageArena(plan["size"])
     except OSError:
         return None, None
     try:
         archive = _progress.run(
-            lambda counter: Archive(path, (arena.addr, arena.nbytes), verify=verify, engine="direct",
+            lambda counter: Archive(path, (arena.addr, arena.nbytes), verify=verify, engine=plan["engine"],
                                     counter=counter),
             plan["size"], f"read {os.path.basename(path)}", progress)
     except BaseException:
@@ -251,14 +243,14 @@ def _read_whole(path: str, verify: bool, progress: bool | None) -> tuple[PageAre
 
 
 def _load_archive(
-    path: str, whole: Archive | None, arena: PageArena | None, to_torch: Callable[[FileLike], Any],
+    path: str, opened: Archive, arena: PageArena | None, to_torch: Callable[[FileLike], Any],
     map_location: MapLocation, pickle_module: Any, weights_only: bool, verify: bool, engine: str | None,
     progress: bool | None, pickle_load_args: dict[str, Any], *, mmap: bool = False,
 ) -> Any:
     # A load makes a few objects per tensor (entries, storages, tensors) and
     # keeps all of them: the collector's passes over the process's heap in
     # the meantime find nothing to free (about 15% of a 10,000-tensor load).
-    with _gc_paused(), (whole if whole is not None else Archive(path)) as archive:
+    with _gc_paused(), opened as archive:
         names = [e.name for e in archive.entries]
         prefix = names[0].split("/", 1)[0] + "/" if names else ""
         if (

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 from .._buffers import address_of
 from . import _progress
-from ._native import DATA_ALIGN, Record, write_archive
+from ._native import Record, data_align, write_archive
 from ._skeleton import Skeleton, pickle_skeleton
 
 #: Name of the directory every record lives under, as torch names it for buffers.
@@ -134,10 +134,11 @@ def write_skeleton(
         keep.append(owner)
         return Record(f"{ARCHIVE}/{name}", addr, n, align)
 
+    align = data_align()
     records = [
         meta("data.pkl", skel.data),
         meta(".format_version", b"1"),
-        meta(".storage_alignment", str(DATA_ALIGN).encode()),
+        meta(".storage_alignment", str(align).encode()),
     ]
     if not disable_byteorder:
         records.append(meta("byteorder", sys.byteorder.encode()))
@@ -151,7 +152,7 @@ def write_skeleton(
         if storage.device.type != "cpu":
             storage = storage.cpu()  # device-to-host staging, as torch.save does
         keep.append(storage)
-        records.append(Record(f"{ARCHIVE}/data/{key}", storage.data_ptr(), storage.nbytes(), DATA_ALIGN))
+        records.append(Record(f"{ARCHIVE}/data/{key}", storage.data_ptr(), storage.nbytes(), align))
         total += storage.nbytes()
     records.append(meta("version", b"3\n"))
     serialization_id = "".join(str(secrets.randbelow(10)) for _ in range(40))

@@ -1,6 +1,9 @@
-package gds
+package dict
 
 import (
+	"github.com/pyfastensor/pyfastensor/gds"
+	"github.com/pyfastensor/pyfastensor/transfer"
+
 	"bufio"
 	"crypto/sha256"
 	"encoding/hex"
@@ -31,7 +34,7 @@ import (
 const DictSchema = 1
 
 // MachineKey identifies the machine and filesystem a dictionary was measured
-// on. The file name hashes Host, CPU, FSType, Source and Mount: the mount
+// on. The file name hashes Host, CPU, gds.FSType, Source and Mount: the mount
 // source (the block device path, or host:/export for NFS) stays the same
 // across reboots where device numbers may not, and the mount point tells
 // apart virtual filesystems whose source is only a name ("tmpfs",
@@ -50,7 +53,7 @@ type MachineKey struct {
 func MachineKeyFor(dir string) (MachineKey, error) {
 	k := MachineKey{CPU: cpuid.CPU.BrandName}
 	k.Host, _ = os.Hostname()
-	fsType, err := FSType(dir)
+	fsType, err := gds.FSType(dir)
 	if err != nil {
 		return k, err
 	}
@@ -150,19 +153,19 @@ var enginePreference = []string{"posix", "direct", "uring", "mmap", "cufile"}
 // would fall back to posix); mmap for writes (it only reads). cufile is
 // listed where it is available; it moves device memory, so a consumer with
 // host buffers drops it.
-func Candidates(dir string, opts Options) (write, read []string, excluded map[string]string) {
+func Candidates(dir string, opts gds.Options) (write, read []string, excluded map[string]string) {
 	excluded = map[string]string{}
-	names := Names()
+	names := gds.Names()
 	sort.SliceStable(names, func(i, j int) bool { return prefIndex(names[i]) < prefIndex(names[j]) })
-	var direct *DirInfo
+	var direct *transfer.DirProbe
 	for _, n := range names {
-		if _, err := New(n, opts); err != nil {
+		if _, err := gds.New(n, opts); err != nil {
 			excluded[n] = err.Error()
 			continue
 		}
 		if n == "direct" || n == "uring" {
 			if direct == nil {
-				di := ProbeDir(dir)
+				di := transfer.Probe(dir)
 				direct = &di
 			}
 			if !direct.Direct {
@@ -321,7 +324,7 @@ func writeAtomic(path string, data []byte) error {
 // unreadable, corrupt or other-schema file gives empty dictionaries and a
 // warning (the file is replaced at the next save). ModeSpecificDict is
 // strict: the file is what the user asked for, so a missing or corrupt file
-// is an error (wrapping fs.ErrNotExist or ErrInvalid). ModeSpecificTool reads
+// is an error (wrapping fs.ErrNotExist or gds.ErrInvalid). ModeSpecificTool reads
 // nothing. In every mode, entries that cannot be used (an engine this build
 // does not know, a bad bucket or figure) are dropped with a warning; see
 // Warnings.
@@ -333,7 +336,7 @@ func OpenDictionaries(cfg DictConfig) (*Dictionaries, error) {
 	strict := d.cfg.Mode == ModeSpecificDict
 	if d.cfg.Path == "" {
 		if strict {
-			return nil, fmt.Errorf("%w: specific-dictionary mode needs the path of a dictionary file", ErrInvalid)
+			return nil, fmt.Errorf("%w: specific-dictionary mode needs the path of a dictionary file", gds.ErrInvalid)
 		}
 		return d, nil
 	}
@@ -347,7 +350,7 @@ func OpenDictionaries(cfg DictConfig) (*Dictionaries, error) {
 	}
 	if err != nil {
 		if strict {
-			return nil, fmt.Errorf("%w: dictionary file %s: %w", ErrInvalid, d.cfg.Path, err)
+			return nil, fmt.Errorf("%w: dictionary file %s: %w", gds.ErrInvalid, d.cfg.Path, err)
 		}
 		d.warnings = append(d.warnings, fmt.Sprintf("ignoring dictionary file %s (%v); starting with empty dictionaries, which replace it at the next save", d.cfg.Path, err))
 		return d, nil
@@ -373,7 +376,7 @@ func ReadDictFile(path string) (DictFile, []string, error) {
 	if err != nil {
 		return DictFile{Schema: DictSchema}, []string{fmt.Sprintf("ignoring dictionary file %s: %v", path, err)}, nil
 	}
-	names := Names()
+	names := gds.Names()
 	d, err := NewDictionaries(DictConfig{Write: names, Read: names})
 	if err != nil {
 		return DictFile{}, nil, err
@@ -399,7 +402,7 @@ func ParseDictFile(data []byte) (DictFile, error) {
 // install copies a file's entries into the tables, dropping with a warning
 // what cannot be used.
 func (d *Dictionaries) install(doc DictFile) {
-	known := Names()
+	known := gds.Names()
 	for t, entries := range [][]DictEntry{doc.Write, doc.Read, doc.WriteRead} {
 		tab := Table(t)
 		for _, de := range entries {

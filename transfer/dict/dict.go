@@ -1,6 +1,9 @@
-package gds
+package dict
 
 import (
+	"github.com/pyfastensor/pyfastensor/gds"
+	"github.com/pyfastensor/pyfastensor/transfer"
+
 	"fmt"
 	"math"
 	"math/bits"
@@ -32,33 +35,14 @@ import (
 // the best writer or the best reader. A bucket enters WRDic once both WDic
 // and RDic have a sample of every engine that can do both directions.
 
-// Op is the direction of a transfer.
-type Op int
+// Op is the direction of a transfer (transfer.Op).
+type Op = transfer.Op
 
 // Transfer directions.
 const (
-	OpWrite Op = iota // memory to file
-	OpRead            // file to memory
+	OpWrite = transfer.OpWrite
+	OpRead  = transfer.OpRead
 )
-
-func (o Op) String() string {
-	if o == OpRead {
-		return "read"
-	}
-	return "write"
-}
-
-// Chooser picks the engine for each transfer and learns from the time it
-// took. Consumers (checkpoint records, the offload spill file) ask Engine
-// before a transfer and report with Observe after it.
-//
-// Implementations are safe for concurrent use.
-type Chooser interface {
-	// Engine names the engine for a transfer of size bytes in direction op.
-	Engine(op Op, size int64) string
-	// Observe reports that a transfer of size bytes took d with engine.
-	Observe(op Op, size int64, engine string, d time.Duration)
-}
 
 // Table names one of the three dictionaries.
 type Table int
@@ -101,7 +85,7 @@ func ParseMode(s string) (Mode, error) {
 			return Mode(i), nil
 		}
 	}
-	return 0, fmt.Errorf("%w: dictionary mode %q (expected aware, dict or tool)", ErrInvalid, s)
+	return 0, fmt.Errorf("%w: dictionary mode %q (expected aware, dict or tool)", gds.ErrInvalid, s)
 }
 
 // Buckets: MinBucket is the floor (every transfer up to 4 KiB), MaxBucket
@@ -169,13 +153,13 @@ func (c DictConfig) withDefaults() (DictConfig, error) {
 		c.SaveInterval = DefaultSaveInterval
 	}
 	if c.Refresh < 0 {
-		return c, fmt.Errorf("%w: refresh interval %d is negative", ErrInvalid, c.Refresh)
+		return c, fmt.Errorf("%w: refresh interval %d is negative", gds.ErrInvalid, c.Refresh)
 	}
 	if len(c.Write) == 0 || len(c.Read) == 0 {
-		return c, fmt.Errorf("%w: dictionaries need at least one candidate engine per direction (write %v, read %v)", ErrInvalid, c.Write, c.Read)
+		return c, fmt.Errorf("%w: dictionaries need at least one candidate engine per direction (write %v, read %v)", gds.ErrInvalid, c.Write, c.Read)
 	}
 	if c.Mode == ModeSpecificTool && c.Tool == "" {
-		return c, fmt.Errorf("%w: specific-tool mode needs a tool", ErrInvalid)
+		return c, fmt.Errorf("%w: specific-tool mode needs a tool", gds.ErrInvalid)
 	}
 	c.Write, c.Read = slices.Clone(c.Write), slices.Clone(c.Read)
 	return c, nil
@@ -311,7 +295,7 @@ type DictChooser struct {
 	use Use
 }
 
-var _ Chooser = (*DictChooser)(nil)
+var _ transfer.Chooser = (*DictChooser)(nil)
 
 // Chooser returns a view that answers from the dictionaries use names.
 func (d *Dictionaries) Chooser(use Use) *DictChooser { return &DictChooser{d: d, use: use} }

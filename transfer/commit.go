@@ -1,4 +1,4 @@
-package checkpoint
+package transfer
 
 import (
 	"crypto/rand"
@@ -12,9 +12,11 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/pyfastensor/pyfastensor/gds"
 )
 
-// The commit protocol of a save:
+// The commit protocol of a write (Create ... Commit):
 //
 //  1. write everything to a temporary file in the target's directory,
 //     named .<target>.pyfastensor-tmp-<pid>-<random>, preallocated to its
@@ -29,7 +31,93 @@ import (
 // removes those whose process is gone. Loads never look at them.
 //
 // Durable=false skips steps 2 and 4: the rename still makes the switch
-// atomic for readers, but a power loss may lose or tear the new file.
+// atomic for readers, but a power loss may lose the new file (never tear
+// the one under the target name: the rename is the only step that touches
+// it).
+//
+// Every step goes through an FS, so that tests inject faults (a full disk
+// at the reservation, a read-only directory, a failing fsync) and crashes
+// (a clone of the directory that keeps only what was synced) at each one.
+
+// FS is the filesystem the commit protocol goes through. The data itself
+// is written by the engines, on the temporary file Create makes; an FS
+// sees the steps around it. Implementations are safe for concurrent use.
+type FS interface {
+	// Create creates path exclusively, empty, with permission perm (0:
+	// 0666 less the umask), and closes it.
+	Create(path string, perm os.FileMode) error
+	// Reserve sets the length of the file at path to size, allocating its
+	// blocks where the filesystem can (fallocate), so that a full disk
+	// shows here, not halfway through the writes.
+	Reserve(path string, size int64) error
+	// Sync fsyncs the file at path (its data and metadata).
+	Sync(path string) error
+	// Rename renames oldpath to newpath, atomically within a directory.
+	Rename(oldpath, newpath string) error
+	// SyncDir fsyncs the directory dir, making renames in it durable.
+	SyncDir(dir string) error
+	// Remove removes path.
+	Remove(path string) error
+}
+
+// OS is the real filesystem.
+var OS FS = osFS{}
+
+type osFS struct{}
+
+func (osFS) Create(path string, perm os.FileMode) error {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o666)
+	if err != nil {
+		return err
+	}
+	if perm != 0 {
+		err = f.Chmod(perm)
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+func (osFS) Reserve(path string, size int64) error {
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return err
+	}
+	err = reserve(f, size)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+func (osFS) Sync(path string) error {
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := f.Sync(); err != nil {
+		return fmt.Errorf("fsync %s: %w", path, err)
+	}
+	return nil
+}
+
+func (osFS) Rename(oldpath, newpath string) error { return os.Rename(oldpath, newpath) }
+
+func (osFS) SyncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("fsync directory %s: %w", dir, err)
+	}
+	return nil
+}
+
+func (osFS) Remove(path string) error { return os.Remove(path) }
 
 // tempMarker is the part of a temporary file's name that marks it as ours.
 const tempMarker = ".pyfastensor-tmp-"
@@ -115,24 +203,19 @@ func resolveTarget(path string) (string, error) {
 // for it. It takes the permission bits of the file it will replace, if
 // any (else 0666 less the umask, as torch.save's files get). On error
 // nothing is left behind.
-func createTemp(target string, size int64) (string, error) {
+func createTemp(fsys FS, target string, size int64) (string, error) {
 	path := tempPath(target)
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o666)
-	if err != nil {
-		return "", fmt.Errorf("cannot create a temporary file in %s: %w", filepath.Dir(target), classify(err))
+	var perm os.FileMode
+	if st, err := os.Stat(target); err == nil {
+		perm = st.Mode().Perm()
 	}
-	if st, serr := os.Stat(target); serr == nil {
-		err = f.Chmod(st.Mode().Perm())
+	if err := fsys.Create(path, perm); err != nil {
+		_ = fsys.Remove(path)
+		return "", fmt.Errorf("cannot create a temporary file in %s: %w", filepath.Dir(target), gds.Classify(err))
 	}
-	if err == nil {
-		err = reserve(f, size)
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		os.Remove(path)
-		return "", fmt.Errorf("cannot reserve %d bytes for %s: %w", size, target, classify(err))
+	if err := fsys.Reserve(path, size); err != nil {
+		_ = fsys.Remove(path)
+		return "", fmt.Errorf("cannot reserve %d bytes for %s: %w", size, target, gds.Classify(err))
 	}
 	return path, nil
 }
@@ -154,26 +237,22 @@ func reserve(f *os.File, size int64) error {
 	return f.Truncate(size)
 }
 
-// commit renames tmp over target and, when durable, fsyncs the directory.
-func commit(tmp, target string, durable bool) error {
-	if err := os.Rename(tmp, target); err != nil {
-		return classify(err)
+// commit puts tmp in target's place: fsync tmp, rename, fsync the
+// directory (durable), or the rename alone.
+func commit(fsys FS, tmp, target string, durable bool) error {
+	if durable {
+		if err := fsys.Sync(tmp); err != nil {
+			return gds.Classify(err)
+		}
+	}
+	if err := fsys.Rename(tmp, target); err != nil {
+		return gds.Classify(err)
 	}
 	if !durable {
 		return nil
 	}
-	return syncDir(filepath.Dir(target))
+	return gds.Classify(fsys.SyncDir(filepath.Dir(target)))
 }
 
-// syncDir fsyncs a directory, making renames in it durable.
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("fsync directory %s: %w", dir, err)
-	}
-	return nil
-}
+// dirOfAbs is the directory of an absolute path.
+func dirOfAbs(path string) string { return filepath.Dir(path) }

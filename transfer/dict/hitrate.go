@@ -1,6 +1,8 @@
-package gds
+package dict
 
 import (
+	"github.com/pyfastensor/pyfastensor/gds"
+
 	"cmp"
 	"fmt"
 	"maps"
@@ -50,7 +52,7 @@ type HitRateConfig struct {
 	Repeat      int      // measurements per engine and transfer; the median counts [3]
 	Seed        uint64   // workload randomness [1]
 	DropCaches  bool     // write 3 to /proc/sys/vm/drop_caches first (root)
-	Options     Options
+	Options     gds.Options
 }
 
 // HitRateResult is one strategy's score in one direction.
@@ -150,7 +152,7 @@ func (c HitRateConfig) workload() (sizes []int64, iters [][]int) {
 func HitRate(cfg HitRateConfig) (HitRateReport, error) {
 	cfg = cfg.withDefaults()
 	rep := HitRateReport{Dir: cfg.Dir, Explore: cfg.Explore, Refresh: cfg.Refresh}
-	rep.FSType, _ = FSType(cfg.Dir)
+	rep.FSType, _ = gds.FSType(cfg.Dir)
 	if cfg.Write == nil || cfg.Read == nil {
 		w, r, ex := Candidates(cfg.Dir, cfg.Options)
 		rep.Excluded = ex
@@ -164,10 +166,10 @@ func HitRate(cfg HitRateConfig) (HitRateReport, error) {
 	cfg.Write = slices.DeleteFunc(cfg.Write, func(s string) bool { return s == "cufile" }) // host memory here
 	cfg.Read = slices.DeleteFunc(cfg.Read, func(s string) bool { return s == "cufile" })
 	if slices.Contains(cfg.Write, "mmap") {
-		return rep, fmt.Errorf("%w: mmap cannot write", ErrInvalid)
+		return rep, fmt.Errorf("%w: mmap cannot write", gds.ErrInvalid)
 	}
 	if len(cfg.Write) == 0 || len(cfg.Read) == 0 {
-		return rep, fmt.Errorf("%w: no candidate engines (write %v, read %v)", ErrInvalid, cfg.Write, cfg.Read)
+		return rep, fmt.Errorf("%w: no candidate engines (write %v, read %v)", gds.ErrInvalid, cfg.Write, cfg.Read)
 	}
 	rep.Write, rep.Read = cfg.Write, cfg.Read
 	sizes, iters := cfg.workload()
@@ -219,7 +221,7 @@ func measure(cfg HitRateConfig, sizes []int64, order []int, offs []int64, end in
 	path := f.Name()
 	defer os.Remove(path)
 	defer f.Close()
-	buf := alignedBuf(int(slices.Max(sizes)), 4096)
+	buf := gds.AlignedBuf(int(slices.Max(sizes)), 4096)
 	rng := rand.New(rand.NewPCG(cfg.Seed, 7))
 	for i := range buf {
 		buf[i] = byte(rng.Uint32())
@@ -234,8 +236,8 @@ func measure(cfg HitRateConfig, sizes []int64, order []int, offs []int64, end in
 	}
 	fd := int(f.Fd())
 
-	engines := map[string]Engine{}
-	files := map[string]File{}
+	engines := map[string]gds.Engine{}
+	files := map[string]gds.File{}
 	defer func() {
 		for _, h := range files {
 			h.Close()
@@ -245,7 +247,7 @@ func measure(cfg HitRateConfig, sizes []int64, order []int, offs []int64, end in
 		if engines[n] != nil {
 			continue
 		}
-		if engines[n], err = New(n, cfg.Options); err != nil {
+		if engines[n], err = gds.New(n, cfg.Options); err != nil {
 			return nil, nil, err
 		}
 		if n != "mmap" { // mmap is opened per read, see above
@@ -292,7 +294,7 @@ func measure(cfg HitRateConfig, sizes []int64, order []int, offs []int64, end in
 // coldRead drops [off, off+len(p)) from the page cache and times one read
 // of it with engine e, through h, or through a file opened for the read
 // when h is nil (mmap: a mapping kept open would pin the pages).
-func coldRead(e Engine, h File, path string, fd int, p []byte, off int64) (float64, error) {
+func coldRead(e gds.Engine, h gds.File, path string, fd int, p []byte, off int64) (float64, error) {
 	if err := unix.Fadvise(fd, off, int64(len(p)), unix.FADV_DONTNEED); err != nil {
 		return 0, fmt.Errorf("dropping %s from the page cache: %w", path, err)
 	}

@@ -1,6 +1,9 @@
-package gds
+package dict
 
 import (
+	"github.com/pyfastensor/pyfastensor/gds"
+	"github.com/pyfastensor/pyfastensor/transfer"
+
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -19,7 +22,7 @@ type fakeTimes map[Op]map[string]time.Duration
 
 // run asks c for n transfers of size bytes in op, observes the fake time of
 // each, and returns the engines chosen.
-func (f fakeTimes) run(c Chooser, op Op, size int64, n int) []string {
+func (f fakeTimes) run(c transfer.Chooser, op Op, size int64, n int) []string {
 	var got []string
 	for range n {
 		e := c.Engine(op, size)
@@ -192,7 +195,7 @@ func TestSpecificDictionaryNeverExplores(t *testing.T) {
 	assert.ErrorIs(t, err, os.ErrNotExist)
 	require.NoError(t, os.WriteFile(p, []byte("{not json"), 0o644))
 	_, err = OpenDictionaries(DictConfig{Mode: ModeSpecificDict, Path: p, Write: three, Read: three})
-	assert.ErrorIs(t, err, ErrInvalid)
+	assert.ErrorIs(t, err, gds.ErrInvalid)
 }
 
 func TestSpecificTool(t *testing.T) {
@@ -213,7 +216,7 @@ func TestSpecificTool(t *testing.T) {
 	assert.Contains(t, dec.Reason, "cannot write")
 
 	_, err := NewDictionaries(DictConfig{Mode: ModeSpecificTool, Write: three, Read: three})
-	assert.ErrorIs(t, err, ErrInvalid)
+	assert.ErrorIs(t, err, gds.ErrInvalid)
 }
 
 func TestConcurrentEngineAndObserve(t *testing.T) {
@@ -328,12 +331,12 @@ func TestDictPathAndCandidates(t *testing.T) {
 	p2, _, _ := DictPath("/cache", dir)
 	assert.Equal(t, p, p2, "stable")
 
-	w, r, ex := Candidates(dir, Options{})
+	w, r, ex := Candidates(dir, gds.Options{})
 	require.NotEmpty(t, w)
 	assert.Equal(t, "posix", w[0])
 	assert.NotContains(t, w, "mmap")
 	assert.Contains(t, r, "mmap")
-	for _, n := range Names() {
+	for _, n := range gds.Names() {
 		_, in := ex[n]
 		assert.True(t, in || strings.Contains(strings.Join(r, ","), n), "%s is a candidate or excluded with a reason", n)
 	}

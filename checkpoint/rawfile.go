@@ -1,0 +1,45 @@
+package checkpoint
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/pyfastensor/pyfastensor/gds"
+	"github.com/pyfastensor/pyfastensor/transfer"
+)
+
+// Raw files: byte extents at offsets a format laid out (a safetensors
+// file's header and tensors), written through transfer with the durable
+// commit of an archive, and read back in parallel. No zip, no CRC.
+
+// Extent is a run of bytes at a file offset.
+type Extent = transfer.Extent
+
+// SaveRaw writes extents into a new file of size bytes at path, committed
+// as transfer/commit.go describes. Bytes no extent covers are zero.
+func SaveRaw(path string, size int64, extents []Extent, o WriteOptions) (Stats, error) {
+	start := time.Now()
+	_, st, err := transfer.WriteFile(path, size, extents, !o.NotDurable, o.FS, o.transferOptions())
+	if err != nil {
+		return Stats{}, fmt.Errorf("checkpoint: save %s: %w", path, err)
+	}
+	out := Stats{FileBytes: size, DataBytes: st.Bytes, Engines: st.Engines, Seconds: time.Since(start).Seconds()}
+	return out, nil
+}
+
+// ReadRaw fills extents from the file at path, in parallel. A file shorter
+// than an extent's end gives an error wrapping ErrCorrupt.
+func ReadRaw(path string, extents []Extent, o ReadOptions) (Stats, error) {
+	start := time.Now()
+	_, st, err := transfer.Read(path, extents, o.transferOptions())
+	if err != nil {
+		var ee *transfer.ExtentError
+		if errors.As(err, &ee) && errors.Is(err, gds.ErrEOF) {
+			return Stats{}, corrupt(transfer.ShownName(path), "", ee.Off, "file ends before the %d bytes expected here (truncated?)",
+				len(extents[ee.Ext].Data))
+		}
+		return Stats{}, err
+	}
+	return Stats{DataBytes: st.Bytes, Engines: st.Engines, Seconds: time.Since(start).Seconds()}, nil
+}
