@@ -415,7 +415,7 @@ func TestCuFileRegisteredBuffer(t *testing.T) {
 
 func TestCuFileContract(t *testing.T) {
 	// The generic contract, run with cufile over the fake among the engines
-	// (enginesUnderTest picks the library up from the environment).
+	// (forEachEngine picks the library up from the environment).
 	probeKnobs(t, false, 10*time.Second)
 	t.Setenv(cufileLibEnv, buildFake(t))
 	_, err := New("cufile", Options{})

@@ -46,7 +46,7 @@ func (e *Direct) Name() string { return e.name }
 
 // Open implements Engine.
 func (e *Direct) Open(path string, flag int, perm os.FileMode) (File, error) {
-	fd, err := openFD(path, flag|unix.O_DIRECT, uint32(perm.Perm()))
+	fd, err := openDirect(path, flag, uint32(perm.Perm()))
 	if errors.Is(err, unix.EINVAL) {
 		// The filesystem refuses O_DIRECT: serve the file through the page
 		// cache and say so. flag may have had O_CREAT|O_EXCL; the failed

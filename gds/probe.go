@@ -72,7 +72,7 @@ func probeDirect(dir string) (ok bool, mem, off int, source, reason string) {
 	tmp.Close()
 	defer os.Remove(name)
 
-	fd, err := openFD(name, os.O_RDWR|unix.O_DIRECT, 0o600)
+	fd, err := openDirect(name, os.O_RDWR, 0o600)
 	if errors.Is(err, unix.EINVAL) {
 		return false, 0, 0, "", fmt.Sprintf("%v: open with O_DIRECT gave EINVAL", ErrNoDirectIO)
 	}

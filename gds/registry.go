@@ -13,18 +13,44 @@ type constructor func(Options) (Engine, error)
 
 var (
 	registryMu sync.Mutex
-	registry   = map[string]constructor{}
+	registry   = map[string]*entry{}
 )
+
+// entry is one registration; unregistering compares entries, so removing
+// a registration never removes a later one of the same name.
+type entry struct{ build constructor }
 
 // register adds an engine constructor under name. Each engine's file calls
 // it from init, so adding an engine touches no other file.
 func register(name string, c constructor) {
+	if _, err := add(name, c); err != nil {
+		panic("gds: engine registered twice: " + name)
+	}
+}
+
+// add registers c under name unless the name is taken, or an engine it
+// needs (a wrapper's base) is not registered, and returns the function that
+// removes it again (idempotent).
+func add(name string, c constructor, needs ...string) (func(), error) {
 	registryMu.Lock()
 	defer registryMu.Unlock()
 	if _, dup := registry[name]; dup {
-		panic("gds: engine registered twice: " + name)
+		return nil, fmt.Errorf("%w: engine %q is already registered", ErrInvalid, name)
 	}
-	registry[name] = c
+	for _, n := range needs {
+		if _, ok := registry[n]; !ok {
+			return nil, fmt.Errorf("%w: engine %q needs engine %q, which is not registered", ErrInvalid, name, n)
+		}
+	}
+	e := &entry{c}
+	registry[name] = e
+	return func() {
+		registryMu.Lock()
+		defer registryMu.Unlock()
+		if registry[name] == e {
+			delete(registry, name)
+		}
+	}, nil
 }
 
 // Names lists every engine this build knows, sorted.
@@ -43,12 +69,12 @@ func Names() []string {
 // that cannot work here wrap ErrUnavailable with the reason.
 func New(name string, opts Options) (Engine, error) {
 	registryMu.Lock()
-	c, ok := registry[name]
+	e, ok := registry[name]
 	registryMu.Unlock()
 	if !ok {
 		return nil, fmt.Errorf("%w: unknown engine %q (known: %s)", ErrInvalid, name, strings.Join(Names(), ", "))
 	}
-	return c(opts)
+	return e.build(opts)
 }
 
 func init() {

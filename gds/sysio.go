@@ -3,6 +3,7 @@ package gds
 import (
 	"errors"
 	"io"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 )
@@ -56,4 +57,35 @@ func openFD(path string, flag int, perm uint32) (int, error) {
 		}
 		return fd, err
 	}
+}
+
+// directOpenFaults, when set, is consulted before every open with O_DIRECT
+// (see InjectDirectOpen).
+var directOpenFaults atomic.Pointer[Injector]
+
+// openDirect opens path with O_DIRECT added to flag, for the direct and
+// uring engines' Open and ProbeDir's probe, so that a test can make it
+// fail. (The cufile engine opens its own: it falls back to cuFile's
+// compatibility mode, not to posix.)
+func openDirect(path string, flag int, perm uint32) (int, error) {
+	if inj := directOpenFaults.Load(); inj != nil {
+		if err := (*inj).MaybeError(FaultOp{Kind: OpOpen, Path: path}); err != nil {
+			return -1, injected(err)
+		}
+	}
+	return openFD(path, flag|unix.O_DIRECT, perm)
+}
+
+// InjectDirectOpen makes every open with O_DIRECT in this process by the
+// direct and uring engines' Open and by ProbeDir ask inj first and fail
+// with its error, until restore is called. A test on any filesystem can so
+// play one that refuses O_DIRECT:
+//
+//	defer gds.InjectDirectOpen(gds.Only(gds.OpOpen).WithError(unix.EINVAL))()
+//
+// The setting is process-wide: a test that uses it must not run in
+// parallel with tests that open files with O_DIRECT.
+func InjectDirectOpen(inj Injector) (restore func()) {
+	old := directOpenFaults.Swap(&inj)
+	return func() { directOpenFaults.Store(old) }
 }
