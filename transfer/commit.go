@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -62,6 +63,26 @@ type FS interface {
 
 // OS is the real filesystem.
 var OS FS = osFS{}
+
+// defaultFS is what a write given no FS goes through: OS, or what
+// SetDefaultFS installed (a process-wide fault, for tests of the layers
+// above, down to the Python package, that cannot pass an FS themselves).
+var defaultFS atomic.Pointer[FS]
+
+// SetDefaultFS makes every write given no FS go through fsys until restore
+// is called. Tests only: the setting is process-wide.
+func SetDefaultFS(fsys FS) (restore func()) {
+	old := defaultFS.Swap(&fsys)
+	return func() { defaultFS.Store(old) }
+}
+
+// currentFS is the FS of a write given none.
+func currentFS() FS {
+	if p := defaultFS.Load(); p != nil {
+		return *p
+	}
+	return OS
+}
 
 type osFS struct{}
 

@@ -238,10 +238,10 @@ type Writer struct {
 // processes that no longer exist, and creates this write's temporary file
 // with size bytes reserved (so a full disk fails here, before any byte is
 // written). With durable, Commit fsyncs the file and the directory.
-// fsys nil means the real filesystem.
+// fsys nil means the real filesystem (or what SetDefaultFS installed).
 func Create(path string, size int64, durable bool, fsys FS, o Options) (*Writer, error) {
 	if fsys == nil {
-		fsys = OS
+		fsys = currentFS()
 	}
 	target, err := resolveTarget(path)
 	if err != nil {
