@@ -43,6 +43,7 @@ endef
 test-fuzz:
 	$(call fuzz,FuzzOpenArchiveMemory,checkpoint)
 	$(call fuzz,FuzzOpenArchive,checkpoint)
+	$(call fuzz,FuzzParseSafetensorsHeader,checkpoint)
 	$(call fuzz,FuzzAllocator,hooks)
 
 test-py:

@@ -343,30 +343,6 @@ func extents(n int, offsets *C.int64_t, addrs *unsafe.Pointer, sizes *C.int64_t)
 	})
 }
 
-// pft_raw_save writes n extents (offsets, addresses, sizes) into a new
-// file of size bytes at path, with the commit protocol of pft_ckpt_save.
-//
-//export pft_raw_save
-func pft_raw_save(path *C.char, size C.int64_t, n C.int64_t, offsets *C.int64_t, addrs *unsafe.Pointer, sizes *C.int64_t,
-	durable C.int, engine *C.char, threads C.int, taskSize C.int64_t, workers C.int, progress *C.int64_t,
-	out **C.char, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
-		o, err := writeOptions(durable, engine, threads, taskSize, workers, progress)
-		if err != nil {
-			return err
-		}
-		ext, err := extents(int(n), offsets, addrs, sizes)
-		if err != nil {
-			return err
-		}
-		st, err := checkpoint.SaveRaw(C.GoString(path), int64(size), ext, o)
-		if err != nil {
-			return ckptErr(err)
-		}
-		return putJSON(out, st)
-	})
-}
-
 // pft_raw_read fills n extents (offsets, addresses, sizes) from the file
 // at path, in parallel.
 //

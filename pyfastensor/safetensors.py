@@ -5,23 +5,25 @@ safetensors files (the ``safetensors`` package reads them and validates
 them). What differs is how bytes move: tensors are written and read in
 parallel through the I/O engines, straight from and into tensor memory,
 and saves are durable (temporary file, fsync, rename, directory fsync).
-The JSON header is padded with spaces so the data region starts on 4 KiB.
+
+The format is the Go core's (checkpoint/safetensors.go): it lays the file
+out, padding the JSON header with spaces so the data region starts on the
+alignment of O_DIRECT and GDS (``pyfastensor._lib.settings()["alignment"]``),
+and parses and validates headers. This module maps torch dtypes to the
+format's dtype names, checks what only torch can tell (contiguity, shared
+memory), and hands the Go core names, shapes and addresses.
 """
 
 from __future__ import annotations
 
-import json
-import math
 import os
-import struct
-from typing import Any, BinaryIO
+from typing import Any
 
 import torch
 
 from ._buffers import empty_bytes
 from .checkpoint import _progress
-from .checkpoint._native import read_raw, same_file, write_raw
-from .errors import CorruptFileError
+from .checkpoint._native import SafetensorsFile, STensor, read_raw, write_safetensors
 
 #: safetensors dtype names.
 DTYPES: dict[str, torch.dtype] = {
@@ -33,10 +35,6 @@ DTYPES: dict[str, torch.dtype] = {
     "F8_E4M3FNUZ": torch.float8_e4m3fnuz, "F8_E5M2FNUZ": torch.float8_e5m2fnuz,
 }
 _NAMES = {v: k for k, v in DTYPES.items()}
-
-#: The data region starts on this boundary.
-ALIGN = 4096
-_MAX_HEADER = 100_000_000
 
 
 def _check(tensors: dict[str, torch.Tensor]) -> None:
@@ -96,32 +94,16 @@ def save_file(
         torch.Size([2, 2])
     """
     _check(tensors)
-    order = sorted(tensors, key=lambda k: (-tensors[k].element_size(), k))
-    header: dict[str, Any] = {}
     if metadata is not None:
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
             raise ValueError("metadata must map str to str")
-        header["__metadata__"] = metadata
-    off = 0
-    host: dict[str, torch.Tensor] = {}  # alive until the native call returns
-    for k in order:
-        t = tensors[k]
-        n = t.numel() * t.element_size()
-        header[k] = {"dtype": _NAMES[t.dtype], "shape": list(t.shape), "data_offsets": [off, off + n]}
-        host[k] = t.detach().cpu() if t.device.type != "cpu" else t.detach()
-        off += n
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * ((-(8 + len(text))) % ALIGN)
-    head = torch.frombuffer(bytearray(struct.pack("<Q", len(text)) + text), dtype=torch.uint8)
-    start = len(head)
-    extents = [(0, head.data_ptr(), start)]
-    for k in order:
-        t = host[k]
-        if t.numel():
-            extents.append((start + header[k]["data_offsets"][0], t.data_ptr(), t.numel() * t.element_size()))
+    # Host copies of device tensors: alive, as the tensors are, until the native call returns.
+    host = {k: t.detach().cpu() if t.device.type != "cpu" else t.detach() for k, t in tensors.items()}
+    specs = [STensor(k, _NAMES[t.dtype], tuple(t.shape), t.data_ptr() if t.numel() else 0,
+                     t.numel() * t.element_size()) for k, t in host.items()]
     _progress.run(
-        lambda c: write_raw(os.fspath(filename), start + off, extents, durable=durable, engine=engine, counter=c),
-        off, f"save {os.path.basename(filename)}", progress,
+        lambda c: write_safetensors(os.fspath(filename), specs, metadata, durable=durable, engine=engine, counter=c),
+        sum(s.nbytes for s in specs), f"save {os.path.basename(filename)}", progress,
     )
 
 
@@ -153,56 +135,17 @@ def load_file(
     path = os.fspath(filename)
     # One open file for the header and the data: a save replacing the file
     # meanwhile (a rename) cannot pair this header with another file's bytes.
-    with open(path, "rb") as f:
-        return _load_open(f, path, device, engine, progress)
-
-
-def _load_open(f: BinaryIO, path: str, device: str | int | torch.device, engine: str | None,
-               progress: bool | None) -> dict[str, torch.Tensor]:
-    """:func:`load_file` of the file open as ``f``, opened from ``path``."""
-    size = os.fstat(f.fileno()).st_size
-    raw = f.read(8)
-    if len(raw) < 8:
-        raise CorruptFileError(f"{path} is not a safetensors file: {size} bytes")
-    (n,) = struct.unpack("<Q", raw)
-    if n > _MAX_HEADER or 8 + n > size:
-        raise CorruptFileError(f"{path}: header length {n} does not fit a file of {size} bytes")
-    try:
-        header = json.loads(f.read(n))
-    except ValueError as e:
-        raise CorruptFileError(f"{path}: header is not valid JSON: {e}") from None
-    header.pop("__metadata__", None)
-    start = 8 + n
-    out: dict[str, torch.Tensor] = {}
-    extents = []
-    spans = []
-    for k, info in header.items():
-        try:
-            dtype = DTYPES[info["dtype"]]
-            shape = [int(d) for d in info["shape"]]
-            b, e = (int(x) for x in info["data_offsets"])
-        except (KeyError, TypeError, ValueError):
-            raise CorruptFileError(f"{path}: tensor {k!r}: bad header entry {info!r}") from None
-        numel = math.prod(shape)
-        if e - b != numel * dtype.itemsize or b < 0 or any(d < 0 for d in shape):
-            raise CorruptFileError(f"{path}: tensor {k!r}: offsets {b}..{e} do not match shape {shape} {dtype}")
-        t = empty_bytes(e - b).view(dtype).view(shape)
-        spans.append((b, e, k))
-        out[k] = t
-        if t.numel():
-            extents.append((start + b, t.data_ptr(), e - b))
-    spans.sort()
-    pos = 0
-    for b, e, k in spans:
-        if b != pos:
-            raise CorruptFileError(f"{path}: tensor {k!r} starts at {b}, expected {pos} (holes or overlaps)")
-        pos = e
-    if start + pos != size:
-        raise CorruptFileError(f"{path}: data region is {size - start} bytes, the header describes {pos}"
-                               f"{' (truncated)' if start + pos > size else ''}")
-    source = same_file(f.fileno(), path)
-    _progress.run(lambda c: read_raw(source, extents, engine=engine, counter=c),
-                  pos, f"load {os.path.basename(path)}", progress)
+    with SafetensorsFile(path) as f:
+        out: dict[str, torch.Tensor] = {}
+        extents = []
+        for info in f.tensors:
+            n = info["end"] - info["begin"]
+            t = empty_bytes(n).view(DTYPES[info["dtype"]]).view(info["shape"])
+            out[info["name"]] = t
+            if n:
+                extents.append((info["begin"], t.data_ptr(), n))
+        _progress.run(lambda c: read_raw(f.source, extents, engine=engine, counter=c),
+                      sum(e[2] for e in extents), f"load {os.path.basename(path)}", progress)
     dev = torch.device(f"cuda:{device}" if isinstance(device, int) else device)
     if dev.type != "cpu":
         out = {k: v.to(dev) for k, v in out.items()}

@@ -33,11 +33,12 @@ _lib.register({
     "pft_ckpt_resident": [_lib.u64, _P(_lib.c_void_p)],
     "pft_ckpt_verify": [_lib.u64, _lib.i64, _P(_lib.i64), _P(_lib.c_void_p), _P(_lib.i64), _lib.c_int,
                         _P(_lib.i64)],
-    "pft_raw_save": [_lib.c_char_p, _lib.i64, _lib.i64, _P(_lib.i64), _P(_lib.c_void_p), _P(_lib.i64),
-                     _lib.c_int, _lib.c_char_p, _lib.c_int, _lib.i64, _lib.c_int, _P(_lib.i64),
-                     _P(_lib.c_void_p)],
     "pft_raw_read": [_lib.c_char_p, _lib.i64, _P(_lib.i64), _P(_lib.c_void_p), _P(_lib.i64),
                      _lib.c_char_p, _lib.c_int, _lib.i64, _lib.c_int, _P(_lib.i64), _P(_lib.c_void_p)],
+    "pft_safetensors_save": [_lib.c_char_p, _lib.c_char_p, _lib.i64, _P(_lib.c_void_p), _lib.c_int,
+                             _lib.c_char_p, _lib.c_int, _lib.i64, _lib.c_int, _P(_lib.i64), _P(_lib.c_void_p)],
+    "pft_safetensors_open": [_lib.c_char_p, _P(_lib.u64), _P(_lib.c_void_p)],
+    "pft_safetensors_close": [_lib.u64],
 })
 
 
@@ -118,21 +119,6 @@ def write_archive(
     return json.loads(_lib.take_string(out))
 
 
-def write_raw(
-    path: str, size: int, extents: Sequence[tuple[int, int, int]], *, durable: bool,
-    engine: str | None, counter: ctypes.c_int64 | None = None,
-) -> dict[str, Any]:
-    """Write ``extents`` (offset, address, nbytes) into a new file of ``size`` bytes, committed durably."""
-    n = len(extents)
-    offs = (ctypes.c_int64 * n)(*[e[0] for e in extents])
-    addrs, sizes = _arrays([e[1] for e in extents], [e[2] for e in extents])
-    out = ctypes.c_void_p()
-    _lib.call("pft_raw_save", _lib.cstr(path), size, n, offs, addrs, sizes, int(durable),
-              _engine(engine), config.threads(), config.task_size(), 0,
-              ctypes.byref(counter) if counter is not None else None, ctypes.byref(out))
-    return json.loads(_lib.take_string(out))
-
-
 def read_raw(
     path: str, extents: Sequence[tuple[int, int, int]], *, engine: str | None,
     counter: ctypes.c_int64 | None = None,
@@ -146,6 +132,92 @@ def read_raw(
               config.threads(), config.task_size(), 0,
               ctypes.byref(counter) if counter is not None else None, ctypes.byref(out))
     return json.loads(_lib.take_string(out))
+
+
+@dataclass(frozen=True)
+class STensor:
+    """One tensor of a safetensors file to write: its name, safetensors dtype name, shape,
+    and the address and length of its bytes."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    addr: int
+    nbytes: int
+
+
+def write_safetensors(
+    path: str,
+    tensors: Sequence[STensor],
+    metadata: dict[str, str] | None,
+    *,
+    durable: bool,
+    engine: str | None,
+    counter: ctypes.c_int64 | None = None,
+) -> dict[str, Any]:
+    """Write ``tensors`` and ``metadata`` as a safetensors file at ``path``, laid out by the
+    Go core (checkpoint/safetensors.go), committed durably; return stats.
+
+    ``metadata`` keeps its order; None writes no ``__metadata__``.
+    """
+    spec = {
+        "tensors": [{"name": t.name, "dtype": t.dtype, "shape": list(t.shape), "size": t.nbytes} for t in tensors],
+        "metadata": None if metadata is None else [{"key": k, "value": v} for k, v in metadata.items()],
+    }
+    addrs = (ctypes.c_void_p * len(tensors))(*[t.addr or None for t in tensors])
+    out = ctypes.c_void_p()
+    _lib.call("pft_safetensors_save", _lib.cstr(path), json.dumps(spec).encode(), len(tensors), addrs,
+              int(durable), _engine(engine), config.threads(), config.task_size(), 0,
+              ctypes.byref(counter) if counter is not None else None, ctypes.byref(out))
+    return json.loads(_lib.take_string(out))
+
+
+class SafetensorsFile:
+    """A safetensors file opened by the Go core, its header validated (checkpoint/safetensors.go).
+
+    The file stays open until :meth:`close`: read the tensors from :attr:`source`, which
+    names the file parsed even after a save has replaced it at ``path``.
+
+    Raises:
+        CorruptFileError: the header is malformed or inconsistent, or the file is truncated.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        self._handle = 0
+        self._lock = threading.Lock()
+        handle = _lib.u64()
+        out = ctypes.c_void_p()
+        _lib.call("pft_safetensors_open", _lib.cstr(self.path), ctypes.byref(handle), ctypes.byref(out))
+        self._handle = handle.value
+        desc = json.loads(_lib.take_string(out))
+        self.size: int = desc["file_size"]
+        #: ``{"name", "dtype", "shape", "begin", "end"}`` of each tensor in the header's order;
+        #: ``begin`` and ``end`` are file offsets.
+        self.tensors: list[dict[str, Any]] = desc["tensors"]
+        self.metadata: dict[str, str] | None = desc["metadata"]
+        #: A name that opens the file parsed, while it is open (:func:`same_file`).
+        self.source = same_file(desc.get("fd", -1), self.path)
+
+    def close(self) -> None:
+        """Release the native handle and the file (idempotent)."""
+        with self._lock:
+            h, self._handle = self._handle, 0
+        if h:
+            _lib.call("pft_safetensors_close", h)
+
+    def __enter__(self) -> SafetensorsFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if getattr(self, "_handle", 0) and _lib.loaded():
+            try:
+                self.close()
+            except Exception:
+                pass
 
 
 def same_file(fd: int, path: str) -> str:

@@ -1,0 +1,108 @@
+package main
+
+/*
+#include <stddef.h>
+#include <stdint.h>
+*/
+import "C"
+
+import (
+	"fmt"
+	"unsafe"
+
+	"github.com/pyfastensor/pyfastensor/checkpoint"
+	"github.com/pyfastensor/pyfastensor/gds"
+)
+
+// safetensors files: save tensors from caller memory (the layout is
+// checkpoint.LayoutSafetensors'); open a file, its validated header as
+// JSON, for the caller to read its tensors with pft_raw_read from the
+// file it pins. Python (pyfastensor/safetensors.py) knows torch dtypes,
+// nothing of the format.
+
+// safetensorsSpec is the JSON argument of pft_safetensors_save: the
+// tensors (name, dtype name, shape, size in bytes) and the metadata, in
+// the caller's order (null: no "__metadata__"; []: an empty one).
+type safetensorsSpec struct {
+	Tensors  []checkpoint.STensor   `json:"tensors"`
+	Metadata []checkpoint.MetaEntry `json:"metadata"`
+}
+
+// pft_safetensors_save writes a safetensors file at path, with the commit
+// protocol of pft_ckpt_save. spec is JSON: {"tensors": [{"name", "dtype",
+// "shape", "size"}, ...], "metadata": [{"key", "value"}, ...] or null};
+// addrs holds n addresses, the memory of each tensor (size bytes), read
+// during the call only. engine, progress as for pft_ckpt_save. out: the
+// stats, JSON.
+//
+//export pft_safetensors_save
+func pft_safetensors_save(path, spec *C.char, n C.int64_t, addrs *unsafe.Pointer, durable C.int, engine *C.char,
+	threads C.int, taskSize C.int64_t, workers C.int, progress *C.int64_t, out **C.char,
+	errbuf *C.char, errlen C.size_t) C.int {
+	return call(errbuf, errlen, func() error {
+		var s safetensorsSpec
+		if err := parseJSON(spec, &s); err != nil {
+			return err
+		}
+		if int64(n) != int64(len(s.Tensors)) || (n > 0 && addrs == nil) {
+			return fmt.Errorf("%w: %d addresses for %d tensors", gds.ErrInvalid, n, len(s.Tensors))
+		}
+		if n > 0 {
+			for i, a := range unsafe.Slice(addrs, n) {
+				t := &s.Tensors[i]
+				if t.Size < 0 {
+					return fmt.Errorf("%w: tensor %q: size %d", gds.ErrInvalid, t.Name, t.Size)
+				}
+				p, err := memory(a, C.size_t(t.Size))
+				if err != nil {
+					return fmt.Errorf("tensor %q: %w", t.Name, err)
+				}
+				t.Data = p
+			}
+		}
+		o, err := writeOptions(durable, engine, threads, taskSize, workers, progress)
+		if err != nil {
+			return err
+		}
+		st, err := checkpoint.SaveSafetensors(C.GoString(path), s.Tensors, s.Metadata, o)
+		if err != nil {
+			return ckptErr(err)
+		}
+		return putJSON(out, st)
+	})
+}
+
+// pft_safetensors_open parses and validates the header of the
+// safetensors file at path (checkpoint.OpenSafetensors) and keeps the file
+// open; out receives {"path", "file_size", "tensors": [{"name", "dtype",
+// "shape", "begin", "end"}, ...] (file offsets, in the header's order),
+// "metadata", "data_start", "fd"} as JSON, and handle a handle for
+// pft_safetensors_close. The caller reads the tensors from
+// /proc/self/fd/<fd>, the file parsed, while the handle is open.
+//
+//export pft_safetensors_open
+func pft_safetensors_open(path *C.char, handle *C.uint64_t, out **C.char, errbuf *C.char, errlen C.size_t) C.int {
+	return call(errbuf, errlen, func() error {
+		f, err := checkpoint.OpenSafetensors(C.GoString(path))
+		if err != nil {
+			return ckptErr(err)
+		}
+		if err := putJSON(out, f); err != nil {
+			f.Close()
+			return err
+		}
+		*handle = newHandle(f)
+		return nil
+	})
+}
+
+//export pft_safetensors_close
+func pft_safetensors_close(h C.uint64_t, errbuf *C.char, errlen C.size_t) C.int {
+	return call(errbuf, errlen, func() error {
+		f, err := release[*checkpoint.SafetensorsFile](h)
+		if err != nil {
+			return err
+		}
+		return f.Close()
+	})
+}
