@@ -1,14 +1,9 @@
 package gds
 
-import (
-	"sync"
-	"sync/atomic"
-)
-
 // splitRun performs a transfer of n bytes as pieces of at most taskSize
-// bytes on up to threads goroutines. piece(lo, hi) moves bytes [lo, hi) of
-// the transfer and returns how many it moved. A transfer smaller than two
-// pieces runs on the caller's goroutine.
+// bytes on up to threads goroutines (Run). piece(lo, hi) moves bytes
+// [lo, hi) of the transfer and returns how many it moved. A transfer
+// smaller than two pieces runs on the caller's goroutine.
 //
 // It returns n, nil when every piece succeeded; otherwise the error of the
 // lowest-addressed piece that failed and the count of bytes moved without a
@@ -21,51 +16,22 @@ func splitRun(n int, taskSize int64, threads int, piece func(lo, hi int) (int, e
 	}
 	ts := int(taskSize)
 	pieces := (n + ts - 1) / ts
-	workers := min(threads, pieces)
-
-	var (
-		next    atomic.Int64
-		failed  atomic.Bool
-		mu      sync.Mutex
-		errAt   = n
-		errDone int
-		firstEr error
-		wg      sync.WaitGroup
-	)
-	for range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for !failed.Load() {
-				i := int(next.Add(1) - 1)
-				if i >= pieces {
-					return
-				}
-				lo := i * ts
-				hi := min(lo+ts, n)
-				k, err := safePiece(piece, lo, hi)
-				if err != nil {
-					failed.Store(true)
-					mu.Lock()
-					if lo < errAt {
-						errAt, errDone, firstEr = lo, k, err
-					}
-					mu.Unlock()
-				}
-			}
-		}()
+	done := make([]int, pieces)
+	err := Run(pieces, threads, func(i int) error {
+		lo := i * ts
+		k, err := piece(lo, min(lo+ts, n))
+		done[i] = k
+		return err
+	})
+	if err == nil {
+		return n, nil
 	}
-	wg.Wait()
-	if firstEr != nil {
-		return errAt + errDone, firstEr
+	moved := 0
+	for i, k := range done {
+		moved += k
+		if k < min(ts, n-i*ts) {
+			break
+		}
 	}
-	return n, nil
-}
-
-// safePiece runs piece and turns a panic into an error wrapping ErrInternal:
-// a worker goroutine's panic would otherwise end the whole process, since
-// the C boundary's recover only covers the calling goroutine.
-func safePiece(piece func(lo, hi int) (int, error), lo, hi int) (n int, err error) {
-	defer Recover(&err)
-	return piece(lo, hi)
+	return moved, err
 }

@@ -1,63 +1,15 @@
 package transfer
 
-import (
-	"sync"
-	"sync/atomic"
-
-	"github.com/pyfastensor/pyfastensor/gds"
-)
+import "github.com/pyfastensor/pyfastensor/gds"
 
 // Run calls fn(i) for i in [0, n) on up to workers goroutines and returns
-// the error of the lowest-numbered task that failed. After a failure, tasks
-// not yet started are skipped. This is the one worker pool above the
-// engines: checkpoint saves and loads, raw files, verification and the
+// the error of the lowest-numbered task that failed: the library's one
+// worker pool (gds.Run, which the engines' own pieces use too), with its
+// one panic policy (a task's panic fails this call with an error wrapping
+// gds.ErrInternal, and never takes the process down or poisons the
+// library). Checkpoint saves and loads, raw files, verification and the
 // spill store's transfers all run their tasks through it.
-//
-// Panics follow gds.Recover, the one policy: a task's panic fails this
-// call with an error wrapping gds.ErrInternal (with the stack) and never
-// takes the process down or poisons the library.
-func Run(n, workers int, fn func(i int) error) error {
-	if n == 0 {
-		return nil
-	}
-	workers = max(1, min(workers, n))
-	var (
-		next   atomic.Int64
-		failed atomic.Bool
-		mu     sync.Mutex
-		errAt  = n
-		first  error
-		wg     sync.WaitGroup
-	)
-	for range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for !failed.Load() {
-				i := int(next.Add(1) - 1)
-				if i >= n {
-					return
-				}
-				if err := safeTask(fn, i); err != nil {
-					failed.Store(true)
-					mu.Lock()
-					if i < errAt {
-						errAt, first = i, err
-					}
-					mu.Unlock()
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	return first
-}
-
-// safeTask runs one task under gds.Recover.
-func safeTask(fn func(int) error, i int) (err error) {
-	defer gds.Recover(&err)
-	return fn(i)
-}
+func Run(n, workers int, fn func(i int) error) error { return gds.Run(n, workers, fn) }
 
 // Piece is one task's share of an extent: bytes [Lo, Hi) of extent Ext.
 type Piece struct {
