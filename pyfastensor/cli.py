@@ -2,7 +2,10 @@
 
 Each subcommand lives in the module that owns its subject and adds itself
 here through a ``add_parser(subparsers)`` function, so this file stays a
-table of contents.
+table of contents. Those modules import torch (and load the Go library) only
+in the functions a subcommand runs, never at import: ``--help``, ``info``
+and every subcommand's ``--help`` work, fast, where torch is missing or
+broken (``tests/test_cli.py`` checks it).
 """
 
 from __future__ import annotations
@@ -11,6 +14,11 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+
+from .bench import add_parsers as add_bench
+from .checkpoint_cli import add_parser as add_ckpt
+from .demo import add_parser as add_demo
+from .dictionary import add_parser as add_dict
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
@@ -39,6 +47,10 @@ def _print_info(r: dict) -> None:
                   f"{d['dio_offset_align']} (from {d['dio_align_source']})")
         else:
             print(f"  O_DIRECT  no: {d.get('o_direct_reason', '')}")
+            print(f"  fallback  {d.get('fallback', '')}")
+        print(f"  io_uring  {'yes' if d['io_uring'] else 'no: ' + d.get('io_uring_reason', '')}")
+        print(f"  libcufile {d['cufile_library']} ({d['cufile_library_source']}): "
+              f"{'works' if d['cufile'] else d.get('cufile_reason', '')}")
     print("  engines")
     for name, e in sorted(r["engines"].items()):
         state = "available" if e["available"] else f"unavailable: {e.get('reason', '')}"
@@ -46,6 +58,11 @@ def _print_info(r: dict) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """Build the parser of every subcommand, importing no torch and loading no Go library.
+
+    Returns:
+        The parser; each subcommand's parsed namespace carries its handler as ``func``.
+    """
     parser = argparse.ArgumentParser(
         prog="python -m pyfastensor",
         description="Fast, durable tensor I/O for PyTorch: tools and benchmarks.",
@@ -57,31 +74,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the raw JSON")
     p.set_defaults(func=_cmd_info)
 
-    from .demo import add_parser as add_demo
-
     add_demo(sub)
-
     bench = sub.add_parser("bench", help="benchmarks against peers and the disk's own limit")
-    bench_sub = bench.add_subparsers(dest="bench", metavar="BENCH", required=True)
-    from .bench import add_parsers as add_bench
-
-    add_bench(bench_sub)
-    from .checkpoint.cli import add_parser as add_ckpt
-
+    add_bench(bench.add_subparsers(dest="bench", metavar="BENCH", required=True))
     add_ckpt(sub)
-    from .dictionary import add_parser as add_dict
-
     add_dict(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; return the exit status."""
+    """Run the command line.
+
+    Args:
+        argv: the arguments after the program name. Default: ``sys.argv[1:]``.
+
+    Returns:
+        The exit status: 0 on success, 1 on an error (printed to stderr, naming
+        the missing module when torch is not importable), 130 on Ctrl-C.
+    """
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         return 130
+    except ImportError as e:  # torch missing or broken: say so instead of a traceback
+        print(f"pyfastensor: error: `{args.command}` needs a module that does not import here: {e} "
+              "(pip install pyfastensor installs its dependencies, torch among them)", file=sys.stderr)
+        return 1
     except (OSError, ValueError, RuntimeError) as e:
         print(f"pyfastensor: error: {e}", file=sys.stderr)
         return 1

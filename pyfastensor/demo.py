@@ -4,6 +4,8 @@ Saves and loads a built-in model's checkpoint with pyfastensor and with
 torch, durable and cold-cache both, beside the disk's own limit; then trains
 a few steps of a built-in model with and without activation offload and
 compares step time, resident saved-tensor memory and gradients.
+``--quick`` does the same on a smaller scale, in well under half a minute on
+two cores (what CI runs from the installed wheel).
 """
 
 from __future__ import annotations
@@ -33,21 +35,28 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         ),
     )
     p.add_argument("--dir", default=None, help="where to write (default: a temp dir under .)")
-    p.add_argument("--size", default="small", choices=["small", "gpt2"],
-                   help="small (~200 MB) or gpt2 (~500 MB, GPT-2-small shape)")
+    p.add_argument("--size", default=None, choices=list(_SIZES),
+                   help="tiny (~40 MB), small (~200 MB) or gpt2 (~500 MB, GPT-2-small shape); "
+                        "default small, tiny with --quick")
+    p.add_argument("--quick", action="store_true",
+                   help="the same checks on a smaller scale: the tiny model unless --size says "
+                        "otherwise, a 64 MiB disk-limit measurement and a smaller training batch")
     p.set_defaults(func=run)
+
+
+#: --size: (layers, width, attention heads, vocabulary) of the transformer-shaped model.
+_SIZES = {"tiny": (2, 512, 8, 8192), "small": (4, 1024, 16, 16384), "gpt2": (12, 768, 12, 50257)}
 
 
 def _model(size: str) -> Any:
     import torch
 
-    layers, d = (4, 1024) if size == "small" else (12, 768)
-    vocab = 16384 if size == "small" else 50257
+    layers, d, heads, vocab = _SIZES[size]
     torch.manual_seed(0)
     return torch.nn.ModuleDict({
         "embed": torch.nn.Embedding(vocab, d),
         "blocks": torch.nn.ModuleList(
-            torch.nn.TransformerEncoderLayer(d, 12 if d == 768 else 16, 4 * d, batch_first=True)
+            torch.nn.TransformerEncoderLayer(d, heads, 4 * d, batch_first=True)
             for _ in range(layers)
         ),
         "norm": torch.nn.LayerNorm(d),
@@ -77,13 +86,14 @@ def run(args: argparse.Namespace) -> int:
     from pyfastensor.bench.disk import drop_caches, measure_limit
 
     base = args.dir or "."
+    size = args.size or ("tiny" if args.quick else "small")
     with tempfile.TemporaryDirectory(prefix=".pyfastensor-demo-", dir=base) as tmp:
         d = Path(tmp)
-        state = _model(args.size).state_dict()
+        state = _model(size).state_dict()
         nbytes = sum(t.numel() * t.element_size() for t in state.values())
         gb = nbytes / 1e9
         print(f"checkpoint: {len(state)} tensors, {nbytes / 2**20:.0f} MiB, in {d}")
-        limit = measure_limit(d, size=512 << 20)
+        limit = measure_limit(d, size=(64 if args.quick else 512) << 20)
         print(limit.describe())
 
         t_torch_save, _ = _timed(partial(_torch_save_durable, state, d / "torch.pt"))
@@ -109,18 +119,18 @@ def run(args: argparse.Namespace) -> int:
         print(f"round trip identical: {same}; stock torch.load reads our file: {readable}")
         del state, from_torch, from_ours, stock
 
-        ok = same and readable and _offload_demo(d)
+        ok = same and readable and _offload_demo(d, batch=512 if args.quick else 2048)
     return 0 if ok else 1
 
 
-def _offload_demo(d: Path) -> bool:
+def _offload_demo(d: Path, batch: int) -> bool:
     import torch
 
     import pyfastensor
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[m for _ in range(4) for m in (torch.nn.Linear(1024, 1024), torch.nn.ReLU())])
-    x = torch.randn(2048, 1024)
+    x = torch.randn(batch, 1024)
 
     def step(ctx: Any) -> tuple[float, list[torch.Tensor]]:
         model.zero_grad()
@@ -140,7 +150,7 @@ def _offload_demo(d: Path) -> bool:
     off.close()
     same = all(torch.equal(a, b) for a, b in zip(g_base, g_off, strict=True))
     mib = 1 << 20
-    print("\ntraining an MLP (4x1024, batch 2048), last of 3 steps:")
+    print(f"\ntraining an MLP (4x1024, batch {batch}), last of 3 steps:")
     print(f"  no offload   step {t_base * 1e3:7.1f} ms, resident saved tensors {base_peak / mib:6.1f} MiB")
     print(f"  offload ssd  step {t_off * 1e3:7.1f} ms, resident saved tensors "
           f"{s.resident_peak_bytes / mib:6.1f} MiB "

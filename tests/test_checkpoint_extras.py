@@ -112,7 +112,7 @@ def test_progress_bar_surfaces_errors(tmp_path, monkeypatch):
 def test_cli_verify_and_ls(tmp_path, capsys):
     import argparse
 
-    from pyfastensor.checkpoint.cli import add_parser
+    from pyfastensor.checkpoint_cli import add_parser
 
     parser = argparse.ArgumentParser()
     add_parser(parser.add_subparsers())

@@ -45,12 +45,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from . import disk
+
+if TYPE_CHECKING:  # torch is imported where a benchmark runs: `--help` stays fast
+    import torch
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -70,13 +72,15 @@ MODELS = ("gpt2", "resnet50")
 #: Fraction of the disk's O_DIRECT limit the models' save and cold load must reach.
 LIMIT_TARGET = 0.85
 
-StateDict = dict[str, torch.Tensor]
+StateDict = dict[str, "torch.Tensor"]
 
 
 # ---------------------------------------------------------------- workloads
 
 
 def _randn(shape: tuple[int, ...], g: torch.Generator) -> torch.Tensor:
+    import torch
+
     return torch.randn(shape, generator=g)
 
 
@@ -93,6 +97,8 @@ def gpt2_state_dict(layers: int = 12, vocab: int = 50257, d: int = 768, n_ctx: i
         n_ctx: position embedding rows. Default 1024.
         seed: generator seed. Default 0.
     """
+    import torch
+
     g = torch.Generator().manual_seed(seed)
     sd: StateDict = {"transformer.wte.weight": _randn((vocab, d), g),
                      "transformer.wpe.weight": _randn((n_ctx, d), g)}
@@ -124,6 +130,8 @@ def resnet50_state_dict(width: int = 64, classes: int = 1000, seed: int = 0) -> 
         classes: rows of the classifier. Default 1000.
         seed: generator seed. Default 0.
     """
+    import torch
+
     g = torch.Generator().manual_seed(seed)
     sd: StateDict = {}
 
@@ -168,6 +176,8 @@ def small_state_dict(count: int = 10_000, lo: int = 4 << 10, hi: int = 64 << 10,
         hi: largest size in bytes. Default 64 KiB.
         seed: generator seed. Default 0.
     """
+    import torch
+
     g = torch.Generator().manual_seed(seed)
     sizes = torch.randint(lo // 4, hi // 4 + 1, (count,), generator=g).tolist()
     return {f"t{i:05d}": _randn((n,), g) for i, n in enumerate(sizes)}
@@ -229,6 +239,8 @@ def _save_pyfastensor(sd: StateDict, path: str) -> None:
 
 
 def _save_torch(sd: StateDict, path: str) -> None:
+    import torch
+
     with open(path, "wb") as f:
         torch.save(sd, f)
         f.flush()
@@ -272,6 +284,8 @@ def _load_pyfastensor_mmap(path: str, keys: list[str]) -> StateDict:
 
 
 def _load_torch(path: str, keys: list[str]) -> StateDict:
+    import torch
+
     return torch.load(path, weights_only=True)
 
 
@@ -280,6 +294,8 @@ def touch_pages(sd: StateDict) -> int:
 
     On an mmap'd load this faults every page in, so the lazy reads are timed.
     """
+    import torch
+
     total = 0
     for t in sd.values():
         s = t.untyped_storage()
@@ -291,6 +307,8 @@ def touch_pages(sd: StateDict) -> int:
 
 
 def _load_torch_mmap(path: str, keys: list[str]) -> StateDict:
+    import torch
+
     return torch.load(path, mmap=True, weights_only=True)
 
 
@@ -301,6 +319,8 @@ def _load_safetensors(path: str, keys: list[str]) -> StateDict:
 
 
 def _load_numpy(path: str, keys: list[str]) -> StateDict:
+    import torch
+
     return {k: torch.from_numpy(np.load(os.path.join(path, n)))
             for k, n in zip(keys, [f"{i:06d}.npy" for i in range(len(keys))], strict=True)}
 
@@ -337,6 +357,8 @@ def check_equal(tool: str, want: StateDict, got: Any) -> None:
 
     Key order is not compared: safetensors stores keys sorted.
     """
+    import torch
+
     if not isinstance(got, dict) or set(got) != set(want) or len(got) != len(want):
         raise AssertionError(f"{tool}: loaded keys differ from the saved ones")
     for k, t in want.items():

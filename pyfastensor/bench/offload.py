@@ -39,16 +39,15 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
-from torch import nn
 
-from ..offload import Offload
-from ..offload._filter import is_parameter, storages_of
-from ..offload._saved import Meter
 from . import disk
+
+if TYPE_CHECKING:  # torch (and pyfastensor.offload) load where a benchmark runs: `--help` stays fast
+    import torch
+    from torch import nn
 
 MiB = 1 << 20
 
@@ -63,6 +62,8 @@ KEYS = ("step_ms", "peak_bytes", "peak_ratio", "transfer_ms", "stall_ms", "read_
 
 def deep_mlp(d: int = 1024, depth: int = 8) -> nn.Module:
     """An MLP of ``depth`` Linear+ReLU layers of width ``d`` and a 10-way head."""
+    from torch import nn
+
     layers: list[nn.Module] = []
     for _ in range(depth):
         layers += [nn.Linear(d, d), nn.ReLU()]
@@ -71,6 +72,8 @@ def deep_mlp(d: int = 1024, depth: int = 8) -> nn.Module:
 
 def conv_net(channels: int = 32, blocks: int = 6) -> nn.Module:
     """A CNN of ``blocks`` conv+BN+ReLU blocks at 32x32, max-pooled, and a 10-way head."""
+    from torch import nn
+
     layers: list[nn.Module] = []
     c_in = 3
     for _ in range(blocks):
@@ -88,12 +91,16 @@ class Workload:
     sample: tuple[int, ...]  # one example's shape
 
     def batch(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        import torch
+
         g = torch.Generator().manual_seed(n)
         return torch.randn((n, *self.sample), generator=g), torch.randint(0, 10, (n,), generator=g)
 
 
 def workloads(quick: bool) -> list[tuple[Workload, int]]:
     """The models and their batch sizes."""
+    import torch
+
     torch.manual_seed(0)
     if quick:
         return [(Workload("mlp", deep_mlp(512, 6), (512,)), 256),
@@ -121,6 +128,9 @@ class FileHooks:
     """
 
     def __init__(self, kind: str, directory: str, min_size: int, module: nn.Module) -> None:
+        from ..offload._filter import storages_of
+        from ..offload._saved import Meter
+
         self.kind, self.dir, self.min_size = kind, directory, min_size
         self.registered = storages_of(module)
         self.meter = Meter()
@@ -128,6 +138,10 @@ class FileHooks:
         self._n = 0
 
     def _pack(self, t: torch.Tensor) -> Any:
+        import torch
+
+        from ..offload._filter import is_parameter
+
         start = time.perf_counter()
         try:
             if t.numel() * t.element_size() < self.min_size or is_parameter(t, self.registered):
@@ -148,6 +162,8 @@ class FileHooks:
             self.pack_seconds += time.perf_counter() - start
 
     def _unpack(self, h: Any) -> torch.Tensor:
+        import torch
+
         if isinstance(h, torch.Tensor):
             return h
         start = time.perf_counter()
@@ -160,6 +176,8 @@ class FileHooks:
         return out
 
     def __enter__(self) -> FileHooks:
+        import torch
+
         self.meter.reset_peak()
         self.pack_seconds = self.unpack_seconds = 0.0
         self._ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
@@ -172,6 +190,8 @@ class FileHooks:
 
 def _train_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
                 ctx: Any) -> float:
+    from torch import nn
+
     start = time.perf_counter()
     opt.zero_grad()
     with ctx:
@@ -181,6 +201,8 @@ def _train_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y
 
 
 def _figures(ctx: Any, none_peak: int) -> dict[str, float]:
+    from ..offload import Offload
+
     if isinstance(ctx, contextlib.nullcontext):
         return {"peak_bytes": none_peak, "transfer_ms": 0.0, "stall_ms": 0.0, "read_bytes": 0, "buffer_bytes": 0}
     if isinstance(ctx, Offload):
@@ -194,6 +216,8 @@ def _figures(ctx: Any, none_peak: int) -> dict[str, float]:
 
 def make_context(row: str, w: Workload, directory: str, min_size: int, budget: int) -> Any:
     """The saved-tensor context of one row of the table."""
+    from ..offload import Offload
+
     if row in ("torch.save", "numpy.save"):
         return FileHooks(row, directory, min_size, w.model)
     if row == "none":
@@ -211,6 +235,10 @@ def run_rows(rows: dict[str, int], w: Workload, batch: int, directory: str, *, m
     per row, interleaved, so that whatever else the machine does in the meantime falls on every
     row alike; medians of the timed steps, max of peaks, and (with a ``none`` row) each row's
     median per-round step ratio to it."""
+    import torch
+
+    from ..offload import Offload
+
     ctxs = {row: make_context(row, w, directory, min_size, budget) for row, budget in rows.items()}
     none_peak = _peak_at(w, batch, directory, min_size, None) if "none" in rows else 0
     model = w.model
@@ -248,6 +276,10 @@ def run_rows(rows: dict[str, int], w: Workload, batch: int, directory: str, *, m
 
 def _peak_at(w: Workload, batch: int, directory: str, min_size: int, offload_budget: int | None) -> int:
     """Peak resident saved-tensor bytes of one step (two under offload: profiling, then measured)."""
+    from torch import nn
+
+    from ..offload import Offload
+
     if offload_budget is None:
         ctx: Any = Offload(policy="none", min_size=min_size, module=w.model)
         steps = 1

@@ -1,4 +1,8 @@
-"""``python -m pyfastensor ckpt``: list and verify checkpoint files."""
+"""``python -m pyfastensor ckpt``: list and verify checkpoint files.
+
+It sits beside the :mod:`pyfastensor.checkpoint` package, not in it: importing
+that package imports torch, and the command line's ``--help`` must not.
+"""
 
 from __future__ import annotations
 
@@ -6,18 +10,18 @@ import argparse
 import ctypes
 import time
 
-from ..errors import CorruptFileError
+from .errors import CorruptFileError
 
 
 def _cmd_ls(args: argparse.Namespace) -> int:
-    from ._native import Archive
+    from .checkpoint._native import Archive
 
     with Archive(args.path) as a:
         print(f"{args.path}: {a.size} bytes, {len(a.entries)} records")
         for e in a.entries:
             print(f"  {e.offset:>12}  {e.size:>12}  {e.crc32:08x}  {e.name}")
     if args.keys:
-        from .lazy import open as open_ckpt
+        from .checkpoint.lazy import open as open_ckpt
 
         with open_ckpt(args.path, weights_only=not args.unsafe) as ck:
             for k, v in ck.skeleton.items() if isinstance(ck.skeleton, dict) else []:
@@ -27,7 +31,7 @@ def _cmd_ls(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    from ._native import Archive
+    from .checkpoint._native import Archive
 
     start = time.perf_counter()
     try:
