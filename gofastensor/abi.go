@@ -203,10 +203,3 @@ func pft_handle_count() C.int64_t {
 	defer handles.Unlock()
 	return C.int64_t(len(handles.m))
 }
-
-//export pft_debug_panic
-func pft_debug_panic(errbuf *C.char, errlen C.size_t) C.int {
-	// For tests of the panic path: panics inside call, which must recover
-	// it and poison the library.
-	return call(errbuf, errlen, func() error { panic("pft_debug_panic called") })
-}

@@ -27,7 +27,7 @@ var (
 // spillDirError explains why dir cannot hold a spill file.
 func spillDirError(dir string, cause error) error {
 	return fmt.Errorf("%w: cannot create the spill file in %q (set spill_dir to a writable directory on a local disk): %w",
-		ErrSpillDir, dir, cause)
+		ErrSpillDir, dir, gds.Classify(cause))
 }
 
 // IsNoSpace reports whether err means the spill filesystem is full.

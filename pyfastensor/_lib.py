@@ -101,7 +101,8 @@ _PROTOTYPES: dict[str, list[Any]] = {
     "pft_file_truncate": [u64, i64],
     "pft_file_describe": [u64, ctypes.POINTER(c_void_p)],
     "pft_file_close": [u64],
-    "pft_debug_panic": [],
+    "pft_debug_panic": [],  # test-only (gofastensor/debug.go)
+    "pft_debug_inject": [c_char_p],  # test-only: tests/conftest.py's inject fixture
     "pft_configure": [c_char_p],
     "pft_settings": [c_char_p, ctypes.POINTER(c_void_p)],
 }

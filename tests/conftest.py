@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import uuid
@@ -40,6 +41,33 @@ def mount_fs(tmp_path: Path) -> Iterator:
     yield mount
     for where in mounted:
         subprocess.run(["umount", "-l", str(where)], check=False, capture_output=True)
+
+
+@pytest.fixture
+def inject() -> Iterator:
+    """Inject faults into the Go core for one test, on any machine (no mount needed)::
+
+        inject(commit={"op": "reserve", "errno": errno.ENOSPC})  # saves find the disk full
+        inject(commit={"op": "create", "errno": errno.EROFS})    # ... the directory read-only
+        inject(direct_open={"errno": errno.EINVAL})              # no O_DIRECT (unprobed dirs)
+        inject(engine={"name": "full-posix", "op": "write", "errno": errno.ENOSPC, "after": 2})
+
+    Goes through the test-only native call ``pft_debug_inject``, whose Go doc comment
+    (gofastensor/debug.go) is the spec. Each call replaces what the previous one installed;
+    everything is removed when the test ends, whether it passed or not.
+    """
+    from pyfastensor import _lib
+
+    used = False
+
+    def install(**spec: object) -> None:
+        nonlocal used
+        used = True
+        _lib.call("pft_debug_inject", json.dumps(spec).encode())
+
+    yield install
+    if used:
+        _lib.call("pft_debug_inject", b"{}")
 
 
 def aligned_bytes(n: int, *, shift: int = 0, seed: int = 0):  # noqa: ANN201

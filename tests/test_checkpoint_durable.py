@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import signal
@@ -193,3 +194,69 @@ def test_whole_file_read_after_a_replacing_save_loads_the_new_file(tmp_path, mon
     calls = _replacing(monkeypatch, load_mod, "PageArena", path, new)  # measured, then replaced
     assert_same(pyfastensor.load(path, progress=False), new)
     assert calls
+
+
+# The full-disk and read-only cases above on any machine: the same saves, with the fault
+# injected where the kernel's would land (the ``inject`` fixture, tests/conftest.py).
+
+
+def test_full_disk_keeps_previous_checkpoint_injected(tmp_path, inject):
+    """test_full_disk_keeps_previous_checkpoint without a mount: the new file's reservation
+    fails with ENOSPC.
+
+    That is where the full tmpfs of the original fails too: a save reserves the whole file
+    (fallocate) before writing a byte (transfer/commit.go createTemp), so the first
+    ENOSPC is the reservation's. The injection fails that step in the commit FS, which a
+    save goes through whatever engine writes the records.
+    """
+    target = tmp_path / "ck.pt"
+    old = {"w": torch.arange(25_000, dtype=torch.float32)}
+    pyfastensor.save(old, target)
+    inject(commit={"op": "reserve", "errno": errno.ENOSPC})
+    with pytest.raises(NoSpaceError) as e:
+        pyfastensor.save({"w": torch.zeros(1_000_000)}, target)
+    assert str(target) in str(e.value)
+    assert isinstance(e.value, OSError)
+    assert e.value.errno == errno.ENOSPC
+    assert torch.equal(pyfastensor.load(target)["w"], old["w"])
+    assert temp_files(tmp_path) == []
+
+
+def test_disk_filling_up_during_the_writes_keeps_previous_checkpoint_injected(tmp_path, inject):
+    """A disk that fills up during the record writes, not at the reservation.
+
+    No mounted test reaches this path: tmpfs refuses the reservation first (the test
+    above). It is what a filesystem without fallocate gives (the reservation falls back to
+    a sparse length, transfer/commit.go reserve): the large record's write, through an
+    engine that writes half of it and then fails with ENOSPC, fails the save, the
+    temporary file is removed (transfer.Writer.Abort), the previous checkpoint stays.
+    """
+    target = tmp_path / "ck.pt"
+    old = {"w": torch.arange(25_000, dtype=torch.float32)}
+    pyfastensor.save(old, target)
+    inject(engine={"name": "full-posix", "base": "posix", "op": "write", "errno": errno.ENOSPC,
+                   "partial": True})
+    with pytest.raises(NoSpaceError) as e:
+        pyfastensor.save({"w": torch.zeros(1_000_000)}, target, engine="full-posix")
+    assert str(target) in str(e.value)
+    assert "partial write" in str(e.value), "the failing write moved bytes first"
+    assert torch.equal(pyfastensor.load(target)["w"], old["w"])
+    assert temp_files(tmp_path) == []
+
+
+def test_unwritable_directory_is_a_permission_error_injected(tmp_path, inject):
+    """test_unwritable_directory_is_a_permission_error without a mount: creating the
+    temporary file fails with EROFS, as it does in the tmpfs remounted read-only there.
+
+    Only saves see the injected fault (it is in the commit FS, the steps around a save's
+    writes); the directory itself stays writable to everything else. Loads read the old
+    file in both cases.
+    """
+    target = tmp_path / "ck.pt"
+    pyfastensor.save({"w": torch.ones(4)}, target)
+    inject(commit={"op": "create", "errno": errno.EROFS})
+    with pytest.raises(PermissionError) as e:
+        pyfastensor.save({"w": torch.zeros(4)}, target)
+    assert str(tmp_path) in str(e.value)
+    assert torch.equal(pyfastensor.load(target)["w"], torch.ones(4))
+    assert temp_files(tmp_path) == []

@@ -12,6 +12,7 @@ from conftest import aligned_bytes
 
 import pyfastensor
 from pyfastensor import _lib
+from pyfastensor import engines as engines_mod
 from pyfastensor.engines import ENGINES, EngineFile
 
 _ENGINE_INFO = pyfastensor.info(".")["engines"]
@@ -165,3 +166,79 @@ def test_threads_from_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("PYFASTENSOR_TASK_SIZE", "1M")
     with EngineFile(tmp_path / "f", "w") as f:
         assert f.write(os.urandom(5 << 20)) == 5 << 20
+
+
+# The full-filesystem and no-O_DIRECT cases above on any machine, with the fault injected
+# (the ``inject`` fixture, tests/conftest.py).
+
+
+def test_full_filesystem_raises_no_space_injected(tmp_path, inject, monkeypatch):
+    """test_full_filesystem_raises_no_space without a mount: each writer, wrapped so that
+    its writes move half their bytes and fail with ENOSPC, as the 1 MiB tmpfs does with
+    4 MiB. The wrapped engine is registered under a name of its own (``full-<engine>``),
+    which EngineFile is let accept.
+
+    What injection does not reach: ENOSPC arriving from the kernel inside an engine's own
+    parallel pieces, and each engine classifying it (gds/mount_test.go has that, where
+    mounting works). The wrapper fails the whole write and reports it as the engine that
+    serves the file, through the same classification and the same C boundary.
+    """
+    data = np.zeros(4 << 20, dtype=np.uint8)
+    for engine in WRITERS:
+        name = f"full-{engine}"
+        inject(engine={"name": name, "base": engine, "op": "write", "errno": errno.ENOSPC, "partial": True})
+        monkeypatch.setattr(engines_mod, "ENGINES", (*ENGINES, name))
+        path = tmp_path / engine
+        with EngineFile(path, "w", engine=name) as f:
+            with pytest.raises(OSError) as ei:
+                f.write(data)
+        assert isinstance(ei.value, pyfastensor.NoSpaceError)
+        assert ei.value.errno == errno.ENOSPC
+        assert str(path) in str(ei.value)
+        assert "partial write" in str(ei.value)
+        path.unlink()
+
+
+def test_filesystem_without_o_direct_falls_back_injected(tmp_path, inject):
+    """test_filesystem_without_o_direct_falls_back without a mount: every open with
+    O_DIRECT fails with EINVAL, as on ramfs (and tmpfs before Linux 6.6).
+
+    The directory is one this process has not probed yet: the probe is cached per
+    directory, so the injection shows in new directories only. What injection does not
+    reach: whatever else such a filesystem does differently (ramfs has no blocks at all);
+    the probe, the fallback and its reason are the same code.
+    """
+    inject(direct_open={"errno": errno.EINVAL})
+    dir_ = tmp_path / "no-o-direct"
+    dir_.mkdir()
+    info = pyfastensor.info(dir_)
+    assert info["dir"]["o_direct"] is False
+    assert "O_DIRECT" in info["dir"]["o_direct_reason"]
+    with EngineFile(dir_ / "f", "w", engine="direct") as f:
+        assert f.engine == "posix"
+        assert "does not support O_DIRECT" in f.fallback
+        f.write(b"hello")
+    assert (dir_ / "f").read_bytes() == b"hello"
+
+
+def test_inject_names_what_it_cannot_install(tmp_path, inject, monkeypatch):
+    """The test helper itself: a misspelt key, op or taken name is an error naming it, and a
+    failed call leaves nothing installed (not even what an earlier call installed)."""
+    with pytest.raises(pyfastensor.InvalidArgumentError, match='unknown field "comit"'):
+        inject(comit={"op": "reserve"})
+    with pytest.raises(pyfastensor.InvalidArgumentError, match='commit.op "fsync": expected one of create'):
+        inject(commit={"op": "fsync"})
+    with pytest.raises(pyfastensor.InvalidArgumentError, match='engine.op "pwrite"'):
+        inject(engine={"name": "x", "op": "pwrite"})
+    with pytest.raises(pyfastensor.InvalidArgumentError, match='engine "posix".*already registered'):
+        inject(engine={"name": "posix", "op": "write"})
+    monkeypatch.setattr(engines_mod, "ENGINES", (*ENGINES, "eio-posix"))
+    inject(engine={"name": "eio-posix", "op": "write", "after": 1})
+    with EngineFile(tmp_path / "f", "w", engine="eio-posix") as f:
+        f.write(b"first")
+        with pytest.raises(pyfastensor.FastensorError, match="injected: input/output error"):
+            f.write(b"second")
+    with pytest.raises(pyfastensor.InvalidArgumentError, match="direct_open.after -1"):
+        inject(direct_open={"after": -1})
+    with pytest.raises(pyfastensor.InvalidArgumentError, match="eio-posix"):
+        EngineFile(tmp_path / "f", "w", engine="eio-posix")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import gc
+import re
 import warnings
 
 import pytest
@@ -24,9 +26,10 @@ def test_missing_spill_dir_fails_at_entry(tmp_path):
 
 def test_read_only_spill_dir_fails_at_entry(mount_fs):
     ro = mount_fs("tmpfs", "ro,size=1m")
-    with pytest.raises(pyfastensor.FastensorError, match=f"{ro}.*spill_dir"):
+    with pytest.raises(pyfastensor.FastensorError, match=f"{ro}.*spill_dir") as e:
         with pyfastensor.offload(spill_dir=str(ro)):
             pass
+    assert isinstance(e.value, PermissionError), "a read-only directory is a permission problem"
 
 
 def test_bad_options_name_the_option():
@@ -167,3 +170,71 @@ def test_auto_tier_is_host_memory_on_tmpfs_and_ssd_on_disk(tmp_path, mount_fs):
         tiers[name] = (s.tier, set(s.bytes_offloaded))
         off.close()
     assert tiers == {"disk": ("ssd", {"ssd"}), "tmpfs": ("host", {"host"})}
+
+
+# The read-only and full-disk cases above on any machine, with the fault injected (the
+# ``inject`` fixture, tests/conftest.py). The spill store's engine is forced to the faulty
+# one (engine=...), where the originals let the dictionaries pick among posix, direct and
+# uring: every write goes through it, so the fault lands on the writes the store makes.
+
+# A spill engine whose first two writes go through and whose later ones write half their
+# bytes and fail with ENOSPC, as the 1 MiB tmpfs of the originals fills up after about a
+# megabyte of activations (the MLP's are 256 KiB to 512 KiB each).
+FILLS_UP = {"name": "full-posix", "base": "posix", "op": "write", "errno": errno.ENOSPC,
+            "after": 2, "partial": True}
+
+
+def test_read_only_spill_dir_fails_at_entry_injected(tmp_path, inject):
+    """test_read_only_spill_dir_fails_at_entry without a mount, as far as injection reaches.
+
+    Not the same failure. On the read-only tmpfs the spill file's O_TMPFILE open fails
+    (hooks/spill.go openSpill calls open(2) itself, through neither an engine nor the
+    commit FS), and that error comes with the hint to set spill_dir: injection cannot
+    reach that open. What it reaches is the next step, the spill engine's open of the new
+    file, failed here with EROFS: entry still fails, with the directory named, and leaves
+    no handle and no file. The spill_dir hint is not asserted: that error does not carry it.
+    """
+    inject(engine={"name": "ro-posix", "base": "posix", "op": "open", "errno": errno.EROFS})
+    with pytest.raises(pyfastensor.FastensorError, match=re.escape(str(tmp_path))) as e:
+        with pyfastensor.offload(spill_dir=str(tmp_path), engine="ro-posix"):
+            pass
+    assert isinstance(e.value, PermissionError), "EROFS is a permission problem"
+    assert open_handles() == 0
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_full_disk_warns_once_and_trains_correctly_injected(tmp_path, inject):
+    """test_full_disk_warns_once_and_trains_correctly without a mount: the spill engine's
+    writes fail with ENOSPC after the first two (FILLS_UP), half written, as on a small
+    filesystem filling up. The failed slots' tensors must come from memory, not from the
+    half-written file: the gradients equal a run without offload."""
+    inject(engine=FILLS_UP)
+    model, batch_of = inputs("mlp", batch=256)
+    want = train(model, batch_of, steps=2)
+    off = pyfastensor.offload(spill_dir=str(tmp_path), min_size=16 << 10, engine="full-posix")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = train(model, batch_of, steps=2, ctx=lambda: off)
+    full = [w for w in caught if "spill filesystem is full" in str(w.message)]
+    assert len(full) == 1
+    assert "no space left on device" in str(full[0].message)
+    assert off.summary().full_disk_events > 0
+    for a, b in zip(want, got, strict=True):
+        for x, y in zip(a, b, strict=True):
+            assert torch.equal(x, y)
+    off.close()
+    assert open_handles() == 0
+    assert list(tmp_path.iterdir()) == [], "the spill file is gone with the store"
+
+
+def test_full_disk_raises_on_request_injected(tmp_path, inject):
+    """test_full_disk_raises_on_request without a mount (FILLS_UP as above)."""
+    inject(engine=FILLS_UP)
+    model, batch_of = inputs("mlp", batch=256)
+    off = pyfastensor.offload(spill_dir=str(tmp_path), min_size=16 << 10, on_full="raise",
+                              engine="full-posix")
+    with pytest.raises(pyfastensor.NoSpaceError, match="on_full='warn'"):
+        train(model, batch_of, steps=1, ctx=lambda: off)
+    gc.collect()
+    assert open_handles() == 0
+    assert list(tmp_path.iterdir()) == []
