@@ -210,3 +210,50 @@ def handle_count() -> int:
 def cstr(s: str | os.PathLike[str] | None) -> bytes | None:
     """Encode a str or path for a ``char *`` argument (None stays NULL)."""
     return None if s is None else os.fsencode(s)
+
+
+class Handle:
+    """Base of the Python objects that own a Go object through a handle.
+
+    Subclasses name the native function that releases it (``_close_fn``)
+    and store the handle in ``self._handle`` once the native call that made
+    it returned. The handle is released once: by :meth:`close`, at the end
+    of a ``with`` block, or when the object is collected (never in a forked
+    child, which cannot call in).
+    """
+
+    _close_fn = ""
+    _handle = 0
+
+    def __init__(self) -> None:
+        self._handle = 0
+        self._lock = threading.Lock()
+
+    def _closed_message(self) -> str:
+        return f"{type(self).__name__} is closed"
+
+    def _live(self) -> int:
+        """The handle, or ``ValueError`` once closed."""
+        if not self._handle:
+            raise ValueError(self._closed_message())
+        return self._handle
+
+    def close(self) -> None:
+        """Release the native object (idempotent)."""
+        with self._lock:
+            h, self._handle = self._handle, 0
+        if h:
+            call(self._close_fn, h)
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if getattr(self, "_handle", 0) and loaded() and not _forked:
+            try:
+                self.close()
+            except Exception:
+                pass

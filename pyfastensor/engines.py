@@ -12,7 +12,6 @@ from __future__ import annotations
 import ctypes
 import json
 import os
-from types import TracebackType
 from typing import Any
 
 from . import _lib, config
@@ -28,7 +27,7 @@ _MODES = {
 }
 
 
-class EngineFile:
+class EngineFile(_lib.Handle):
     """A file opened through one I/O engine.
 
     Transfers release the GIL and may be issued from several threads at once
@@ -54,6 +53,8 @@ class EngineFile:
         4000
     """
 
+    _close_fn = "pft_file_close"
+
     def __init__(
         self,
         path: str | os.PathLike[str],
@@ -68,8 +69,8 @@ class EngineFile:
             raise ValueError(f"mode {mode!r}: expected one of {', '.join(_MODES)}")
         if engine not in ENGINES:
             raise ValueError(f"engine {engine!r}: expected one of {', '.join(ENGINES)}")
+        super().__init__()
         self.path = os.fspath(path)
-        self._handle = 0
         out = _lib.u64()
         _lib.call(
             "pft_file_open", engine.encode(), _lib.cstr(self.path), _MODES[mode], 0o644,
@@ -127,34 +128,11 @@ class EngineFile:
         """Set the file's length."""
         _lib.call("pft_file_truncate", self._live(), size)
 
-    def close(self) -> None:
-        """Close the file; closing twice is allowed."""
-        if self._handle:
-            h, self._handle = self._handle, 0
-            _lib.call("pft_file_close", h)
-
-    def _live(self) -> int:
-        if not self._handle:
-            raise ValueError(f"I/O operation on closed file {self.path!r}")
-        return self._handle
+    def _closed_message(self) -> str:
+        return f"I/O operation on closed file {self.path!r}"
 
     def __enter__(self) -> EngineFile:
         return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        if getattr(self, "_handle", 0) and _lib.loaded():
-            try:
-                self.close()
-            except Exception:
-                pass
 
     def __repr__(self) -> str:
         state = "closed" if not self._handle else self.engine

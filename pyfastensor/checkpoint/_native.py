@@ -10,7 +10,6 @@ from __future__ import annotations
 import ctypes
 import json
 import os
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -172,7 +171,7 @@ def write_safetensors(
     return json.loads(_lib.take_string(out))
 
 
-class SafetensorsFile:
+class SafetensorsFile(_lib.Handle):
     """A safetensors file opened by the Go core, its header validated (checkpoint/safetensors.go).
 
     The file stays open until :meth:`close`: read the tensors from :attr:`source`, which
@@ -182,10 +181,11 @@ class SafetensorsFile:
         CorruptFileError: the header is malformed or inconsistent, or the file is truncated.
     """
 
+    _close_fn = "pft_safetensors_close"
+
     def __init__(self, path: str | os.PathLike[str]) -> None:
+        super().__init__()
         self.path = os.fspath(path)
-        self._handle = 0
-        self._lock = threading.Lock()
         handle = _lib.u64()
         out = ctypes.c_void_p()
         _lib.call("pft_safetensors_open", _lib.cstr(self.path), ctypes.byref(handle), ctypes.byref(out))
@@ -199,25 +199,8 @@ class SafetensorsFile:
         #: A name that opens the file parsed, while it is open (:func:`same_file`).
         self.source = same_file(desc.get("fd", -1), self.path)
 
-    def close(self) -> None:
-        """Release the native handle and the file (idempotent)."""
-        with self._lock:
-            h, self._handle = self._handle, 0
-        if h:
-            _lib.call("pft_safetensors_close", h)
-
-    def __enter__(self) -> SafetensorsFile:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        if getattr(self, "_handle", 0) and _lib.loaded():
-            try:
-                self.close()
-            except Exception:
-                pass
+    def _closed_message(self) -> str:
+        return f"safetensors file {self.path!r} is closed"
 
 
 def same_file(fd: int, path: str) -> str:
@@ -238,7 +221,7 @@ def plan_load(path: str, *, mapped: bool, chosen: bool) -> dict[str, Any]:
     return json.loads(_lib.take_string(out))
 
 
-class Archive:
+class Archive(_lib.Handle):
     """An archive opened by the Go core, its central directory validated.
 
     The file stays open until :meth:`close`: reads go to the file that was
@@ -265,13 +248,15 @@ class Archive:
             descriptor fails a check, or the file is truncated.
     """
 
+    _close_fn = "pft_ckpt_close"
+
     def __init__(
         self, path: str | os.PathLike[str], whole: tuple[int, int] | None = None, *, verify: bool = True,
         engine: str | None = None, counter: ctypes.c_int64 | None = None, for_load: bool = False,
         resident: float = -1.0,
     ) -> None:
+        super().__init__()
         self.path = os.fspath(path)
-        self._handle = 0
         handle = _lib.u64()
         out = ctypes.c_void_p()
         if whole is None:
@@ -294,7 +279,6 @@ class Archive:
             for e in desc["entries"] or []
         ]
         self.index: dict[str, int] = {e.name: i for i, e in enumerate(self.entries)}
-        self._lock = threading.Lock()
 
     def read(
         self,
@@ -347,27 +331,5 @@ class Archive:
         self.read([(i, ctypes.addressof(buf), self.entries[i].size)], verify=verify)
         return buf.raw[: self.entries[i].size]
 
-    def _live(self) -> int:
-        if not self._handle:
-            raise ValueError(f"archive {self.path!r} is closed")
-        return self._handle
-
-    def close(self) -> None:
-        """Release the native handle (idempotent)."""
-        with self._lock:
-            h, self._handle = self._handle, 0
-        if h:
-            _lib.call("pft_ckpt_close", h)
-
-    def __enter__(self) -> Archive:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        if getattr(self, "_handle", 0) and _lib.loaded():
-            try:
-                self.close()
-            except Exception:
-                pass
+    def _closed_message(self) -> str:
+        return f"archive {self.path!r} is closed"
