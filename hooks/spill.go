@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"slices"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -36,7 +35,11 @@ type spillFile struct {
 	anchor int // a plain descriptor that keeps the inode alive
 	files  *transfer.Files
 	picker Picker
-	slots  allocator
+	// opened are the engines the file is open through (the picker's
+	// Engines when the store opened); fallback serves a name outside them.
+	opened   map[string]bool
+	fallback string
+	slots    allocator
 
 	// growMu orders growth against transfers: transfers hold it shared,
 	// growth exclusively (gds.File forbids Truncate during transfers).
@@ -96,8 +99,13 @@ func openSpill(dir string, pick func() Picker, opts gds.Options) (_ *spillFile, 
 
 	s.picker = pick()
 	s.files = transfer.NewFiles(path, os.O_RDWR, opts, nil)
-	if err := s.files.Open(s.picker.Engines()...); err != nil {
+	engines := s.picker.Engines()
+	if err := s.files.Open(engines...); err != nil {
 		return nil, fmt.Errorf("spill file in %s: %w", dir, err)
+	}
+	s.opened, s.fallback = map[string]bool{}, engines[0]
+	for _, e := range engines {
+		s.opened[e] = true
 	}
 	return s, nil
 }
@@ -106,10 +114,10 @@ func openSpill(dir string, pick func() Picker, opts gds.Options) (_ *spillFile, 
 // for a name it does not know (the store opened only those).
 func (s *spillFile) engine(op Op, n int64) string {
 	name := s.picker.Engine(op, n)
-	if slices.Contains(s.picker.Engines(), name) {
+	if s.opened[name] {
 		return name
 	}
-	return s.picker.Engines()[0]
+	return s.fallback
 }
 
 func (s *spillFile) alloc(n int64) (extent, error) {
