@@ -274,6 +274,3 @@ func commit(fsys FS, tmp, target string, durable bool) error {
 	}
 	return gds.Classify(fsys.SyncDir(filepath.Dir(target)))
 }
-
-// dirOfAbs is the directory of an absolute path.
-func dirOfAbs(path string) string { return filepath.Dir(path) }

@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -248,7 +249,7 @@ func Create(path string, size int64, durable bool, fsys FS, o Options) (*Writer,
 		return nil, err
 	}
 	if o.Chooser == nil {
-		o.Chooser = Default(dirOfAbs(target))
+		o.Chooser = Default(filepath.Dir(target))
 	}
 	CleanStale(target)
 	tmp, err := createTemp(fsys, target, size)
@@ -258,9 +259,6 @@ func Create(path string, size int64, durable bool, fsys FS, o Options) (*Writer,
 	return &Writer{target: target, tmp: tmp, durable: durable, o: o, fs: fsys,
 		files: NewFiles(tmp, os.O_RDWR, o.Engine, o.Progress), start: time.Now()}, nil
 }
-
-// Temp is the temporary file's path.
-func (w *Writer) Temp() string { return w.tmp }
 
 // Write writes the extents, in parallel pieces, each through its engine,
 // one engine after the other and posix last. Extents packed without
