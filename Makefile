@@ -45,6 +45,7 @@ test-fuzz:
 	$(call fuzz,FuzzOpenArchive,checkpoint)
 	$(call fuzz,FuzzParseSafetensorsHeader,checkpoint)
 	$(call fuzz,FuzzAllocator,hooks)
+	$(call fuzz,FuzzParseIndex,loader)
 
 test-py:
 	$(PY) -m pytest -q

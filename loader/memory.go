@@ -1,0 +1,118 @@
+package loader
+
+import (
+	"fmt"
+)
+
+// The abstract memory (the paper's section 3.2), sized from a byte budget.
+//
+// Consecutive chunks form groups of G chunks (the last group may have
+// fewer); each group maps to one abstract chunk of N slots, N the chunk
+// size: slot k holds at most one sample, the k-th of one of the group's
+// chunks. Memory is taken as samples land and given back as they are
+// delivered, so a slot's share of the budget is the largest sample any of
+// the group's chunks has at that slot; an abstract chunk's share is the sum
+// over its slots (SlotBytes sums them over all abstract chunks). The rest
+// of the budget is for chunk files being read (ReadBytes), each read
+// taking its chunk file's length until its samples are copied out; it must
+// hold the largest chunk file.
+//
+// G is the least that fits: more abstract chunks mean more samples in
+// memory at once, each request served by a sample drawn from fewer chunks
+// (the least G, one, serves every request with the very sample asked for,
+// all the data in memory by the end of the epoch). The greatest, every
+// chunk in one group, is the least memory a pack can be served from:
+// MinBudget.
+
+// Layout is how a server maps a pack onto its abstract memory.
+type Layout struct {
+	Samples        int   `json:"samples"`
+	ChunkSize      int   `json:"chunk_size"` // N: the slots of an abstract chunk
+	Chunks         int   `json:"chunks"`
+	ChunksPerGroup int   `json:"chunks_per_group"` // G
+	AbstractChunks int   `json:"abstract_chunks"`  // the groups: ceil(Chunks / G)
+	Budget         int64 `json:"budget"`
+	SlotBytes      int64 `json:"slot_bytes"`      // the slots' share of the budget
+	ReadBytes      int64 `json:"read_bytes"`      // the reads' share: Budget - SlotBytes
+	MaxChunkBytes  int64 `json:"max_chunk_bytes"` // the largest chunk file
+	MinBudget      int64 `json:"min_budget"`      // the least budget this pack can be served from
+	// Owned lists the abstract chunks this server owns: all of them on
+	// one node; a distributed server would own a disjoint share and send
+	// requests for the others to their owners.
+	Owned []int `json:"owned"`
+}
+
+// PlanLayout sizes the abstract memory of a server of ix within budget
+// bytes: the least G whose SlotBytes and the largest chunk file fit. A
+// budget below MinBudget is an error wrapping ErrBudget that names both
+// and the chunk size in bytes.
+func PlanLayout(ix *Index, budget int64) (Layout, error) {
+	l := Layout{Samples: len(ix.Samples), ChunkSize: ix.ChunkSize, Chunks: len(ix.Chunks), Budget: budget}
+	var total int64
+	for _, c := range ix.Chunks {
+		l.MaxChunkBytes = max(l.MaxChunkBytes, c.Length)
+		total += c.DataLength
+	}
+	one := slotBytes(ix, l.Chunks)
+	l.MinBudget = one + l.MaxChunkBytes
+	if budget < l.MinBudget {
+		return Layout{}, fmt.Errorf("loader: %w: a budget of %d bytes is below the %d bytes this pack needs at the least: "+
+			"one abstract chunk of %d slots (%d bytes: each slot's largest sample) and one chunk read in flight (the largest chunk file, %d bytes)",
+			ErrBudget, budget, l.MinBudget, ix.ChunkSize, one, l.MaxChunkBytes)
+	}
+	avail := budget - l.MaxChunkBytes
+	// slotBytes(G) >= total/G (a slot's largest sample is at least the
+	// group's average there), so no G below ceil(total/avail) fits: the
+	// search starts there. hi always fits; lo never does (or is 0).
+	lo, hi := 0, l.Chunks
+	if avail > 0 {
+		lo = int(min(int64(l.Chunks), (total+avail-1)/avail)) - 1
+		lo = max(lo, 0)
+	}
+	for hi-lo > 1 {
+		mid := lo + (hi-lo)/2
+		if slotBytes(ix, mid) <= avail {
+			hi = mid
+		} else {
+			lo = mid
+		}
+	}
+	l.ChunksPerGroup = hi
+	l.AbstractChunks = (l.Chunks + hi - 1) / hi
+	l.SlotBytes = slotBytes(ix, hi)
+	l.ReadBytes = budget - l.SlotBytes
+	l.Owned = make([]int, l.AbstractChunks)
+	for g := range l.Owned {
+		l.Owned[g] = g
+	}
+	return l, nil
+}
+
+// slotBytes is the memory the slots of abstract chunks of groups of g
+// chunks take at most: for each group, the sum over slots of the largest
+// sample the group's chunks have there.
+func slotBytes(ix *Index, g int) int64 {
+	n := ix.ChunkSize
+	largest := make([]int64, n)
+	var total int64
+	for lo := 0; lo < len(ix.Chunks); lo += g {
+		clear(largest)
+		for c := lo; c < min(lo+g, len(ix.Chunks)); c++ {
+			for k := range ix.Chunks[c].Samples {
+				largest[k] = max(largest[k], ix.Samples[c*n+k].Length)
+			}
+		}
+		for _, v := range largest {
+			total += v
+		}
+	}
+	return total
+}
+
+// group is the abstract chunk chunk c maps to.
+func (l *Layout) group(c int) int { return c / l.ChunksPerGroup }
+
+// groupChunks is the chunks [lo, hi) of group g.
+func (l *Layout) groupChunks(g int) (lo, hi int) {
+	return g * l.ChunksPerGroup, min((g+1)*l.ChunksPerGroup, l.Chunks)
+}

@@ -1,0 +1,172 @@
+package loader
+
+import (
+	"bytes"
+	"math/bits"
+)
+
+// The local protocol (the paper's section 3.3), on the server's state,
+// under its lock. Decisions are bookkeeping only, made in request order:
+// which sample a request gets, which chunk refills an abstract chunk and
+// which of its samples land in which slots. The bytes follow: a refill is
+// a fill, whose chunk read runs outside the lock (server.go); a request
+// given a sample whose fill has not landed yet waits for it. So the
+// delivered order is a function of (seed, epoch, request sequence) alone,
+// whatever the reads' timing.
+
+// fill is one refill of an abstract chunk with chunk's samples.
+type fill struct {
+	chunk   int
+	samples []int         // the positions it fills, in slot order
+	started bool          // a caller has taken on its read
+	landed  bool          // the read finished (err says how)
+	err     error         // the read failed: every sample of the fill fails with it
+	bad     map[int]error // a sample whose CRC-32 failed, by position
+	done    chan struct{} // closed when landed
+	// out holds the bytes of samples requests took before the fill
+	// landed: a key (with a nil value) for each such request until then.
+	out map[int][]byte
+}
+
+func newFill(chunk int) *fill {
+	return &fill{chunk: chunk, done: make(chan struct{}), out: map[int][]byte{}}
+}
+
+// ticket is one request's answer: the position of the sample it gets, and
+// either its bytes (ready) or the fill to wait for.
+type ticket struct {
+	req   int
+	pos   int
+	f     *fill
+	data  []byte
+	ready bool
+	err   error
+}
+
+// assign answers the request for position i (admitted: its slot has an
+// undelivered sample), refilling the abstract chunk when i's slot is
+// empty, and invalidates the slot.
+func (s *Server) assign(i int) ticket {
+	n := s.lay.ChunkSize
+	c, j := i/n, i%n
+	g := s.lay.group(c)
+	x := g*n + j
+	if s.slotChunk[x] < 0 {
+		s.refill(g, s.choose(g, j))
+	}
+	f := s.slotFill[x]
+	pos := s.slotChunk[x]*n + j
+	t := ticket{req: i, pos: pos, f: f}
+	switch {
+	case f.landed && f.err == nil && f.bad[pos] == nil:
+		t.data, t.ready = s.slotData[x], true
+		s.held -= int64(len(t.data))
+	case f.landed:
+		t.err = cmpErr(f.err, f.bad[pos])
+	default:
+		f.out[pos] = nil
+	}
+	s.slotChunk[x], s.slotFill[x], s.slotData[x] = -1, nil, nil
+	s.empty[g*s.words:].set(j)
+	s.delivered.set(pos)
+	s.nDelivered++
+	s.left[x]--
+	s.stats.Served++
+	s.stats.BytesDelivered += s.ix.Samples[pos].Length
+	return t
+}
+
+// choose picks the chunk that refills group g for a request at slot j:
+// among the group's chunks whose sample at j was not filled this epoch,
+// the one that fills the most empty slots (the paper's fill rate: the
+// highest fills the most and wastes the least of its read), ties broken
+// by the epoch's tie-break stream. The caller has checked that one
+// exists.
+func (s *Server) choose(g, j int) int {
+	w := s.words
+	empty := s.empty[g*w : (g+1)*w]
+	lo, hi := s.lay.groupChunks(g)
+	best := -1
+	s.ties = s.ties[:0]
+	for c := lo; c < hi; c++ {
+		unfilled := s.unfilled[c*w : (c+1)*w]
+		if !unfilled.has(j) {
+			continue
+		}
+		fillable := 0
+		for k := range unfilled {
+			fillable += bits.OnesCount64(unfilled[k] & empty[k])
+		}
+		switch {
+		case fillable > best:
+			best, s.ties = fillable, append(s.ties[:0], c)
+		case fillable == best:
+			s.ties = append(s.ties, c)
+		}
+	}
+	if len(s.ties) == 1 {
+		return s.ties[0]
+	}
+	return s.ties[s.tie.uniform(uint64(len(s.ties)))]
+}
+
+// refill fills every empty slot of group g whose sample in chunk c was not
+// filled this epoch with that sample (a valid slot is never touched:
+// never evict a sample not yet consumed), as a new fill.
+func (s *Server) refill(g, c int) *fill {
+	n, w := s.lay.ChunkSize, s.words
+	empty, unfilled := s.empty[g*w:(g+1)*w], s.unfilled[c*w:(c+1)*w]
+	f := newFill(c)
+	for k := range s.ix.Chunks[c].Samples {
+		if !empty.has(k) || !unfilled.has(k) {
+			continue
+		}
+		x := g*n + k
+		s.slotChunk[x], s.slotFill[x], s.slotData[x] = c, f, nil
+		empty.unset(k)
+		unfilled.unset(k)
+		f.samples = append(f.samples, c*n+k)
+	}
+	return f
+}
+
+// land distributes a fill's chunk bytes (buf, or the error that took
+// them): each sample a request took goes to the fill's out, each still in
+// its slot to the slot, but the damaged ones (bad), which fail the
+// requests that take them. A sample whose slot was reset since (SetEpoch,
+// Restore) is dropped.
+func (s *Server) land(f *fill, buf []byte, err error, bad map[int]error) {
+	f.landed, f.bad = true, bad
+	if buf != nil {
+		s.stats.ChunkReads++
+		s.stats.BytesRead += int64(len(buf))
+	}
+	if err != nil {
+		f.err = err
+		close(f.done)
+		return
+	}
+	n := s.lay.ChunkSize
+	var useful int64
+	for _, pos := range f.samples {
+		e := &s.ix.Samples[pos]
+		if bad[pos] != nil {
+			continue
+		}
+		data := buf[e.Offset : e.Offset+e.Length]
+		if _, taken := f.out[pos]; taken {
+			f.out[pos] = bytes.Clone(data)
+			useful += e.Length
+			continue
+		}
+		x := s.lay.group(f.chunk)*n + pos%n
+		if s.slotFill[x] == f {
+			s.slotData[x] = bytes.Clone(data)
+			s.held += e.Length
+			useful += e.Length
+		}
+	}
+	s.stats.WastedBytes += int64(len(buf)) - useful
+	s.notePeak()
+	close(f.done)
+}
