@@ -31,10 +31,13 @@ import (
 // of the process that wrote it, and the next save to the same target
 // removes those whose process is gone. Loads never look at them.
 //
-// Durable=false skips steps 2 and 4: the rename still makes the switch
-// atomic for readers, but a power loss may lose the new file (never tear
-// the one under the target name: the rename is the only step that touches
-// it).
+// Durable=false skips steps 2 and 4, as torch.save and safetensors do: the
+// rename still makes the switch atomic for readers, and a power loss on a
+// filesystem that keeps only what was synced loses the new file and keeps
+// the old. A filesystem that may commit the rename before the data it
+// points to (a metadata journal without ordered data) may then show the
+// target empty or partial; only durable=true rules that out
+// (crash_test.go checks both models).
 //
 // Every step goes through an FS, so that tests inject faults (a full disk
 // at the reservation, a read-only directory, a failing fsync) and crashes
