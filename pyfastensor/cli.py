@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 from .bench import add_parsers as add_bench
 from .checkpoint_cli import add_parser as add_ckpt
+from .data_cli import add_parser as add_data
 from .demo import add_parser as add_demo
 from .dictionary import add_parser as add_dict
 
@@ -78,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="benchmarks against peers and the disk's own limit")
     add_bench(bench.add_subparsers(dest="bench", metavar="BENCH", required=True))
     add_ckpt(sub)
+    add_data(sub)
     add_dict(sub)
     return parser
 

@@ -50,7 +50,8 @@ class EngineUnavailableError(FastensorError):
 
 
 class UnsupportedError(FastensorError):
-    """The engine does not do this operation (writing through ``mmap``)."""
+    """Something this build does not do: an engine operation (writing through ``mmap``), a
+    file from a newer format version, a training-data pack used from a DataLoader worker."""
 
 
 class CorruptFileError(FastensorError):

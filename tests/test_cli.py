@@ -20,7 +20,7 @@ import pytest
 import pyfastensor
 from pyfastensor.cli import build_parser
 
-SUBCOMMANDS = ("info", "demo", "bench", "ckpt", "dict")
+SUBCOMMANDS = ("info", "demo", "bench", "ckpt", "data", "dict")
 
 
 def _subcommands(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
@@ -93,7 +93,7 @@ def test_every_subcommand_is_covered():
     names = {path[0] for path in ALL}
     assert names == set(SUBCOMMANDS)
     assert {("bench", "io"), ("bench", "checkpoint"), ("bench", "offload"), ("bench", "dict"),
-            ("ckpt", "ls"), ("ckpt", "verify")} <= set(ALL)
+            ("ckpt", "ls"), ("ckpt", "verify"), ("data", "pack"), ("data", "verify")} <= set(ALL)
 
 
 @pytest.mark.parametrize("path", ALL, ids=[" ".join(p) for p in ALL])

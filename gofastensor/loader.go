@@ -1,0 +1,350 @@
+package main
+
+/*
+#include <stddef.h>
+#include <stdint.h>
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/pyfastensor/pyfastensor/gds"
+	"github.com/pyfastensor/pyfastensor/loader"
+)
+
+// The training-data loader (loader/, Brand) behind pyfastensor.data: pack
+// and verify a directory, and a server over an opened pack as a handle.
+//
+// A batch crosses in two calls. pft_loader_get serves the requests (one
+// GetBatch: the samples are delivered, and invalidated in the abstract
+// memory, by that call) and writes each sample's position, source, label
+// and length into the caller's int64 array, keeping the bytes under a
+// ticket; Python allocates one tensor per sample from the lengths, and
+// pft_loader_take copies each sample into its tensor and drops the ticket.
+// The delivered sample is generally not the one asked for, so its length
+// cannot be known before the first call; two calls cost one copy per byte
+// (Go's sample buffer into the tensor) where one C-allocated buffer would
+// cost two (into the buffer, then into a tensor that owns its memory, since
+// torch cannot free malloc'd memory when a tensor dies).
+//
+// A ticket's bytes are outside the server's budget (they are the caller's,
+// delivered); Python takes every ticket it gets before its call returns.
+
+// loaderStatus gives the loader's named errors the status the C boundary
+// reports (statusOf), keeping the message: a corrupt pack stCorrupt, a pack
+// of a newer format stUnsupported (this build does not read it), a bad
+// budget, request sequence, state or output directory stInvalid. I/O errors
+// keep their own (a source file missing is stNotFound).
+func loaderStatus(err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, loader.ErrCorrupt):
+		return &corruptErr{err}
+	case errors.Is(err, loader.ErrVersion):
+		return &statusErr{gds.ErrUnsupported, err}
+	case errors.Is(err, loader.ErrBudget), errors.Is(err, loader.ErrNotPermutation),
+		errors.Is(err, loader.ErrEpochDone), errors.Is(err, loader.ErrState),
+		errors.Is(err, loader.ErrNotOurs), errors.Is(err, loader.ErrNotOwned):
+		return &statusErr{gds.ErrInvalid, err}
+	}
+	return err
+}
+
+// statusErr is err reported with kind's status.
+type statusErr struct{ kind, err error }
+
+func (e *statusErr) Error() string   { return e.err.Error() }
+func (e *statusErr) Unwrap() []error { return []error{e.kind, e.err} }
+
+// progressPair keeps the caller's two counters at (done, total); another
+// thread may poll them during the call.
+func progressPair(p *C.int64_t) func(done, total int64) {
+	if p == nil {
+		return nil
+	}
+	pair := unsafe.Slice((*int64)(unsafe.Pointer(p)), 2)
+	return func(done, total int64) {
+		atomic.StoreInt64(&pair[1], total)
+		atomic.StoreInt64(&pair[0], done)
+	}
+}
+
+// packSummary describes an opened pack without its index (which holds a
+// record per sample).
+type packSummary struct {
+	Dir       string         `json:"dir"`
+	Version   uint32         `json:"version"`
+	Samples   int            `json:"samples"`
+	Chunks    int            `json:"chunks"`
+	ChunkSize int            `json:"chunk_size"`
+	Seed      uint64         `json:"seed"` // of the pack's shuffle
+	Classes   []string       `json:"classes"`
+	DataBytes int64          `json:"data_bytes"`
+	FileBytes int64          `json:"file_bytes"`
+	Layout    *layoutSummary `json:"layout,omitempty"` // a server's; none for a pack alone
+}
+
+// layoutSummary is a server's layout without its list of owned abstract
+// chunks (every one, on one node).
+type layoutSummary struct {
+	loader.Layout
+	Owned []int `json:"owned,omitempty"` // nil: hides Layout.Owned
+}
+
+func summarize(p *loader.Packed, lay *loader.Layout) packSummary {
+	ix := p.Index
+	s := packSummary{Dir: p.Dir, Version: ix.Version, Samples: ix.Len(), Chunks: len(ix.Chunks),
+		ChunkSize: ix.ChunkSize, Seed: ix.Seed, Classes: ix.Classes}
+	for _, c := range ix.Chunks {
+		s.DataBytes += c.DataLength
+		s.FileBytes += c.Length
+	}
+	if lay != nil {
+		s.Layout = &layoutSummary{Layout: *lay}
+	}
+	return s
+}
+
+// pft_loader_pack packs the samples of spec (JSON, loader.PackSpec: samples
+// as {"path", "label"}, classes, chunk_size, seed) into the directory dir
+// (loader.Pack: resumes or restarts an interrupted pack of it). progress:
+// NULL, or two int64s kept at (samples packed, samples). out: the stats
+// (loader.PackStats), JSON.
+//
+//export pft_loader_pack
+func pft_loader_pack(spec, dir *C.char, progress *C.int64_t, out **C.char, errbuf *C.char, errlen C.size_t) C.int {
+	return call(errbuf, errlen, func() error {
+		var s loader.PackSpec
+		if spec == nil {
+			return fmt.Errorf("%w: pack: no spec", gds.ErrInvalid)
+		}
+		if err := parseJSON(spec, &s); err != nil {
+			return err
+		}
+		st, err := loader.Pack(s, C.GoString(dir), progressPair(progress))
+		if err != nil {
+			return loaderStatus(err)
+		}
+		return putJSON(out, st)
+	})
+}
+
+// pft_loader_verify re-reads every chunk file of the pack in dir and checks
+// it against the index (loader.VerifyPack): stCorrupt names the first
+// damaged chunk file and sample. progress: NULL, or two int64s kept at
+// (chunk bytes checked, chunk bytes). out: the pack's summary, JSON.
+//
+//export pft_loader_verify
+func pft_loader_verify(dir *C.char, progress *C.int64_t, out **C.char, errbuf *C.char, errlen C.size_t) C.int {
+	return call(errbuf, errlen, func() error {
+		path := C.GoString(dir)
+		if err := loader.VerifyPack(path, progressPair(progress)); err != nil {
+			return loaderStatus(err)
+		}
+		p, err := loader.OpenPack(path)
+		if err != nil {
+			return loaderStatus(err)
+		}
+		return putJSON(out, summarize(p, nil))
+	})
+}
+
+// loaderServer is a server's handle: the server and the batches got and
+// not yet taken, by ticket.
+type loaderServer struct {
+	srv *loader.Server
+
+	mu      sync.Mutex
+	next    uint64
+	tickets map[uint64][]loader.Sample
+}
+
+// pft_loader_open opens the pack in dir (loader.OpenPack) and a server of
+// it within budget bytes, its tie-breaks seeded by seed, at epoch 0.
+// handle: the server, for the calls below; out: the pack's summary and the
+// server's layout, JSON.
+//
+//export pft_loader_open
+func pft_loader_open(dir *C.char, budget C.int64_t, seed C.uint64_t, handle *C.uint64_t, out **C.char,
+	errbuf *C.char, errlen C.size_t) C.int {
+	return call(errbuf, errlen, func() error {
+		p, err := loader.OpenPack(C.GoString(dir))
+		if err != nil {
+			return loaderStatus(err)
+		}
+		srv, err := loader.NewServer(p, loader.ServerOptions{Budget: int64(budget), Seed: uint64(seed)})
+		if err != nil {
+			return loaderStatus(err)
+		}
+		lay := srv.Layout()
+		if err := putJSON(out, summarize(p, &lay)); err != nil {
+			return err
+		}
+		*handle = newHandle(&loaderServer{srv: srv, tickets: map[uint64][]loader.Sample{}})
+		return nil
+	})
+}
+
+// pft_loader_set_epoch starts epoch e (loader.Server.SetEpoch).
+//
+//export pft_loader_set_epoch
+func pft_loader_set_epoch(h C.uint64_t, e C.uint64_t, errbuf *C.char, errlen C.size_t) C.int {
+	return call(errbuf, errlen, func() error {
+		ls, err := lookup[*loaderServer](h)
+		if err != nil {
+			return err
+		}
+		return loaderStatus(ls.srv.SetEpoch(uint64(e)))
+	})
+}
+
+// loaderMetaFields is the int64s pft_loader_get writes per sample:
+// position (in the pack's index), source (index in the pack's spec),
+// label, length in bytes.
+const loaderMetaFields = 4
+
+// pft_loader_get serves n requests for the positions at indices
+// (loader.Server.GetBatch: all of them or none), writing
+// loaderMetaFields int64s per sample into meta (4n of them) and the
+// ticket of the batch's bytes into ticket, for pft_loader_take.
+//
+//export pft_loader_get
+func pft_loader_get(h C.uint64_t, n C.int64_t, indices *C.int64_t, meta *C.int64_t, ticket *C.uint64_t,
+	errbuf *C.char, errlen C.size_t) C.int {
+	return call(errbuf, errlen, func() error {
+		ls, err := lookup[*loaderServer](h)
+		if err != nil {
+			return err
+		}
+		if n < 0 || (n > 0 && (indices == nil || meta == nil)) || ticket == nil {
+			return fmt.Errorf("%w: %d requests with missing arrays", gds.ErrInvalid, n)
+		}
+		is := make([]int, n)
+		for k, v := range unsafe.Slice(indices, n) {
+			is[k] = int(v)
+		}
+		batch, err := ls.srv.GetBatch(is)
+		if err != nil {
+			return loaderStatus(err)
+		}
+		m := unsafe.Slice(meta, int(n)*loaderMetaFields)
+		for k, s := range batch {
+			f := m[k*loaderMetaFields:]
+			f[0], f[1], f[2], f[3] = C.int64_t(s.Position), C.int64_t(s.Source), C.int64_t(s.Label), C.int64_t(len(s.Data))
+		}
+		ls.mu.Lock()
+		defer ls.mu.Unlock()
+		ls.next++
+		ls.tickets[ls.next] = batch
+		*ticket = C.uint64_t(ls.next)
+		return nil
+	})
+}
+
+// pft_loader_take copies the n samples of a pft_loader_get batch into the
+// caller's memory at addrs (each the length get gave it; used during the
+// call only) and drops the ticket. addrs NULL drops the ticket and its
+// bytes, copying nothing.
+//
+//export pft_loader_take
+func pft_loader_take(h C.uint64_t, ticket C.uint64_t, n C.int64_t, addrs *unsafe.Pointer, errbuf *C.char, errlen C.size_t) C.int {
+	return call(errbuf, errlen, func() error {
+		ls, err := lookup[*loaderServer](h)
+		if err != nil {
+			return err
+		}
+		ls.mu.Lock()
+		batch, ok := ls.tickets[uint64(ticket)]
+		delete(ls.tickets, uint64(ticket))
+		ls.mu.Unlock()
+		switch {
+		case !ok:
+			return fmt.Errorf("%w: loader: no batch of ticket %d (taken already?)", gds.ErrInvalid, uint64(ticket))
+		case addrs == nil:
+			return nil
+		case int(n) != len(batch):
+			return fmt.Errorf("%w: loader: %d addresses for the %d samples of ticket %d", gds.ErrInvalid, n, len(batch), uint64(ticket))
+		}
+		for k, a := range unsafe.Slice(addrs, n) {
+			dst, err := memory(a, C.size_t(len(batch[k].Data)))
+			if err != nil {
+				return fmt.Errorf("loader: sample %d of ticket %d: %w", k, uint64(ticket), err)
+			}
+			copy(dst, batch[k].Data)
+		}
+		return nil
+	})
+}
+
+// pft_loader_state writes the server's state (loader.State), JSON, into
+// out: take it between batches.
+//
+//export pft_loader_state
+func pft_loader_state(h C.uint64_t, out **C.char, errbuf *C.char, errlen C.size_t) C.int {
+	return call(errbuf, errlen, func() error {
+		ls, err := lookup[*loaderServer](h)
+		if err != nil {
+			return err
+		}
+		st, err := ls.srv.State()
+		if err != nil {
+			return loaderStatus(err)
+		}
+		return putJSON(out, st)
+	})
+}
+
+// pft_loader_restore puts the server in the state (JSON, loader.State) a
+// server of the same pack and layout wrote (loader.Server.Restore).
+//
+//export pft_loader_restore
+func pft_loader_restore(h C.uint64_t, state *C.char, errbuf *C.char, errlen C.size_t) C.int {
+	return call(errbuf, errlen, func() error {
+		ls, err := lookup[*loaderServer](h)
+		if err != nil {
+			return err
+		}
+		if state == nil {
+			return fmt.Errorf("%w: loader: no state", gds.ErrInvalid)
+		}
+		var st loader.State
+		if err := parseJSON(state, &st); err != nil {
+			return err
+		}
+		return loaderStatus(ls.srv.Restore(st))
+	})
+}
+
+// pft_loader_stats writes the server's counters (loader.Stats), JSON,
+// into out.
+//
+//export pft_loader_stats
+func pft_loader_stats(h C.uint64_t, out **C.char, errbuf *C.char, errlen C.size_t) C.int {
+	return call(errbuf, errlen, func() error {
+		ls, err := lookup[*loaderServer](h)
+		if err != nil {
+			return err
+		}
+		return putJSON(out, ls.srv.Stats())
+	})
+}
+
+// pft_loader_close closes the server and releases its handle, with the
+// bytes of batches not taken.
+//
+//export pft_loader_close
+func pft_loader_close(h C.uint64_t, errbuf *C.char, errlen C.size_t) C.int {
+	return call(errbuf, errlen, func() error {
+		ls, err := release[*loaderServer](h)
+		if err != nil {
+			return err
+		}
+		return loaderStatus(ls.srv.Close())
+	})
+}

@@ -1,0 +1,25 @@
+"""Training data in chunks (Brand): :func:`pack` a dataset's files, read it with :class:`ChunkDataset`.
+
+A pack is a directory of chunk files (the samples, shuffled once and cut into
+chunks of N) and an index. :class:`ChunkDataset` serves it to torch's
+``DataLoader`` from a memory budget, reading whole chunks only, and delivers
+every sample exactly once per epoch in an order that is a function of
+(seed, epoch, request sequence); :func:`verify` re-checks every checksum.
+The Go core (``loader/``) does the work; this package lists the files and
+hands out tensors.
+
+:func:`pack` and :func:`verify` do not import torch; :class:`ChunkDataset`
+(which does) loads on first use.
+"""
+
+from .pack import pack, verify
+
+__all__ = ["ChunkDataset", "pack", "verify"]
+
+
+def __getattr__(name: str) -> object:
+    if name == "ChunkDataset":  # imports torch: on first use, as pyfastensor's own lazy names
+        from .dataset import ChunkDataset
+
+        return ChunkDataset
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

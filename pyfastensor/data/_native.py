@@ -1,0 +1,105 @@
+"""The training-data calls into the Go core (``gofastensor/loader.go`` over ``loader/``).
+
+Pack and verify a directory; a :class:`Server` owns one loader server (a
+Go handle) over an opened pack. Nothing here imports torch: a batch's
+bytes cross into memory the caller allocated, by address
+(:meth:`Server.take`), which the caller keeps alive during the call.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from .. import _lib
+
+_P = ctypes.POINTER
+_lib.register({
+    "pft_loader_pack": [_lib.c_char_p, _lib.c_char_p, _P(_lib.i64), _P(_lib.c_void_p)],
+    "pft_loader_verify": [_lib.c_char_p, _P(_lib.i64), _P(_lib.c_void_p)],
+    "pft_loader_open": [_lib.c_char_p, _lib.i64, _lib.u64, _P(_lib.u64), _P(_lib.c_void_p)],
+    "pft_loader_set_epoch": [_lib.u64, _lib.u64],
+    "pft_loader_get": [_lib.u64, _lib.i64, _P(_lib.i64), _P(_lib.i64), _P(_lib.u64)],
+    "pft_loader_take": [_lib.u64, _lib.u64, _lib.i64, _P(_lib.c_void_p)],
+    "pft_loader_state": [_lib.u64, _P(_lib.c_void_p)],
+    "pft_loader_restore": [_lib.u64, _lib.c_char_p],
+    "pft_loader_stats": [_lib.u64, _P(_lib.c_void_p)],
+    "pft_loader_close": [_lib.u64],
+})
+
+#: int64s pft_loader_get writes per sample: position, source, label, length.
+META_FIELDS = 4
+
+#: A progress pair the native call keeps at (done, total).
+Progress = ctypes.c_int64 * 2
+
+
+def pack(spec: dict[str, Any], out: str | os.PathLike[str], progress: Any = None) -> dict[str, Any]:
+    """Pack ``spec`` (``loader.PackSpec`` as a dict) into ``out``; return ``loader.PackStats``."""
+    res = ctypes.c_void_p()
+    _lib.call("pft_loader_pack", json.dumps(spec).encode(), _lib.cstr(out), progress, ctypes.byref(res))
+    return json.loads(_lib.take_string(res))
+
+
+def verify(out: str | os.PathLike[str], progress: Any = None) -> dict[str, Any]:
+    """Check every chunk of the pack in ``out``; return the pack's summary."""
+    res = ctypes.c_void_p()
+    _lib.call("pft_loader_verify", _lib.cstr(out), progress, ctypes.byref(res))
+    return json.loads(_lib.take_string(res))
+
+
+class Server(_lib.Handle):
+    """A loader server over the pack in a directory, within a memory budget.
+
+    ``summary`` is the pack's description and the server's layout (the
+    abstract memory sized from the budget), as ``pft_loader_open`` gave it.
+    """
+
+    _close_fn = "pft_loader_close"
+
+    def __init__(self, path: str | os.PathLike[str], budget: int, seed: int) -> None:
+        super().__init__()
+        h = _lib.u64()
+        out = ctypes.c_void_p()
+        _lib.call("pft_loader_open", _lib.cstr(path), budget, seed, ctypes.byref(h), ctypes.byref(out))
+        self._handle = h.value
+        self.summary: dict[str, Any] = json.loads(_lib.take_string(out))
+
+    def _closed_message(self) -> str:
+        return "the ChunkDataset's loader server is closed"
+
+    def set_epoch(self, epoch: int) -> None:
+        _lib.call("pft_loader_set_epoch", self._live(), epoch)
+
+    def get(self, indices: Sequence[int]) -> tuple[list[int], int]:
+        """Serve requests for ``indices``; return META_FIELDS ints per sample and the batch's ticket."""
+        n = len(indices)
+        idx = (ctypes.c_int64 * n)(*indices)
+        meta = (ctypes.c_int64 * (META_FIELDS * n))()
+        ticket = _lib.u64()
+        _lib.call("pft_loader_get", self._live(), n, idx, meta, ctypes.byref(ticket))
+        return meta[:], ticket.value
+
+    def take(self, ticket: int, addrs: Sequence[int] | None) -> None:
+        """Copy the ticket's samples to ``addrs`` (each its sample's length), or drop them (None)."""
+        if addrs is None:
+            _lib.call("pft_loader_take", self._live(), ticket, 0, None)
+            return
+        arr = (ctypes.c_void_p * len(addrs))(*[a or None for a in addrs])
+        _lib.call("pft_loader_take", self._live(), ticket, len(addrs), arr)
+
+    def state(self) -> dict[str, Any]:
+        out = ctypes.c_void_p()
+        _lib.call("pft_loader_state", self._live(), ctypes.byref(out))
+        return json.loads(_lib.take_string(out))
+
+    def restore(self, state: dict[str, Any]) -> None:
+        _lib.call("pft_loader_restore", self._live(), json.dumps(state).encode())
+
+    def stats(self) -> dict[str, Any]:
+        out = ctypes.c_void_p()
+        _lib.call("pft_loader_stats", self._live(), ctypes.byref(out))
+        return json.loads(_lib.take_string(out))

@@ -1,0 +1,318 @@
+"""``ChunkDataset``: a map-style dataset over a pack, served by the Go loader (Brand).
+
+The Go server (``loader/server.go``) owns the abstract memory and decides
+which sample answers each request; this class turns requests into one
+native call per batch and the answers into uint8 tensors.
+"""
+
+from __future__ import annotations
+
+import json
+import operator
+import os
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.utils.data
+
+from .. import config, errors
+from . import _native
+from .pack import _check_seed
+
+
+class ChunkDataset(torch.utils.data.Dataset):
+    """A map-style dataset over a pack (``python -m pyfastensor data pack``), read in whole chunks.
+
+    As in Brand (the paper's section 3.3), a request for index ``i`` is
+    answered by the sample currently in ``i``'s slot of its chunk group's
+    abstract chunk, which is then consumed: the sample returned is generally
+    not sample ``i``. Over an epoch whose requests are a permutation of
+    ``range(len(ds))`` (what any of torch's samplers asks for), every sample
+    is delivered exactly once. Chunks are read whole, on demand, into an
+    abstract memory of ``memory_budget`` bytes; a sample read is never dropped
+    before it is delivered. The order is a function of (seed, epoch, request
+    sequence), so :meth:`state_dict` taken mid-epoch and loaded into a new
+    dataset resumes the epoch.
+
+    Each item is ``(data, label)``, or ``(data, label, index)`` with
+    ``with_index=True``, where ``data`` is a 1-D ``torch.uint8`` tensor of the
+    sample's bytes (its file's contents) or what ``transform`` made of it,
+    ``label`` its class index (``classes[label]`` its name) and ``index`` its
+    position in the pack's index. Samples differ in length: give
+    ``DataLoader`` a ``transform`` that makes them one shape (decode and
+    resize) or a ``collate_fn`` that keeps a list.
+
+    ``DataLoader`` fetches a batch through :meth:`__getitems__`: one native
+    call, the chunk reads of the batch running in parallel in Go.
+
+    Lifetime: the native server opens on first use (not in the constructor,
+    which loads nothing) and closes with :meth:`close`, the end of a ``with``
+    block, or when the dataset is collected. A pickled copy carries the
+    arguments only and opens a server of its own.
+
+    Processes: use it with ``num_workers=0`` (the server reads chunks on its
+    own threads). Inside a DataLoader worker process it raises
+    :class:`~pyfastensor.errors.UnsupportedError`: one server per node must
+    own the memory budget and the epoch's delivered set, and a server per
+    worker would deliver every sample once per worker. Workers as clients of
+    the one server are not built yet.
+
+    Concurrency: the methods may be called from several threads; the
+    server orders concurrent batches as they reach it.
+
+    Args:
+        root: the pack's directory.
+        memory_budget: bytes (or a size such as ``"8G"``) for the samples held
+            and the chunks being read; at least the pack's minimum (one
+            abstract chunk and one chunk read: ``layout["min_budget"]``).
+            A larger budget holds more chunk groups, each request then drawing
+            from fewer chunks. Resuming needs a budget giving the same layout.
+        seed: the seed of the tie-breaks between chunks, with the epoch. Default: 0.
+        transform: called on each sample's uint8 tensor; its result is the item's
+            ``data``. Default: None (the bytes).
+        with_index: items are ``(data, label, index)``. Default: False.
+
+    Raises:
+        NotFoundError: ``root`` is not a directory.
+        InvalidArgumentError: ``memory_budget`` or ``seed`` is not a valid number.
+
+    Example::
+
+        >>> ds = pyfastensor.data.ChunkDataset("packed", memory_budget=8 << 30,
+        ...                                    transform=decode_and_resize)
+        >>> loader = torch.utils.data.DataLoader(ds, batch_size=256, shuffle=True)
+        >>> for epoch in range(epochs):
+        ...     ds.set_epoch(epoch)
+        ...     for images, labels in loader:
+        ...         ...
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        memory_budget: int | str,
+        seed: int = 0,
+        transform: Callable[[torch.Tensor], Any] | None = None,
+        with_index: bool = False,
+    ) -> None:
+        budget = config.parse_size(memory_budget) if isinstance(memory_budget, str) else memory_budget
+        if isinstance(budget, bool) or not isinstance(budget, int) or not 0 < budget < 1 << 63:
+            raise errors.InvalidArgumentError(
+                f"memory_budget={memory_budget!r}: expected a positive number of bytes (or a size such as '8G')")
+        _check_seed(seed)
+        if not os.path.isdir(root):
+            raise errors.NotFoundError(f"{root}: no such directory (a pack's, from `python -m pyfastensor data pack`)")
+        self.root = os.fspath(root)
+        self.memory_budget = budget
+        self.seed = seed
+        self.transform = transform
+        self.with_index = with_index
+        self._server: _native.Server | None = None
+        self._closed = False
+        self._lock = threading.Lock()
+
+    # The server: opened on first use, refused in a DataLoader worker.
+
+    def _live(self) -> _native.Server:
+        info = torch.utils.data.get_worker_info()
+        if info is not None:
+            raise errors.UnsupportedError(
+                f"ChunkDataset({self.root!r}) is used in DataLoader worker process {info.id} of "
+                f"{info.num_workers}: num_workers > 0 is not supported yet. One loader server per node "
+                "must own the memory budget and the epoch's record of delivered samples; a server "
+                "opened in each worker would deliver every sample once per worker. Use "
+                "DataLoader(..., num_workers=0): the server reads chunks on its own threads.")
+        with self._lock:
+            if self._closed:
+                raise ValueError(f"ChunkDataset({self.root!r}) is closed")
+            if self._server is None:
+                self._server = _native.Server(self.root, self.memory_budget, self.seed)
+            return self._server
+
+    def close(self) -> None:
+        """Close the native server and free its memory (idempotent); the dataset is unusable after."""
+        with self._lock:
+            server, self._server, self._closed = self._server, None, True
+        if server is not None:
+            server.close()
+
+    def __enter__(self) -> ChunkDataset:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_server"], state["_lock"] = None, None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    # What the pack holds.
+
+    def __len__(self) -> int:
+        """The number of samples in the pack (opening the server, as any first use does).
+
+        Raises:
+            CorruptFileError: the index is missing or damaged, or a chunk file is
+                missing or of another length than the index gives it (naming the file).
+            UnsupportedError: the pack is of a newer format version (naming the index);
+                or this is a DataLoader worker process.
+            InvalidArgumentError: ``memory_budget`` is below the pack's minimum (naming both).
+        """
+        return int(self._live().summary["samples"])
+
+    @property
+    def classes(self) -> list[str]:
+        """The class names; an item's ``label`` indexes this list."""
+        return list(self._live().summary["classes"])
+
+    @property
+    def layout(self) -> dict[str, Any]:
+        """The abstract memory the budget gives (``loader.Layout``): ``chunks_per_group``,
+        ``abstract_chunks``, ``slot_bytes``, ``read_bytes``, ``min_budget``, ..."""
+        return dict(self._live().summary["layout"])
+
+    # Serving.
+
+    def __getitem__(self, index: int) -> tuple[Any, ...]:
+        """Serve one request (:meth:`__getitems__` of one).
+
+        Args:
+            index: the position requested, ``0 <= index < len(self)``.
+
+        Returns:
+            ``(data, label)``, or ``(data, label, index)`` with ``with_index``:
+            the sample in ``index``'s slot, generally not sample ``index``.
+
+        Raises:
+            IndexError: ``index`` is outside the dataset.
+            InvalidArgumentError: the epoch's requests are not a permutation (this
+                slot has no sample left), or the epoch is complete.
+            CorruptFileError: the chunk holding the sample is damaged (naming the file).
+        """
+        return self.__getitems__([index])[0]
+
+    def __getitems__(self, indices: Sequence[int]) -> list[tuple[Any, ...]]:
+        """Serve a batch of requests in one native call (torch's DataLoader calls this).
+
+        The batch is admitted whole or not at all: an error leaves nothing served.
+
+        Args:
+            indices: the positions requested, each ``0 <= i < len(self)``.
+
+        Returns:
+            One item per request, in request order (see :meth:`__getitem__`).
+
+        Raises:
+            IndexError: an index is outside the dataset.
+            InvalidArgumentError: the epoch's requests are not a permutation of the
+                dataset's indices (a slot asked for more samples than it has left), or
+                every sample of the epoch was delivered: call :meth:`set_epoch` first.
+            CorruptFileError: a chunk read while serving is damaged (naming the chunk
+                file and sample); the samples of the batch are lost to the epoch.
+            UnsupportedError: in a DataLoader worker process.
+        """
+        server = self._live()
+        n = int(server.summary["samples"])
+        idx = [operator.index(i) for i in indices]
+        for i in idx:
+            if not 0 <= i < n:
+                raise IndexError(f"index {i} is outside ChunkDataset({self.root!r}) of {n} samples")
+        try:
+            meta, ticket = server.get(idx)
+        except errors.InvalidArgumentError as e:
+            st = server.stats()
+            if st["served"] == n and idx:
+                raise errors.InvalidArgumentError(
+                    f"{e} (call ChunkDataset.set_epoch({st['epoch'] + 1}) before the next epoch)") from e
+            raise
+        f = _native.META_FIELDS
+        try:
+            datas = [torch.empty(meta[k * f + 3], dtype=torch.uint8) for k in range(len(idx))]
+        except BaseException:
+            server.take(ticket, None)
+            raise
+        # datas owns the memory Go copies into: alive (this frame) until take returns.
+        server.take(ticket, [d.data_ptr() for d in datas])
+        items: list[tuple[Any, ...]] = []
+        for k, data in enumerate(datas):
+            out = self.transform(data) if self.transform is not None else data
+            label = meta[k * f + 2]
+            items.append((out, label, meta[k * f]) if self.with_index else (out, label))
+        return items
+
+    # Epochs, resume, counters.
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start epoch ``epoch``: every sample undelivered again, the tie-breaks seeded anew.
+
+        Call it before each epoch's first request (as with ``DistributedSampler``):
+        requests after every sample of the epoch was delivered are refused.
+
+        Args:
+            epoch: the epoch, an integer >= 0.
+
+        Raises:
+            InvalidArgumentError: ``epoch`` is negative or not an integer.
+        """
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or not 0 <= epoch < 1 << 64:
+            raise errors.InvalidArgumentError(f"epoch={epoch!r}: expected an integer >= 0")
+        self._live().set_epoch(epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The server's state: epoch, samples read and delivered, the tie-break position.
+
+        Take it between batches (after a training step). Loaded into a dataset
+        over the same pack, with a budget giving the same layout, in any
+        process, it makes requests for exactly the indices not yet requested
+        in its epoch deliver exactly the samples not yet delivered, each once,
+        and the same samples this dataset would have. The sampler's position
+        is not in it: resume the sampler so that it asks for the rest of its
+        epoch's permutation.
+
+        Returns:
+            A dict of str, int and base64 str values (``torch.save`` and JSON both keep it).
+
+        Example::
+
+            >>> torch.save({"model": model.state_dict(), "data": ds.state_dict()}, "ckpt.pt")
+        """
+        return self._live().state()
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Resume from a :meth:`state_dict` (the dataset's seed becomes the state's).
+
+        Args:
+            state_dict: what :meth:`state_dict` returned, in this process or another.
+
+        Raises:
+            TypeError: ``state_dict`` is not a mapping.
+            InvalidArgumentError: the state is of another pack, of a budget giving
+                another layout, or inconsistent (the message says what differs).
+        """
+        if not isinstance(state_dict, Mapping):
+            raise TypeError(f"state_dict: expected a mapping from ChunkDataset.state_dict(), got {type(state_dict).__name__}")
+        try:
+            state = json.loads(json.dumps(dict(state_dict)))
+        except (TypeError, ValueError) as e:
+            raise errors.InvalidArgumentError(f"state_dict: not a ChunkDataset state ({e})") from None
+        self._live().restore(state)
+        self.seed = int(state.get("seed", self.seed))
+
+    def stats(self) -> dict[str, Any]:
+        """The server's counters: this epoch's ``served``, ``chunk_reads``, ``bytes_read``,
+        ``wasted_bytes``, ``bytes_delivered``; memory now (``held_bytes``,
+        ``in_flight_bytes``) and at most (``peak_bytes``, over the server's life),
+        against ``budget``."""
+        return self._live().stats()
+
+    def __repr__(self) -> str:
+        return (f"ChunkDataset({self.root!r}, memory_budget={self.memory_budget}, seed={self.seed}, "
+                f"with_index={self.with_index})")
