@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 
 	"github.com/pyfastensor/pyfastensor/gds"
 	"github.com/pyfastensor/pyfastensor/transfer"
@@ -32,10 +31,6 @@ type plan struct {
 
 // planFormat marks a plan as ours.
 const planFormat = "pyfastensor pack plan"
-
-// tempMarker is what transfer's temporary files carry in their names
-// (transfer/commit.go): ".<target>" + tempMarker + "<pid>-<random>".
-const tempMarker = ".pyfastensor-tmp-"
 
 // outDir is what a scan of an output directory found.
 type outDir struct {
@@ -69,8 +64,8 @@ func scanOut(out string) (*outDir, error) {
 	for _, e := range entries {
 		name := e.Name()
 		target := name
-		if transfer.IsTempName(name) {
-			target, _, _ = strings.Cut(name[1:], tempMarker)
+		if t, ok := transfer.TempTarget(name); ok {
+			target = t
 		}
 		n, isChunk := chunkNumber(target)
 		switch {

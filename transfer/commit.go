@@ -154,7 +154,18 @@ func tempPrefix(target string) string {
 // IsTempName reports whether a file name (base name) is one of our
 // temporary files.
 func IsTempName(name string) bool {
-	return strings.HasPrefix(name, ".") && strings.Contains(name, tempMarker)
+	_, ok := TempTarget(name)
+	return ok
+}
+
+// TempTarget returns the base name of the file a temporary file of ours
+// (base name) was to replace, and whether it is one.
+func TempTarget(name string) (string, bool) {
+	if !strings.HasPrefix(name, ".") {
+		return "", false
+	}
+	target, _, ok := strings.Cut(name[1:], tempMarker)
+	return target, ok
 }
 
 // tempPath returns a fresh temporary path for target, in its directory.
