@@ -46,6 +46,7 @@ test-fuzz:
 	$(call fuzz,FuzzParseSafetensorsHeader,checkpoint)
 	$(call fuzz,FuzzAllocator,hooks)
 	$(call fuzz,FuzzParseIndex,loader)
+	$(call fuzz,FuzzParseTrace,offload)
 
 test-py:
 	$(PY) -m pytest -q

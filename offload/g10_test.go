@@ -1,0 +1,353 @@
+package offload
+
+import (
+	"errors"
+	"fmt"
+	"math/rand"
+	"reflect"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+const seedTrace = `{"version": 1,
+ "tensors": [{"id": 0, "bytes": 4096, "kind": "weight"}, {"id": 3, "bytes": 100, "kind": "input"},
+             {"id": 4, "bytes": 800, "kind": "activation"}, {"id": 5, "bytes": 800, "kind": "gradient"}],
+ "ops": [{"name": "layer1.fwd", "time_ns": 12000, "reads": [0, 3], "writes": [4]},
+         {"name": "loss", "time_ns": 1000, "reads": [], "writes": []},
+         {"name": "layer1.bwd", "time_ns": 20000, "reads": [4, 0], "writes": [5]}]}`
+
+// layered builds a forward and backward pass over L layers: layer i reads
+// activation i-1 and weight i and writes activation i; backward reads the
+// saved activation, the weight and the incoming gradient.
+func layered(r *rand.Rand, layers int, actBytes, wBytes int64) *Trace {
+	t := &Trace{Version: 1}
+	id := 0
+	add := func(b int64, kind string) int {
+		t.Tensors = append(t.Tensors, TraceTensor{ID: id, Bytes: b, Kind: kind})
+		id++
+		return id - 1
+	}
+	jit := func(b int64) int64 {
+		if r == nil {
+			return b
+		}
+		return b/2 + r.Int63n(b)
+	}
+	in := add(jit(actBytes), KindInput)
+	acts := []int{in}
+	var ws []int
+	for i := 0; i < layers; i++ {
+		w := add(jit(wBytes), KindWeight)
+		x := add(jit(actBytes), KindActivation)
+		ws = append(ws, w)
+		t.Ops = append(t.Ops, TraceOp{Name: fmt.Sprintf("l%d.fwd", i), TimeNs: jit(1_000_000),
+			Reads: []int{acts[len(acts)-1], w}, Writes: []int{x}})
+		acts = append(acts, x)
+	}
+	g := add(jit(actBytes), KindGradient)
+	t.Ops = append(t.Ops, TraceOp{Name: "loss", TimeNs: jit(100_000), Reads: []int{acts[len(acts)-1]}, Writes: []int{g}})
+	for i := layers - 1; i >= 0; i-- {
+		g2 := add(jit(actBytes), KindGradient)
+		gw := add(jit(wBytes), KindGradient)
+		t.Ops = append(t.Ops, TraceOp{Name: fmt.Sprintf("l%d.bwd", i), TimeNs: jit(2_000_000),
+			Reads: []int{acts[i], ws[i], g}, Writes: []int{g2, gw}})
+		g = g2
+	}
+	return t
+}
+
+func FuzzParseTrace(f *testing.F) {
+	f.Add([]byte(seedTrace))
+	f.Add([]byte(`{"version": 1, "tensors": [], "ops": []}`))
+	f.Add([]byte(`{"version": 2, "tensors": [], "ops": []}`))
+	f.Add([]byte(`{"version": 1, "tensors": [{"id": 1, "bytes": 8, "kind": "workspace"}], "ops": [{"name": "a", "time_ns": 1, "reads": [1], "writes": [1]}]}`))
+	b, err := layered(nil, 3, 1000, 100).Marshal()
+	require.NoError(f, err)
+	f.Add(b)
+	f.Fuzz(func(t *testing.T, data []byte) {
+		tr, err := ParseTrace(data)
+		if err != nil {
+			if !errors.Is(err, ErrTrace) {
+				t.Fatalf("error does not wrap ErrTrace: %v", err)
+			}
+			return
+		}
+		out, err := tr.Marshal()
+		if err != nil {
+			t.Fatalf("marshal: %v", err)
+		}
+		tr2, err := ParseTrace(out)
+		if err != nil {
+			t.Fatalf("re-parse: %v\n%s", err, out)
+		}
+		if !reflect.DeepEqual(tr, tr2) {
+			t.Fatalf("round trip changed the trace:\n%+v\n%+v", tr, tr2)
+		}
+		Analyze(tr) // must not panic on any valid trace
+	})
+}
+
+func TestParseTraceErrors(t *testing.T) {
+	cases := map[string]string{
+		`{"version": 2, "tensors": [], "ops": []}`: "version 2",
+		`{"version": 1, "tensors": [{"id": 1, "bytes": 1, "kind": "weight"}, {"id": 1, "bytes": 1, "kind": "weight"}], "ops": []}`:     "tensor 1 (entry 1): duplicate id",
+		`{"version": 1, "tensors": [{"id": 1, "bytes": 1, "kind": "blob"}], "ops": []}`:                                                "unknown kind \"blob\"",
+		`{"version": 1, "tensors": [{"id": 1, "bytes": -1, "kind": "weight"}], "ops": []}`:                                             "negative size",
+		`{"version": 1, "tensors": [], "ops": [{"name": "a", "time_ns": -5, "reads": [], "writes": []}]}`:                              "op 0 (\"a\"): negative time_ns",
+		`{"version": 1, "tensors": [], "ops": [{"name": "a", "time_ns": 5, "reads": [7], "writes": []}]}`:                              "reads tensor 7, which the trace does not declare",
+		`{"version": 1, "tensors": [{"id": 1, "bytes": 1, "kind": "activation"}], "ops": [{"name": "a", "time_ns": 5, "reads": [1]}]}`: "reads activation tensor 1 before any op writes it",
+		`{"version": 1, "tensors": [], "ops": []} x`:                                                                                   "trailing data",
+		`[1]`: "decoding JSON",
+	}
+	for in, want := range cases {
+		_, err := ParseTrace([]byte(in))
+		require.Error(t, err, in)
+		assert.ErrorIs(t, err, ErrTrace)
+		assert.Contains(t, err.Error(), want)
+	}
+	tr, err := ParseTrace([]byte(seedTrace))
+	require.NoError(t, err)
+	assert.Len(t, tr.Ops, 3)
+}
+
+func TestVitalityKnownPeriods(t *testing.T) {
+	tr, err := ParseTrace([]byte(seedTrace))
+	require.NoError(t, err)
+	a := Analyze(tr)
+	assert.Equal(t, int64(33000), a.TotalNs)
+
+	w := a.Of(0)
+	assert.True(t, w.Global)
+	assert.Equal(t, []int{0, 2}, w.Uses)
+	assert.Equal(t, 0, w.Birth)
+	assert.Equal(t, 2, w.Death)
+	require.Len(t, w.Periods, 1) // 0 and 2 with op 1 between; no wrap (used first and last)
+	assert.Equal(t, InactivePeriod{Tensor: 0, Bytes: 4096, After: 0, Before: 2, Ops: []int{1}, StartNs: 12000, EndNs: 13000}, w.Periods[0])
+
+	x := a.Of(4) // activation: written by op 0, read by op 2
+	assert.False(t, x.Global)
+	assert.Equal(t, 0, x.Birth)
+	assert.Equal(t, 2, x.Death)
+	require.Len(t, x.Periods, 1)
+	assert.Equal(t, int64(1000), x.Periods[0].Ns())
+	assert.Equal(t, int64(800), x.Periods[0].Bytes)
+
+	in := a.Of(3) // input used only by op 0: wraps from op 0 to op 0 of the next iteration
+	require.Len(t, in.Periods, 1)
+	p := in.Periods[0]
+	assert.True(t, p.Wraps)
+	assert.Equal(t, []int{1, 2}, p.Ops)
+	assert.Equal(t, int64(12000), p.StartNs)
+	assert.Equal(t, int64(33000), p.EndNs)
+
+	g := a.Of(5) // gradient written by the last op, never read
+	assert.Equal(t, 2, g.Birth)
+	assert.Equal(t, 2, g.Death)
+	assert.Empty(t, g.Periods)
+
+	assert.Equal(t, []int64{4096 + 100 + 800, 4096 + 100 + 800, 4096 + 100 + 800 + 800}, a.Pressure)
+	assert.Equal(t, []int64{4096 + 100 + 800, 0, 800 + 4096 + 800}, a.OpBytes)
+}
+
+func TestVitalityMultiplePeriods(t *testing.T) {
+	tr := &Trace{Version: 1,
+		Tensors: []TraceTensor{{ID: 0, Bytes: 10, Kind: KindActivation}, {ID: 1, Bytes: 1, Kind: KindWorkspace}},
+		Ops: []TraceOp{
+			{Name: "w", TimeNs: 1, Writes: []int{0}},
+			{Name: "a", TimeNs: 2, Writes: []int{1}},
+			{Name: "r1", TimeNs: 3, Reads: []int{0}},
+			{Name: "b", TimeNs: 4, Reads: []int{1}},
+			{Name: "c", TimeNs: 5},
+			{Name: "r2", TimeNs: 6, Reads: []int{0}},
+		}}
+	require.NoError(t, tr.Validate())
+	a := Analyze(tr)
+	ps := a.Of(0).Periods
+	require.Len(t, ps, 2)
+	assert.Equal(t, []int{1}, ps[0].Ops)
+	assert.Equal(t, int64(1), ps[0].StartNs)
+	assert.Equal(t, int64(3), ps[0].EndNs)
+	assert.Equal(t, []int{3, 4}, ps[1].Ops)
+	assert.Equal(t, int64(6), ps[1].StartNs)
+	assert.Equal(t, int64(15), ps[1].EndNs)
+	assert.Len(t, a.Of(1).Periods, 1)
+	assert.Equal(t, []int{2}, a.Of(1).Periods[0].Ops)
+}
+
+func sumOps(t *Trace) int64 {
+	var s int64
+	for _, op := range t.Ops {
+		s += op.TimeNs
+	}
+	return s
+}
+
+func TestIdealIsSumOfOpTimes(t *testing.T) {
+	r := rand.New(rand.NewSource(1))
+	for i := 0; i < 20; i++ {
+		tr := layered(r, 2+r.Intn(10), 1<<20, 1<<18)
+		hw := G10Default()
+		hw.DeviceBytes = 1 // ideal ignores capacity
+		res, err := SimulatePolicy(tr, hw, PolicyIdeal)
+		require.NoError(t, err)
+		assert.Equal(t, sumOps(tr), res.TimeNs)
+		assert.Equal(t, sumOps(tr), res.IdealNs)
+		assert.Zero(t, res.StallNs)
+		assert.True(t, res.Feasible)
+		assert.Equal(t, max64(Analyze(tr).Pressure), res.PeakDeviceBytes)
+	}
+}
+
+func max64(xs []int64) int64 {
+	var m int64
+	for _, x := range xs {
+		m = max(m, x)
+	}
+	return m
+}
+
+func smallHW(capB int64) Hardware {
+	hw := G10Default()
+	hw.DeviceBytes = capB
+	hw.HostBytes = 1 << 40
+	return hw
+}
+
+func TestPlanMovesNothingWithMemoryToSpare(t *testing.T) {
+	tr := layered(nil, 6, 1<<20, 1<<18)
+	a := Analyze(tr)
+	p, err := MakePlan(tr, smallHW(max64(a.Pressure)))
+	require.NoError(t, err)
+	assert.Empty(t, p.Migrations)
+	res := Simulate(tr, smallHW(max64(a.Pressure)), &p)
+	assert.Equal(t, sumOps(tr), res.TimeNs)
+	assert.Zero(t, res.SSDWriteBytes+res.HostWriteBytes)
+}
+
+func TestPlanInfeasible(t *testing.T) {
+	tr := layered(nil, 4, 1<<20, 1<<18)
+	capB := max64(Analyze(tr).OpBytes) - 1
+	_, err := MakePlan(tr, smallHW(capB))
+	require.ErrorIs(t, err, ErrInfeasible)
+	assert.Contains(t, err.Error(), fmt.Sprintf("device capacity of %d bytes", capB))
+	for _, pol := range []string{PolicyOnDemand, PolicyFlashNeuron, PolicyG10} {
+		res, err := SimulatePolicy(tr, smallHW(capB), pol)
+		require.NoError(t, err)
+		assert.False(t, res.Feasible, pol)
+		assert.Contains(t, res.Error, fmt.Sprint(capB), pol)
+		assert.LessOrEqual(t, res.PeakDeviceBytes, capB, pol)
+	}
+}
+
+func TestPlanNeverExceedsCapacity(t *testing.T) {
+	r := rand.New(rand.NewSource(2))
+	for i := 0; i < 60; i++ {
+		tr := layered(r, 2+r.Intn(12), 1<<20+r.Int63n(8<<20), 1<<16+r.Int63n(4<<20))
+		a := Analyze(tr)
+		lo, hi := max64(a.OpBytes), max64(a.Pressure)
+		capB := lo + r.Int63n(hi-lo+1)
+		hw := smallHW(capB)
+		if r.Intn(3) == 0 {
+			hw.HostBytes = r.Int63n(hi)
+		}
+		p, err := MakePlan(tr, hw)
+		require.NoError(t, err)
+		assert.LessOrEqual(t, p.PeakBytes, capB)
+		assert.NotEmpty(t, p.String())
+		for _, pol := range []string{PolicyOnDemand, PolicyFlashNeuron, PolicyG10} {
+			res, err := SimulatePolicy(tr, hw, pol)
+			require.NoError(t, err)
+			assert.True(t, res.Feasible, "%s: %s", pol, res.Error)
+			assert.LessOrEqual(t, res.PeakDeviceBytes, capB, pol)
+			assert.GreaterOrEqual(t, res.TimeNs, sumOps(tr), pol)
+		}
+	}
+}
+
+// More device memory should never be slower; the greedy planner does not
+// guarantee it (seen: up to 2.83% slower on these traces), so this checks a
+// 5% bound and logs every regression.
+func TestMoreMemoryAtMostSlightlySlower(t *testing.T) {
+	r := rand.New(rand.NewSource(3))
+	worst := 0.0
+	defer func() {
+		t.Logf("worst regression from more memory: %.2f%%", 100*worst)
+		assert.LessOrEqual(t, worst, 0.05)
+	}()
+	for i := 0; i < 20; i++ {
+		tr := layered(r, 4+r.Intn(8), 4<<20, 1<<20)
+		a := Analyze(tr)
+		lo, hi := max64(a.OpBytes), max64(a.Pressure)
+		prev := int64(-1)
+		for s := 0; s <= 8; s++ {
+			capB := lo + (hi-lo)*int64(s)/8
+			hw := smallHW(capB)
+			hw.HostBytes = 0
+			res, err := SimulatePolicy(tr, hw, PolicyG10)
+			require.NoError(t, err)
+			require.True(t, res.Feasible, res.Error)
+			if prev >= 0 && res.TimeNs > prev {
+				t.Logf("trace %d: capacity %d: %d ns, %.2f%% slower than the capacity below", i, capB, res.TimeNs, 100*float64(res.TimeNs-prev)/float64(prev))
+				worst = max(worst, float64(res.TimeNs-prev)/float64(prev))
+			}
+			prev = res.TimeNs
+		}
+		assert.Equal(t, sumOps(tr), prev) // everything fits at the top
+	}
+}
+
+func TestSlowSSDSendsTrafficToHost(t *testing.T) {
+	tr := layered(nil, 12, 64<<20, 1<<20)
+	a := Analyze(tr)
+	capB := (max64(a.OpBytes) + max64(a.Pressure)) / 2
+	fast := smallHW(capB)
+	slow := fast
+	slow.SSDReadBps, slow.SSDWriteBps = 50e6, 50e6
+	pf, err := MakePlan(tr, fast)
+	require.NoError(t, err)
+	ps, err := MakePlan(tr, slow)
+	require.NoError(t, err)
+	tiers := func(p MigrationPlan) map[string]int {
+		m := map[string]int{}
+		for _, x := range p.Migrations {
+			m[x.Tier]++
+		}
+		return m
+	}
+	t.Logf("fast SSD tiers %v, slow SSD tiers %v", tiers(pf), tiers(ps))
+	assert.Greater(t, tiers(ps)[TierHost], tiers(pf)[TierHost])
+	rs, err := SimulatePolicy(tr, slow, PolicyG10)
+	require.NoError(t, err)
+	assert.Greater(t, rs.HostWriteBytes, int64(0))
+}
+
+func TestG10AgainstBaselines(t *testing.T) {
+	r := rand.New(rand.NewSource(4))
+	var sum = map[string]float64{}
+	n := 0
+	for i := 0; i < 30; i++ {
+		tr := layered(r, 4+r.Intn(16), 8<<20+r.Int63n(64<<20), 1<<20+r.Int63n(8<<20))
+		a := Analyze(tr)
+		peak := max64(a.Pressure)
+		capB := max(max64(a.OpBytes), peak*(25+r.Int63n(40))/100) // 150% to 400% demand
+		hw := smallHW(capB)
+		hw.HostBytes = 0 // SSD only: every policy migrates over the same link
+		times := map[string]int64{}
+		for _, pol := range []string{PolicyIdeal, PolicyOnDemand, PolicyFlashNeuron, PolicyG10} {
+			res, err := SimulatePolicy(tr, hw, pol)
+			require.NoError(t, err)
+			require.True(t, res.Feasible, "%s: %s", pol, res.Error)
+			times[pol] = res.TimeNs
+			sum[pol] += float64(res.IdealNs) / float64(res.TimeNs)
+		}
+		n++
+		t.Logf("trace %2d: demand %.0f%% of capacity; throughput vs ideal: on_demand %.3f flashneuron %.3f g10 %.3f",
+			i, 100*float64(peak)/float64(capB), float64(times[PolicyIdeal])/float64(times[PolicyOnDemand]),
+			float64(times[PolicyIdeal])/float64(times[PolicyFlashNeuron]), float64(times[PolicyIdeal])/float64(times[PolicyG10]))
+		assert.LessOrEqual(t, times[PolicyG10], times[PolicyOnDemand], "trace %d: g10 slower than on_demand", i)
+	}
+	t.Logf("mean throughput vs ideal over %d traces: on_demand %.3f flashneuron %.3f g10 %.3f",
+		n, sum[PolicyOnDemand]/float64(n), sum[PolicyFlashNeuron]/float64(n), sum[PolicyG10]/float64(n))
+}

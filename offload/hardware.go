@@ -1,0 +1,62 @@
+package offload
+
+import "fmt"
+
+// Hardware is the memory system a trace is planned and simulated for.
+// Bandwidths are bytes per second; each direction of a link is a channel of
+// its own, shared over time by the transfers on it.
+type Hardware struct {
+	DeviceBytes  int64   `json:"device_bytes"`
+	HostBytes    int64   `json:"host_bytes"`
+	SSDReadBps   float64 `json:"ssd_read_bps"`
+	SSDWriteBps  float64 `json:"ssd_write_bps"`
+	SSDLatencyNs int64   `json:"ssd_latency_ns"` // added to every SSD transfer
+	HostLinkBps  float64 `json:"host_link_bps"`  // device to host and back, each way
+}
+
+// G10Default is the seed paper's Table 2: an A100 with 40 GB, 128 GB of
+// host DRAM, a Z-NAND SSD at 3.2 GB/s read and 3.0 GB/s write with 20 µs
+// read latency (16 µs write; one latency is modelled, the larger), and
+// PCIe Gen3 x16 at 15.754 GB/s. GB of memory read as GiB, of bandwidth
+// as 1e9 bytes.
+func G10Default() Hardware {
+	return Hardware{
+		DeviceBytes:  40 << 30,
+		HostBytes:    128 << 30,
+		SSDReadBps:   3.2e9,
+		SSDWriteBps:  3.0e9,
+		SSDLatencyNs: 20_000,
+		HostLinkBps:  15.754e9,
+	}
+}
+
+// Validate rejects hardware the models cannot use.
+func (h Hardware) Validate() error {
+	if h.DeviceBytes <= 0 || h.HostBytes < 0 || h.SSDLatencyNs < 0 ||
+		!(h.SSDReadBps > 0) || !(h.SSDWriteBps > 0) || !(h.HostLinkBps > 0) {
+		return fmt.Errorf("offload: invalid hardware %+v: device bytes and bandwidths must be positive, host bytes and latency non-negative", h)
+	}
+	return nil
+}
+
+// Tiers a tensor can be evicted to.
+const (
+	TierSSD  = "ssd"
+	TierHost = "host"
+)
+
+// evictNs and fetchNs are the uncontended transfer times of bytes to and
+// from tier.
+func (h Hardware) evictNs(tier string, bytes int64) float64 {
+	if tier == TierHost {
+		return float64(bytes) / h.HostLinkBps * 1e9
+	}
+	return float64(h.SSDLatencyNs) + float64(bytes)/h.SSDWriteBps*1e9
+}
+
+func (h Hardware) fetchNs(tier string, bytes int64) float64 {
+	if tier == TierHost {
+		return float64(bytes) / h.HostLinkBps * 1e9
+	}
+	return float64(h.SSDLatencyNs) + float64(bytes)/h.SSDReadBps*1e9
+}

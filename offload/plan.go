@@ -1,0 +1,339 @@
+package offload
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+)
+
+// ErrInfeasible is wrapped when no plan keeps device memory within capacity.
+var ErrInfeasible = errors.New("offload: trace does not fit the device")
+
+// Migration is one planned inactive period off the device: pre-evict the
+// tensor to Tier after op EvictAfter, prefetch it when op PrefetchAt starts,
+// for op Need. A wrapping period (a global tensor) is evicted after its last
+// use and prefetched for its first use of the next iteration; PrefetchAt <=
+// Need then means the prefetch happens at the start of the iteration.
+// EvictAfter, PrefetchAt and Need are -1 for a global tensor no op uses,
+// which simply stays in Tier.
+type Migration struct {
+	Tensor     int    `json:"tensor"`
+	Bytes      int64  `json:"bytes"`
+	Tier       string `json:"tier"`
+	EvictAfter int    `json:"evict_after"`
+	PrefetchAt int    `json:"prefetch_at"`
+	Need       int    `json:"need"`
+	Wraps      bool   `json:"wraps,omitempty"`
+	// Sync: no window hides the transfers, the op Need waits for them.
+	Sync bool `json:"sync,omitempty"`
+}
+
+// MigrationPlan is G10's migration plan for one iteration.
+type MigrationPlan struct {
+	Migrations  []Migration `json:"migrations"`
+	Capacity    int64       `json:"capacity"`     // device bytes
+	DemandBytes int64       `json:"demand_bytes"` // peak with nothing migrated
+	PeakBytes   int64       `json:"peak_bytes"`   // planned peak, at most Capacity
+}
+
+// String prints the plan as a table.
+func (p MigrationPlan) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "capacity %d bytes, demand %d, planned peak %d, %d migrations\n",
+		p.Capacity, p.DemandBytes, p.PeakBytes, len(p.Migrations))
+	fmt.Fprintf(&b, "%8s %14s %5s %12s %13s %8s\n", "tensor", "bytes", "tier", "evict_after", "prefetch_at", "need")
+	for _, m := range p.Migrations {
+		note := ""
+		if m.Wraps {
+			note += " wraps"
+		}
+		if m.Sync {
+			note += " sync"
+		}
+		fmt.Fprintf(&b, "%8d %14d %5s %12d %13d %8d%s\n", m.Tensor, m.Bytes, m.Tier, m.EvictAfter, m.PrefetchAt, m.Need, note)
+	}
+	return b.String()
+}
+
+// candidate is an inactive period with its ops' unrolled times.
+type candidate struct {
+	p      InactivePeriod
+	st, en []float64 // start and end of each op of p.Ops, unrolled
+}
+
+// window returns the positions in c.p.Ops freed by migrating through tier:
+// [tail, pf), tail being the first op that starts after the eviction ends
+// and pf the op at whose start the latest safe prefetch is issued
+// (len(Ops): at the start of Before). sync frees every op.
+func (c *candidate) window(hw Hardware, tier string, sync bool) (tail, pf int) {
+	n := len(c.p.Ops)
+	if c.p.After < 0 || sync {
+		return 0, n
+	}
+	done := float64(c.p.StartNs) + hw.evictNs(tier, c.p.Bytes)
+	for tail < n && c.st[tail] < done {
+		tail++
+	}
+	need := hw.fetchNs(tier, c.p.Bytes)
+	pf = -1
+	for q := n - 1; q >= 0; q-- {
+		if float64(c.p.EndNs)-c.st[q] >= need {
+			pf = q
+			break
+		}
+	}
+	if pf < tail {
+		return 0, 0
+	}
+	return tail, pf
+}
+
+// MakePlan runs G10's smart eviction (Algorithm 1) and smart prefetching
+// (section 4.4) over a trace for hw. It fails, wrapping ErrInfeasible and
+// naming the capacity, when one op alone needs more than the device holds;
+// otherwise the planned peak never exceeds hw.DeviceBytes, and with memory
+// to spare the plan is empty.
+func MakePlan(t *Trace, hw Hardware) (MigrationPlan, error) {
+	if err := t.Validate(); err != nil {
+		return MigrationPlan{}, err
+	}
+	if err := hw.Validate(); err != nil {
+		return MigrationPlan{}, err
+	}
+	a := Analyze(t)
+	capB := hw.DeviceBytes
+	plan := MigrationPlan{Capacity: capB}
+	for k, b := range a.OpBytes {
+		if b > capB {
+			return plan, fmt.Errorf("%w: op %d (%q) alone needs %d bytes, more than the device capacity of %d bytes",
+				ErrInfeasible, k, t.Ops[k].Name, b, capB)
+		}
+	}
+	pressure := append([]int64(nil), a.Pressure...)
+	for _, b := range pressure {
+		plan.DemandBytes = max(plan.DemandBytes, b)
+	}
+	if plan.DemandBytes <= capB {
+		plan.PeakBytes = plan.DemandBytes
+		return plan, nil
+	}
+	total := float64(a.TotalNs)
+	var cands []*candidate
+	for _, p := range a.AllPeriods() {
+		if p.Bytes == 0 {
+			continue
+		}
+		c := &candidate{p: p}
+		for _, k := range p.Ops {
+			s := float64(a.OpStartNs[k])
+			if p.Wraps && k < p.Before {
+				s += total
+			}
+			c.st = append(c.st, s)
+			c.en = append(c.en, s+float64(t.Ops[k].TimeNs))
+		}
+		cands = append(cands, c)
+	}
+	benefit := func(c *candidate, tail, pf int) float64 {
+		var b float64
+		for q := tail; q < pf; q++ {
+			k := c.p.Ops[q]
+			over := min(c.p.Bytes, pressure[k]-capB)
+			if over > 0 {
+				b += float64(over) * float64(t.Ops[k].TimeNs+1)
+			}
+		}
+		return b
+	}
+	over := func() bool {
+		for _, b := range pressure {
+			if b > capB {
+				return true
+			}
+		}
+		return false
+	}
+	hostUse := make([]int64, len(t.Ops))
+	type busy struct{ s, e float64 }
+	var ssdBusy []busy
+	type chosen struct {
+		c         *candidate
+		tier      string
+		tail, pf  int
+		sync      bool
+		prefetchT float64
+	}
+	var picked []chosen
+	pickedAt := make([]int, len(cands)) // index in picked + 1; 0: not picked
+	// gain is the benefit of migrating candidate i over [tail, pf), or,
+	// for a period already migrated over a narrower window, of widening
+	// that window to the whole period (a synchronous migration).
+	gain := func(i int, sync bool) (float64, int, int) {
+		c := cands[i]
+		if j := pickedAt[i]; j > 0 {
+			m := picked[j-1]
+			if !sync || m.sync {
+				return 0, 0, 0
+			}
+			return benefit(c, 0, m.tail) + benefit(c, m.pf, len(c.p.Ops)), 0, len(c.p.Ops)
+		}
+		tail, pf := c.window(hw, TierSSD, sync)
+		return benefit(c, tail, pf), tail, pf
+	}
+	for over() {
+		// Pick the period with the largest reduction of pressure above
+		// capacity per unit of migration cost (SSD timings, as in the
+		// paper); periods whose transfers no window hides come last.
+		best, bestScore, bestSync := -1, 0.0, false
+		for _, sync := range []bool{false, true} {
+			for i, c := range cands {
+				b, _, _ := gain(i, sync)
+				if b <= 0 {
+					continue
+				}
+				score := b / (hw.evictNs(TierSSD, c.p.Bytes) + hw.fetchNs(TierSSD, c.p.Bytes))
+				if score > bestScore {
+					best, bestScore = i, score
+				}
+			}
+			if best >= 0 {
+				bestSync = sync
+				break
+			}
+		}
+		if best < 0 {
+			break
+		}
+		c := cands[best]
+		if j := pickedAt[best]; j > 0 {
+			m := &picked[j-1]
+			for q := 0; q < len(c.p.Ops); q++ {
+				if q < m.tail || q >= m.pf {
+					pressure[c.p.Ops[q]] -= c.p.Bytes
+				}
+			}
+			m.tail, m.pf, m.sync, m.prefetchT = 0, len(c.p.Ops), true, float64(c.p.EndNs)
+			continue
+		}
+		tier := TierSSD
+		tr := float64(c.p.StartNs)
+		ts := hw.evictNs(TierSSD, c.p.Bytes)
+		var used float64
+		for _, x := range ssdBusy {
+			used += max(0, min(x.e, tr+ts)-max(x.s, tr))
+		}
+		if used >= ts && c.p.After >= 0 {
+			fits := true
+			for _, k := range c.p.Ops {
+				if hostUse[k]+c.p.Bytes > hw.HostBytes {
+					fits = false
+				}
+			}
+			if fits {
+				tier = TierHost
+			}
+		}
+		tail, pf := c.window(hw, tier, bestSync)
+		if !bestSync && benefit(c, tail, pf) <= 0 {
+			tail, pf = c.window(hw, tier, true)
+			bestSync = true
+		}
+		for q := tail; q < pf; q++ {
+			pressure[c.p.Ops[q]] -= c.p.Bytes
+		}
+		if tier == TierHost {
+			for _, k := range c.p.Ops {
+				hostUse[k] += c.p.Bytes
+			}
+		} else if c.p.After >= 0 {
+			ssdBusy = append(ssdBusy, busy{tr, tr + ts})
+		}
+		pt := float64(c.p.EndNs)
+		if pf < len(c.st) {
+			pt = c.st[pf]
+		}
+		picked = append(picked, chosen{c: c, tier: tier, tail: tail, pf: pf, sync: bestSync, prefetchT: pt})
+		pickedAt[best] = len(picked)
+	}
+	if over() {
+		// Unreachable when every op fits: evicting every period frees all
+		// but each op's own tensors. Kept as a guard.
+		return plan, fmt.Errorf("%w: no plan keeps the peak within the device capacity of %d bytes", ErrInfeasible, capB)
+	}
+	// Eager prefetch: in order of latest safe prefetch time, move each
+	// prefetch as early as memory allows; one that reaches the end of its
+	// eviction means the tensor can stay, and the migration is dropped.
+	sort.SliceStable(picked, func(i, j int) bool { return picked[i].prefetchT < picked[j].prefetchT })
+	for _, m := range picked {
+		c := m.c
+		pf := m.pf
+		for pf > m.tail && pressure[c.p.Ops[pf-1]]+c.p.Bytes <= capB {
+			pf--
+			pressure[c.p.Ops[pf]] += c.p.Bytes
+		}
+		if pf == m.tail && c.p.After >= 0 && m.tail < m.pf {
+			continue // stays on the device the whole period
+		}
+		mg := Migration{Tensor: c.p.Tensor, Bytes: c.p.Bytes, Tier: m.tier, EvictAfter: c.p.After,
+			PrefetchAt: c.p.Before, Need: c.p.Before, Wraps: c.p.Wraps, Sync: m.sync}
+		if pf < len(c.p.Ops) {
+			mg.PrefetchAt = c.p.Ops[pf]
+		}
+		plan.Migrations = append(plan.Migrations, mg)
+	}
+	for _, b := range pressure {
+		plan.PeakBytes = max(plan.PeakBytes, b)
+	}
+	sort.SliceStable(plan.Migrations, func(i, j int) bool { return plan.Migrations[i].EvictAfter < plan.Migrations[j].EvictAfter })
+	return plan, nil
+}
+
+// FlashNeuronPlan maps FlashNeuron's linear selection (Schedule, phase 1:
+// traces carry no compression ratios) onto a trace: the saved tensors are
+// the activations in birth order, the budget is the device capacity less
+// the peak of everything else, and each offloaded activation goes to the
+// SSD over its longest inactive period, written right after its last
+// forward use and prefetched one op before it is needed.
+func FlashNeuronPlan(t *Trace, hw Hardware) *MigrationPlan {
+	a := Analyze(t)
+	var acts []*Vitality
+	other := append([]int64(nil), a.Pressure...)
+	for i := range a.Tensors {
+		v := &a.Tensors[i]
+		if v.Kind != KindActivation || v.Birth < 0 {
+			continue
+		}
+		acts = append(acts, v)
+		for k := v.Birth; k <= v.Death; k++ {
+			other[k] -= v.Bytes
+		}
+	}
+	sort.SliceStable(acts, func(i, j int) bool { return acts[i].Birth < acts[j].Birth })
+	var otherPeak int64
+	for _, b := range other {
+		otherPeak = max(otherPeak, b)
+	}
+	prof := Profile{Budget: max(0, hw.DeviceBytes-otherPeak), Tier: TierSSD}
+	for i, v := range acts {
+		prof.Tensors = append(prof.Tensors, Tensor{Index: i, Size: v.Bytes,
+			WriteNs: int64(hw.evictNs(TierSSD, v.Bytes)), ReadNs: int64(hw.fetchNs(TierSSD, v.Bytes)), BwdGapNs: -1})
+	}
+	sched := Schedule(prof)
+	plan := &MigrationPlan{Capacity: hw.DeviceBytes}
+	for _, d := range sched.Decisions {
+		v := acts[d.Index]
+		if !d.Offload || len(v.Periods) == 0 {
+			continue
+		}
+		long := v.Periods[0]
+		for _, p := range v.Periods[1:] {
+			if p.Ns() > long.Ns() || p.Ns() == long.Ns() && len(p.Ops) > len(long.Ops) {
+				long = p
+			}
+		}
+		plan.Migrations = append(plan.Migrations, Migration{Tensor: v.Tensor, Bytes: v.Bytes, Tier: TierSSD,
+			EvictAfter: long.After, PrefetchAt: max(long.After+1, long.Before-1), Need: long.Before})
+	}
+	return plan
+}

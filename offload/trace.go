@@ -1,0 +1,171 @@
+package offload
+
+// G10 traces: what one training iteration does, op by op, with the bytes of
+// every tensor it touches. Schema version 1 (issue 16):
+//
+//	{"version": 1,
+//	 "tensors": [{"id": 0, "bytes": 4096, "kind": "weight"}],
+//	 "ops": [{"name": "layer1.fwd", "time_ns": 12000, "reads": [0, 3], "writes": [4]}]}
+//
+// Ops are in execution order. Weights, optimizer state and inputs are
+// global: alive from the start of the iteration. Any other tensor is alive
+// from the op that first writes it to its last use.
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+)
+
+// ErrTrace is wrapped by every error ParseTrace returns.
+var ErrTrace = errors.New("offload: invalid trace")
+
+// TraceVersion is the only trace schema version this package reads.
+const TraceVersion = 1
+
+// Tensor kinds of a trace.
+const (
+	KindWeight     = "weight"
+	KindOptimizer  = "optimizer"
+	KindInput      = "input"
+	KindActivation = "activation"
+	KindGradient   = "gradient"
+	KindWorkspace  = "workspace"
+)
+
+var traceKinds = map[string]bool{
+	KindWeight: true, KindOptimizer: true, KindInput: true,
+	KindActivation: true, KindGradient: true, KindWorkspace: true,
+}
+
+// GlobalKind reports whether tensors of kind are alive from the start of
+// the iteration (weights, optimizer state, inputs).
+func GlobalKind(kind string) bool {
+	return kind == KindWeight || kind == KindOptimizer || kind == KindInput
+}
+
+// TraceTensor is one tensor of a trace.
+type TraceTensor struct {
+	ID    int    `json:"id"`
+	Bytes int64  `json:"bytes"`
+	Kind  string `json:"kind"`
+}
+
+// TraceOp is one op (kernel) of a trace, with the tensor ids it uses.
+type TraceOp struct {
+	Name   string `json:"name"`
+	TimeNs int64  `json:"time_ns"`
+	Reads  []int  `json:"reads"`
+	Writes []int  `json:"writes"`
+}
+
+// Trace is one training iteration.
+type Trace struct {
+	Version int           `json:"version"`
+	Tensors []TraceTensor `json:"tensors"`
+	Ops     []TraceOp     `json:"ops"`
+}
+
+func traceErr(format string, a ...any) error {
+	return fmt.Errorf("%w: %s", ErrTrace, fmt.Sprintf(format, a...))
+}
+
+// ParseTrace decodes and validates a version 1 trace. Unknown fields are
+// ignored (the schema may grow); trailing data is an error.
+func ParseTrace(data []byte) (*Trace, error) {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	var t Trace
+	if err := dec.Decode(&t); err != nil {
+		return nil, traceErr("decoding JSON: %v", err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, traceErr("trailing data after the trace object")
+	}
+	if err := t.Validate(); err != nil {
+		return nil, err
+	}
+	return &t, nil
+}
+
+// Validate checks a trace built in Go the way ParseTrace checks a decoded
+// one; errors wrap ErrTrace and name the op or tensor at fault.
+func (t *Trace) Validate() error {
+	if t.Version != TraceVersion {
+		return traceErr("version %d, want %d", t.Version, TraceVersion)
+	}
+	kind := make(map[int]string, len(t.Tensors))
+	var totalBytes, totalNs int64
+	for i, x := range t.Tensors {
+		if x.ID < 0 {
+			return traceErr("tensor %d (entry %d): negative id", x.ID, i)
+		}
+		if _, dup := kind[x.ID]; dup {
+			return traceErr("tensor %d (entry %d): duplicate id", x.ID, i)
+		}
+		if x.Bytes < 0 {
+			return traceErr("tensor %d: negative size %d bytes", x.ID, x.Bytes)
+		}
+		if !traceKinds[x.Kind] {
+			return traceErr("tensor %d: unknown kind %q", x.ID, x.Kind)
+		}
+		if x.Bytes > math.MaxInt64-totalBytes {
+			return traceErr("tensor %d: total tensor bytes overflow int64", x.ID)
+		}
+		totalBytes += x.Bytes
+		kind[x.ID] = x.Kind
+	}
+	written := make(map[int]bool, len(t.Tensors))
+	for i, op := range t.Ops {
+		if op.TimeNs < 0 {
+			return traceErr("op %d (%q): negative time_ns %d", i, op.Name, op.TimeNs)
+		}
+		if op.TimeNs > math.MaxInt64-totalNs {
+			return traceErr("op %d (%q): total time_ns overflows int64", i, op.Name)
+		}
+		totalNs += op.TimeNs
+		for _, l := range []struct {
+			what string
+			ids  []int
+		}{{"reads", op.Reads}, {"writes", op.Writes}} {
+			seen := make(map[int]bool, len(l.ids))
+			for _, id := range l.ids {
+				if _, ok := kind[id]; !ok {
+					return traceErr("op %d (%q) %s tensor %d, which the trace does not declare", i, op.Name, l.what, id)
+				}
+				if seen[id] {
+					return traceErr("op %d (%q) lists tensor %d twice in %s", i, op.Name, id, l.what)
+				}
+				seen[id] = true
+			}
+		}
+		for _, id := range op.Reads {
+			if !written[id] && !GlobalKind(kind[id]) {
+				return traceErr("op %d (%q) reads %s tensor %d before any op writes it", i, op.Name, kind[id], id)
+			}
+		}
+		for _, id := range op.Writes {
+			written[id] = true
+		}
+	}
+	return nil
+}
+
+// Marshal encodes the trace as JSON (schema version 1).
+func (t *Trace) Marshal() ([]byte, error) {
+	return json.Marshal(t)
+}
+
+// opStarts returns each op's start time and the iteration's total time
+// (ideal: no stalls).
+func (t *Trace) opStarts() ([]int64, int64) {
+	s := make([]int64, len(t.Ops))
+	var now int64
+	for i, op := range t.Ops {
+		s[i] = now
+		now += op.TimeNs
+	}
+	return s, now
+}
