@@ -1,8 +1,6 @@
 package hooks
 
 import (
-	"time"
-
 	"github.com/pyfastensor/pyfastensor/transfer"
 	"github.com/pyfastensor/pyfastensor/transfer/dict"
 )
@@ -31,23 +29,18 @@ type Picker interface {
 	Engines() []string
 }
 
-// FixedPicker always picks one engine ("specific tool" mode).
-type FixedPicker string
+// FixedPicker always picks one engine ("specific tool" mode): transfer.Fixed,
+// listing that engine.
+type FixedPicker struct{ transfer.Fixed }
 
 var (
-	_ Picker = FixedPicker("")
+	_ Picker = FixedPicker{}
 	_ Picker = (*dict.DictChooser)(nil) // the dictionaries plug in as they are
 	_ Picker = defaultPicker{}
 )
 
 // Engines implements Picker.
-func (p FixedPicker) Engines() []string { return []string{string(p)} }
-
-// Engine implements Picker.
-func (p FixedPicker) Engine(transfer.Op, int64) string { return string(p) }
-
-// Observe implements Picker.
-func (p FixedPicker) Observe(transfer.Op, int64, string, time.Duration) {}
+func (p FixedPicker) Engines() []string { return []string{string(p.Fixed)} }
 
 // defaultPicker is transfer.Default for the spill directory (the one
 // "direct where the probe says O_DIRECT works" decision, with its size

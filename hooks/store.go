@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/pyfastensor/pyfastensor/gds"
+	"github.com/pyfastensor/pyfastensor/transfer"
 )
 
 // SlotID names one slot of a store. IDs are never reused within a store.
@@ -106,7 +107,7 @@ func Open(cfg Config) (*Store, error) {
 				return cfg.Picker
 			}
 			if cfg.Engine != "" {
-				return FixedPicker(cfg.Engine)
+				return FixedPicker{transfer.Fixed(cfg.Engine)}
 			}
 			return newDefaultPicker(dir)
 		}
