@@ -1,14 +1,15 @@
 package checkpoint
 
 import (
-	"errors"
 	"fmt"
+
+	"github.com/pyfastensor/pyfastensor/gds"
 )
 
 // ErrCorrupt is wrapped by every error that means a checkpoint file failed
 // a check: a CRC-32 mismatch, a malformed or inconsistent zip structure, a
 // truncated file. Test with errors.Is.
-var ErrCorrupt = errors.New("corrupt checkpoint")
+var ErrCorrupt = gds.Named(gds.ErrCorrupt, "corrupt checkpoint")
 
 // CorruptError says which file, which record and what check failed.
 type CorruptError struct {

@@ -30,7 +30,17 @@ var (
 	ErrInternal = errors.New("internal error")
 	// ErrClosed: the file was already closed.
 	ErrClosed = errors.New("file already closed")
+	// ErrCorrupt: data failed a check (a CRC-32, a format's structure).
+	// No engine returns it; the formats above name their own corruption
+	// as a kind of it (Named), so the C boundary maps every one alike.
+	ErrCorrupt = errors.New("corrupt data")
 )
+
+// Named returns a named error of its own with text msg that errors.Is
+// also matches to kind, one of the errors above: the packages above the
+// engines define their named errors as kinds of these, and the C boundary
+// maps them to a status without knowing them.
+func Named(kind error, msg string) error { return &namedErr{kind, errors.New(msg)} }
 
 // OpError records a failed transfer: which engine, which operation, on which
 // path, at which offset, and how many bytes were done before the failure.

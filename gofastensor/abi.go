@@ -42,15 +42,12 @@ const (
 // errBadHandle: a handle that is not (or no longer) in the table.
 var errBadHandle = errors.New("unknown or released handle")
 
-// errCorrupt is wrapped by errors that mean the data failed a check.
-var errCorrupt = errors.New("corrupt data")
-
 // statusOf maps an error to its status code; the first match wins.
 func statusOf(err error) C.int {
 	switch {
 	case errors.Is(err, errBadHandle):
 		return stBadHandle
-	case errors.Is(err, errCorrupt):
+	case errors.Is(err, gds.ErrCorrupt): // every format's corruption is a kind of it (gds.Named)
 		return stCorrupt
 	case errors.Is(err, gds.ErrInternal):
 		return stInternal

@@ -7,7 +7,6 @@ package main
 import "C"
 
 import (
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -22,20 +21,6 @@ import (
 // Checkpoints: write a whole archive in one call; open an archive (its
 // validated central directory, as JSON) and read chosen records into caller
 // memory. Python (pyfastensor/checkpoint) decides what the records hold.
-
-// corruptErr gives checkpoint.ErrCorrupt the stCorrupt status, keeping
-// the message.
-type corruptErr struct{ err error }
-
-func (e *corruptErr) Error() string   { return e.err.Error() }
-func (e *corruptErr) Unwrap() []error { return []error{errCorrupt, e.err} }
-
-func ckptErr(err error) error {
-	if errors.Is(err, checkpoint.ErrCorrupt) {
-		return &corruptErr{err}
-	}
-	return err
-}
 
 // chooser returns the engine choice named by engine: nil (the default
 // chooser) for NULL or "", the adaptive dictionaries behind a pft_dict_open
@@ -91,7 +76,7 @@ func pft_ckpt_save(path *C.char, n C.int64_t, names *C.char, addrs *unsafe.Point
 		}
 		st, err := checkpoint.Save(C.GoString(path), recs, o)
 		if err != nil {
-			return ckptErr(err)
+			return err
 		}
 		return putJSON(out, st)
 	})
@@ -169,7 +154,7 @@ func pft_ckpt_open(path *C.char, forLoad C.int, resident C.double, handle *C.uin
 			a, err = checkpoint.OpenArchive(C.GoString(path))
 		}
 		if err != nil {
-			return ckptErr(err)
+			return err
 		}
 		if err := putJSON(out, a); err != nil {
 			return err
@@ -202,7 +187,7 @@ func pft_ckpt_read_whole(path *C.char, addr unsafe.Pointer, size C.int64_t, veri
 		}
 		a, err := checkpoint.ReadWhole(C.GoString(path), dst, o)
 		if err != nil {
-			return ckptErr(err)
+			return err
 		}
 		if err := putJSON(out, a); err != nil {
 			return err
@@ -221,7 +206,7 @@ func pft_ckpt_plan_load(path *C.char, mapped, chosen C.int, out **C.char, errbuf
 	return call(errbuf, errlen, func() error {
 		plan, err := checkpoint.PlanLoad(C.GoString(path), mapped != 0, chosen != 0)
 		if err != nil {
-			return ckptErr(err)
+			return err
 		}
 		return putJSON(out, plan)
 	})
@@ -266,7 +251,7 @@ func pft_ckpt_read(h C.uint64_t, n C.int64_t, indices *C.int64_t, addrs *unsafe.
 		}
 		st, err := a.Read(reqs, o)
 		if err != nil {
-			return ckptErr(err)
+			return err
 		}
 		return putJSON(out, st)
 	})
@@ -285,7 +270,7 @@ func pft_ckpt_verify(h C.uint64_t, n C.int64_t, indices *C.int64_t, addrs *unsaf
 		if err != nil {
 			return err
 		}
-		return ckptErr(a.Verify(reqs, checkpoint.ReadOptions{Workers: int(workers), Progress: progressFunc(progress)}))
+		return a.Verify(reqs, checkpoint.ReadOptions{Workers: int(workers), Progress: progressFunc(progress)})
 	})
 }
 
@@ -361,7 +346,7 @@ func pft_raw_read(path *C.char, n C.int64_t, offsets *C.int64_t, addrs *unsafe.P
 		}
 		st, err := checkpoint.ReadRaw(C.GoString(path), ext, o)
 		if err != nil {
-			return ckptErr(err)
+			return err
 		}
 		return putJSON(out, st)
 	})

@@ -7,7 +7,6 @@ package main
 import "C"
 
 import (
-	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -34,33 +33,6 @@ import (
 //
 // A ticket's bytes are outside the server's budget (they are the caller's,
 // delivered); Python takes every ticket it gets before its call returns.
-
-// loaderStatus gives the loader's named errors the status the C boundary
-// reports (statusOf), keeping the message: a corrupt pack stCorrupt, a pack
-// of a newer format stUnsupported (this build does not read it), a bad
-// budget, request sequence, state or output directory stInvalid. I/O errors
-// keep their own (a source file missing is stNotFound).
-func loaderStatus(err error) error {
-	switch {
-	case err == nil:
-		return nil
-	case errors.Is(err, loader.ErrCorrupt):
-		return &corruptErr{err}
-	case errors.Is(err, loader.ErrVersion):
-		return &statusErr{gds.ErrUnsupported, err}
-	case errors.Is(err, loader.ErrBudget), errors.Is(err, loader.ErrNotPermutation),
-		errors.Is(err, loader.ErrEpochDone), errors.Is(err, loader.ErrState),
-		errors.Is(err, loader.ErrNotOurs), errors.Is(err, loader.ErrNotOwned):
-		return &statusErr{gds.ErrInvalid, err}
-	}
-	return err
-}
-
-// statusErr is err reported with kind's status.
-type statusErr struct{ kind, err error }
-
-func (e *statusErr) Error() string   { return e.err.Error() }
-func (e *statusErr) Unwrap() []error { return []error{e.kind, e.err} }
 
 // progressPair keeps the caller's two counters at (done, total); another
 // thread may poll them during the call.
@@ -129,7 +101,7 @@ func pft_loader_pack(spec, dir *C.char, progress *C.int64_t, out **C.char, errbu
 		}
 		st, err := loader.Pack(s, C.GoString(dir), progressPair(progress))
 		if err != nil {
-			return loaderStatus(err)
+			return err
 		}
 		return putJSON(out, st)
 	})
@@ -145,11 +117,11 @@ func pft_loader_verify(dir *C.char, progress *C.int64_t, out **C.char, errbuf *C
 	return call(errbuf, errlen, func() error {
 		path := C.GoString(dir)
 		if err := loader.VerifyPack(path, progressPair(progress)); err != nil {
-			return loaderStatus(err)
+			return err
 		}
 		p, err := loader.OpenPack(path)
 		if err != nil {
-			return loaderStatus(err)
+			return err
 		}
 		return putJSON(out, summarize(p, nil))
 	})
@@ -176,11 +148,11 @@ func pft_loader_open(dir *C.char, budget C.int64_t, seed C.uint64_t, handle *C.u
 	return call(errbuf, errlen, func() error {
 		p, err := loader.OpenPack(C.GoString(dir))
 		if err != nil {
-			return loaderStatus(err)
+			return err
 		}
 		srv, err := loader.NewServer(p, loader.ServerOptions{Budget: int64(budget), Seed: uint64(seed)})
 		if err != nil {
-			return loaderStatus(err)
+			return err
 		}
 		lay := srv.Layout()
 		if err := putJSON(out, summarize(p, &lay)); err != nil {
@@ -200,7 +172,7 @@ func pft_loader_set_epoch(h C.uint64_t, e C.uint64_t, errbuf *C.char, errlen C.s
 		if err != nil {
 			return err
 		}
-		return loaderStatus(ls.srv.SetEpoch(uint64(e)))
+		return ls.srv.SetEpoch(uint64(e))
 	})
 }
 
@@ -231,7 +203,7 @@ func pft_loader_get(h C.uint64_t, n C.int64_t, indices *C.int64_t, meta *C.int64
 		}
 		batch, err := ls.srv.GetBatch(is)
 		if err != nil {
-			return loaderStatus(err)
+			return err
 		}
 		m := unsafe.Slice(meta, int(n)*loaderMetaFields)
 		for k, s := range batch {
@@ -294,7 +266,7 @@ func pft_loader_state(h C.uint64_t, out **C.char, errbuf *C.char, errlen C.size_
 		}
 		st, err := ls.srv.State()
 		if err != nil {
-			return loaderStatus(err)
+			return err
 		}
 		return putJSON(out, st)
 	})
@@ -317,7 +289,7 @@ func pft_loader_restore(h C.uint64_t, state *C.char, errbuf *C.char, errlen C.si
 		if err := parseJSON(state, &st); err != nil {
 			return err
 		}
-		return loaderStatus(ls.srv.Restore(st))
+		return ls.srv.Restore(st)
 	})
 }
 
@@ -345,6 +317,6 @@ func pft_loader_close(h C.uint64_t, errbuf *C.char, errlen C.size_t) C.int {
 		if err != nil {
 			return err
 		}
-		return loaderStatus(ls.srv.Close())
+		return ls.srv.Close()
 	})
 }

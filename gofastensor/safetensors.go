@@ -66,7 +66,7 @@ func pft_safetensors_save(path, spec *C.char, n C.int64_t, addrs *unsafe.Pointer
 		}
 		st, err := checkpoint.SaveSafetensors(C.GoString(path), s.Tensors, s.Metadata, o)
 		if err != nil {
-			return ckptErr(err)
+			return err
 		}
 		return putJSON(out, st)
 	})
@@ -85,7 +85,7 @@ func pft_safetensors_open(path *C.char, handle *C.uint64_t, out **C.char, errbuf
 	return call(errbuf, errlen, func() error {
 		f, err := checkpoint.OpenSafetensors(C.GoString(path))
 		if err != nil {
-			return ckptErr(err)
+			return err
 		}
 		if err := putJSON(out, f); err != nil {
 			f.Close()

@@ -1,7 +1,6 @@
 package loader
 
 import (
-	"errors"
 	"fmt"
 
 	"github.com/pyfastensor/pyfastensor/gds"
@@ -15,33 +14,33 @@ var (
 	// does not match its chunk files, a chunk file missing, short or
 	// damaged (CRC-32), a sample whose bytes are not what the index says.
 	// The error is a *CorruptError.
-	ErrCorrupt = errors.New("corrupt pack")
+	ErrCorrupt = gds.Named(gds.ErrCorrupt, "corrupt pack")
 	// ErrVersion: the index is of a format version newer than this build
 	// reads. The error is a *VersionError naming both versions.
-	ErrVersion = errors.New("pack format version not supported")
+	ErrVersion = gds.Named(gds.ErrUnsupported, "pack format version not supported")
 	// ErrInvalid: a bad argument (an empty spec, a label without a class,
 	// a position outside the pack). It also wraps gds.ErrInvalid, which
 	// the C boundary maps to a ValueError.
 	ErrInvalid = fmt.Errorf("loader: %w", gds.ErrInvalid)
 	// ErrNotOurs: a pack's output directory holds files that no pack
 	// wrote (Pack refuses to write there, and removes nothing).
-	ErrNotOurs = errors.New("directory holds files that are not a pack's")
+	ErrNotOurs = gds.Named(gds.ErrInvalid, "directory holds files that are not a pack's")
 	// ErrBudget: the memory budget cannot hold one abstract chunk and one
 	// chunk read in flight.
-	ErrBudget = errors.New("memory budget too small for the pack")
+	ErrBudget = gds.Named(gds.ErrInvalid, "memory budget too small for the pack")
 	// ErrNotPermutation: a request for a slot that has no undelivered
 	// sample left this epoch: the epoch's requests are not a permutation
 	// of the pack's positions.
-	ErrNotPermutation = errors.New("request cannot be served: the epoch's requests are not a permutation of the pack's positions")
+	ErrNotPermutation = gds.Named(gds.ErrInvalid, "request cannot be served: the epoch's requests are not a permutation of the pack's positions")
 	// ErrEpochDone: every sample of the epoch was delivered; SetEpoch
 	// starts the next one.
-	ErrEpochDone = errors.New("epoch complete: every sample was delivered")
+	ErrEpochDone = gds.Named(gds.ErrInvalid, "epoch complete: every sample was delivered")
 	// ErrNotOwned: a request maps to an abstract chunk another server owns
 	// (the distributed protocol, not in this build).
-	ErrNotOwned = errors.New("abstract chunk not owned by this server")
+	ErrNotOwned = gds.Named(gds.ErrInvalid, "abstract chunk not owned by this server")
 	// ErrState: a saved state that does not fit this server (another
 	// pack, another layout, inconsistent contents).
-	ErrState = errors.New("state does not fit this server")
+	ErrState = gds.Named(gds.ErrInvalid, "state does not fit this server")
 	// ErrClosed: the server was closed.
 	ErrClosed = fmt.Errorf("loader: server %w", gds.ErrClosed)
 )
