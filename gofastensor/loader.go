@@ -32,7 +32,13 @@ import (
 // torch cannot free malloc'd memory when a tensor dies).
 //
 // A ticket's bytes are outside the server's budget (they are the caller's,
-// delivered); Python takes every ticket it gets before its call returns.
+// delivered); Python takes every ticket it gets before its call returns,
+// or gives it back (take with no addresses: loader.Server.Return).
+//
+// DataLoader workers do not call in: pft_loader_listen serves the same
+// server to them over a Unix socket (loader.ServeLocal), the same two
+// steps as requests of the local protocol, the bytes crossing into their
+// shared memory.
 
 // progressPair keeps the caller's two counters at (done, total); another
 // thread may poll them during the call.
@@ -132,6 +138,8 @@ func pft_loader_verify(dir *C.char, progress *C.int64_t, out **C.char, errbuf *C
 type loaderServer struct {
 	srv *loader.Server
 
+	local *loader.Local // the endpoint for workers, once listening
+
 	mu      sync.Mutex
 	next    uint64
 	tickets map[uint64][]loader.Sample
@@ -179,7 +187,7 @@ func pft_loader_set_epoch(h C.uint64_t, e C.uint64_t, errbuf *C.char, errlen C.s
 // loaderMetaFields is the int64s pft_loader_get writes per sample:
 // position (in the pack's index), source (index in the pack's spec),
 // label, length in bytes.
-const loaderMetaFields = 4
+const loaderMetaFields = loader.LocalMetaFields
 
 // pft_loader_get serves n requests for the positions at indices
 // (loader.Server.GetBatch: all of them or none), writing
@@ -221,8 +229,9 @@ func pft_loader_get(h C.uint64_t, n C.int64_t, indices *C.int64_t, meta *C.int64
 
 // pft_loader_take copies the n samples of a pft_loader_get batch into the
 // caller's memory at addrs (each the length get gave it; used during the
-// call only) and drops the ticket. addrs NULL drops the ticket and its
-// bytes, copying nothing.
+// call only) and drops the ticket. addrs NULL gives the batch back to the
+// server instead (loader.Server.Return: the requests asked again get its
+// samples), copying nothing.
 //
 //export pft_loader_take
 func pft_loader_take(h C.uint64_t, ticket C.uint64_t, n C.int64_t, addrs *unsafe.Pointer, errbuf *C.char, errlen C.size_t) C.int {
@@ -239,6 +248,7 @@ func pft_loader_take(h C.uint64_t, ticket C.uint64_t, n C.int64_t, addrs *unsafe
 		case !ok:
 			return fmt.Errorf("%w: loader: no batch of ticket %d (taken already?)", gds.ErrInvalid, uint64(ticket))
 		case addrs == nil:
+			ls.srv.Return(batch)
 			return nil
 		case int(n) != len(batch):
 			return fmt.Errorf("%w: loader: %d addresses for the %d samples of ticket %d", gds.ErrInvalid, n, len(batch), uint64(ticket))
@@ -250,6 +260,32 @@ func pft_loader_take(h C.uint64_t, ticket C.uint64_t, n C.int64_t, addrs *unsafe
 			}
 			copy(dst, batch[k].Data)
 		}
+		return nil
+	})
+}
+
+// pft_loader_listen serves the server to the node's other processes
+// (DataLoader workers) on the Unix socket addr ("@name": Linux's abstract
+// namespace), loader.ServeLocal, until pft_loader_close. Errors reach the
+// clients with this ABI's status codes. A server listens on one address.
+//
+//export pft_loader_listen
+func pft_loader_listen(h C.uint64_t, addr *C.char, errbuf *C.char, errlen C.size_t) C.int {
+	return call(errbuf, errlen, func() error {
+		ls, err := lookup[*loaderServer](h)
+		if err != nil {
+			return err
+		}
+		ls.mu.Lock()
+		defer ls.mu.Unlock()
+		if ls.local != nil {
+			return fmt.Errorf("%w: loader: the server listens on %s already", gds.ErrInvalid, ls.local.Addr())
+		}
+		l, err := loader.ServeLocal(ls.srv, C.GoString(addr), loader.LocalOptions{Status: func(err error) int32 { return int32(statusOf(err)) }})
+		if err != nil {
+			return err
+		}
+		ls.local = l
 		return nil
 	})
 }
@@ -316,6 +352,14 @@ func pft_loader_close(h C.uint64_t, errbuf *C.char, errlen C.size_t) C.int {
 		ls, err := release[*loaderServer](h)
 		if err != nil {
 			return err
+		}
+		ls.mu.Lock()
+		local := ls.local
+		ls.mu.Unlock()
+		if local != nil {
+			if err := local.Close(); err != nil {
+				return err
+			}
 		}
 		return ls.srv.Close()
 	})

@@ -43,14 +43,45 @@ type ticket struct {
 	err   error
 }
 
+// spare is an undelivered sample of a slot held outside it: one a
+// requester gave back without taking it (Return: data, ready), or, after
+// Restore, a second filled sample of one slot (f: its fill, read when a
+// request takes it). A request is served from its slot's spares first,
+// oldest first, before the slot.
+type spare struct {
+	pos   int
+	f     *fill
+	data  []byte
+	ready bool
+}
+
 // assign answers the request for position i (admitted: its slot has an
-// undelivered sample), refilling the abstract chunk when i's slot is
-// empty, and invalidates the slot.
+// undelivered sample), from the slot's spares first, else from the slot,
+// refilling the abstract chunk when i's slot is empty, and invalidates
+// what it served.
 func (s *Server) assign(i int) ticket {
 	n := s.lay.ChunkSize
 	c, j := i/n, i%n
 	g := s.lay.group(c)
 	x := g*n + j
+	if sp := s.spares[x]; len(sp) > 0 {
+		e := sp[0]
+		if s.spares[x] = sp[1:]; len(sp) == 1 {
+			delete(s.spares, x)
+		}
+		t := ticket{req: i, pos: e.pos, f: e.f}
+		switch {
+		case e.ready:
+			t.data, t.ready = e.data, true
+			s.held -= int64(len(e.data))
+		case e.f.landed:
+			t.err = cmpErr(e.f.err, e.f.bad[e.pos])
+		default:
+			e.f.out[e.pos] = nil
+		}
+		s.deliver(x, e.pos)
+		return t
+	}
 	if s.slotChunk[x] < 0 {
 		s.refill(g, s.choose(g, j))
 	}
@@ -68,12 +99,38 @@ func (s *Server) assign(i int) ticket {
 	}
 	s.slotChunk[x], s.slotFill[x], s.slotData[x] = -1, nil, nil
 	s.empty[g*s.words:].set(j)
+	s.deliver(x, pos)
+	return t
+}
+
+// deliver records position pos, of slot x, delivered.
+func (s *Server) deliver(x, pos int) {
 	s.delivered.set(pos)
 	s.nDelivered++
 	s.left[x]--
 	s.stats.Served++
 	s.stats.BytesDelivered += s.ix.Samples[pos].Length
-	return t
+}
+
+// giveBack undoes deliver for a sample its requester did not take: it
+// becomes a spare of its slot, with its bytes.
+func (s *Server) giveBack(smp Sample) {
+	n := s.lay.ChunkSize
+	pos := smp.Position
+	x := s.lay.group(pos/n)*n + pos%n
+	data := smp.Data
+	if data == nil {
+		data = []byte{}
+	}
+	s.spares[x] = append(s.spares[x], spare{pos: pos, data: data, ready: true})
+	s.delivered.unset(pos)
+	s.nDelivered--
+	s.left[x]++
+	s.held += int64(len(data))
+	s.stats.Served--
+	s.stats.BytesDelivered -= s.ix.Samples[pos].Length
+	s.stats.Returned++
+	s.notePeak()
 }
 
 // choose picks the chunk that refills group g for a request at slot j:
@@ -160,10 +217,18 @@ func (s *Server) land(f *fill, buf []byte, err error, bad map[int]error) {
 			continue
 		}
 		x := s.lay.group(f.chunk)*n + pos%n
-		if s.slotFill[x] == f {
+		if s.slotFill[x] == f && s.slotChunk[x]*n+pos%n == pos {
 			s.slotData[x] = bytes.Clone(data)
 			s.held += e.Length
 			useful += e.Length
+			continue
+		}
+		for k := range s.spares[x] {
+			if sp := &s.spares[x][k]; sp.f == f && sp.pos == pos && !sp.ready {
+				sp.data, sp.ready = bytes.Clone(data), true
+				s.held += e.Length
+				useful += e.Length
+			}
 		}
 	}
 	s.stats.WastedBytes += int64(len(buf)) - useful

@@ -33,7 +33,8 @@ type Sample struct {
 	Position int    `json:"position"` // the position delivered (its place in the pack's index)
 	Source   int    `json:"source"`   // its index in the PackSpec
 	Label    int    `json:"label"`
-	Data     []byte `json:"-"` // its bytes, the caller's from now on
+	Epoch    uint64 `json:"epoch"` // the epoch it was delivered in
+	Data     []byte `json:"-"`     // its bytes, the caller's from now on
 }
 
 // Stats describe a server's work. The counters are the current epoch's
@@ -47,7 +48,11 @@ type Stats struct {
 	// WastedBytes were read but will not be delivered from that read: the
 	// samples of a chunk already filled this epoch, slots occupied, the
 	// padding.
-	WastedBytes   int64 `json:"wasted_bytes"`
+	WastedBytes int64 `json:"wasted_bytes"`
+	// Returned samples were delivered and given back untaken (Return:
+	// a worker that died, a caller that failed before taking its batch);
+	// they are served again, from memory.
+	Returned      int64 `json:"returned"`
 	HeldBytes     int64 `json:"held_bytes"`      // in slots now
 	InFlightBytes int64 `json:"in_flight_bytes"` // of chunk reads now
 	PeakBytes     int64 `json:"peak_bytes"`      // held plus in flight, at most
@@ -84,6 +89,7 @@ type Server struct {
 	slotChunk  []int
 	slotFill   []*fill
 	slotData   [][]byte
+	spares     map[int][]spare // by slot: its samples held outside it
 	left       []int
 	delivered  bitset // positions delivered this epoch
 	nDelivered int
@@ -147,6 +153,7 @@ func (s *Server) reset(e uint64) {
 	for i := range s.slotChunk {
 		s.slotChunk[i], s.slotFill[i], s.slotData[i], s.left[i] = -1, nil, nil, 0
 	}
+	s.spares = map[int][]spare{}
 	for c := range s.lay.Chunks {
 		g := s.lay.group(c)
 		for k := range s.ix.Chunks[c].Samples {
@@ -251,7 +258,7 @@ func (s *Server) GetBatch(is []int) ([]Sample, error) {
 			continue
 		}
 		e := &s.ix.Samples[t.pos]
-		out[k] = Sample{Request: t.req, Position: t.pos, Source: e.Source, Label: e.Label, Data: t.data}
+		out[k] = Sample{Request: t.req, Position: t.pos, Source: e.Source, Label: e.Label, Epoch: s.epoch, Data: t.data}
 	}
 	if first != nil {
 		return nil, first
@@ -372,6 +379,28 @@ func (s *Server) readFill(f *fill) {
 		}
 	}
 	finished = true
+}
+
+// Return gives back samples a GetBatch delivered that their requester
+// did not take (a DataLoader worker that died holding its batch, a caller
+// that failed before copying it out): each is undelivered again and held
+// in memory outside its slot until a request for its slot takes it (such
+// a request is served by it before the slot). Exactly once per epoch then
+// still holds when the requests that got them are asked again. Samples of
+// another epoch than the current one (SetEpoch or Restore since), or not
+// delivered now, are dropped. Given-back bytes count as held, and may take
+// the memory over the budget by the batches given back. Their order is
+// part of the request sequence the delivered order is a function of.
+func (s *Server) Return(samples []Sample) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, smp := range samples {
+		if s.closed || smp.Epoch != s.epoch || smp.Position < 0 || smp.Position >= s.lay.Samples ||
+			!s.delivered.has(smp.Position) {
+			continue
+		}
+		s.giveBack(smp)
+	}
 }
 
 // Close refuses further requests. Reads in flight finish for the requests

@@ -8,8 +8,9 @@ import (
 // A server's state mid-epoch, for a resume in a new process: which
 // samples were filled (read into memory) and which delivered this epoch,
 // and the tie-break stream's position. The samples filled and not yet
-// delivered are the ones in slots (each slot holds at most one); a
-// restored server reads their chunks again when a request takes one.
+// delivered are the ones in slots and their spares (given back by
+// Return); a restored server reads their chunks again when a request
+// takes one.
 // Restored from the same state, a server answers the same requests with
 // the same samples as the server the state was taken from would have.
 
@@ -33,6 +34,11 @@ type State struct {
 	// i/8): read into memory, and delivered, this epoch.
 	Filled    []byte `json:"filled"`
 	Delivered []byte `json:"delivered"`
+	// Spares are the positions given back (Server.Return) and not yet
+	// delivered again, held outside their slots: by slot, in the order
+	// they will be served. Every other position filled and not delivered
+	// is in its slot.
+	Spares []int `json:"spares,omitempty"`
 }
 
 // State returns the server's state. Requests in flight count as served:
@@ -50,9 +56,15 @@ func (s *Server) State() (State, error) {
 			filled.set(i)
 		}
 	}
+	var spares []int
+	for x := range s.slotChunk {
+		for _, sp := range s.spares[x] {
+			spares = append(spares, sp.pos)
+		}
+	}
 	return State{Version: StateVersion, Pack: hex.EncodeToString(s.ix.SpecHash[:]), IndexCRC: s.ix.CRC,
 		ChunksPerGroup: s.lay.ChunksPerGroup, Seed: s.seed, Epoch: s.epoch, Draws: s.tie.draws,
-		Served: s.nDelivered, Filled: filled.bytes(n), Delivered: s.delivered.bytes(n)}, nil
+		Served: s.nDelivered, Filled: filled.bytes(n), Delivered: s.delivered.bytes(n), Spares: spares}, nil
 }
 
 // Restore puts the server in state st, taken by State from a server of the
@@ -82,6 +94,18 @@ func (s *Server) Restore(st State) error {
 		// draw is rarely rejected.
 		return bad("a tie-break stream position of %d for %d samples", st.Draws, n)
 	}
+	isSpare := map[int]bool{}
+	for _, i := range st.Spares {
+		switch {
+		case i < 0 || i >= n:
+			return bad("spare position %d outside the pack's 0..%d", i, n-1)
+		case isSpare[i]:
+			return bad("spare position %d listed twice", i)
+		case !filled.has(i) || delivered.has(i):
+			return bad("spare position %d is not filled and undelivered", i)
+		}
+		isSpare[i] = true
+	}
 	inSlot := make([]int, s.lay.AbstractChunks*size) // position+1 in each slot
 	count := 0
 	for i := range n {
@@ -90,7 +114,7 @@ func (s *Server) Restore(st State) error {
 			return bad("position %d delivered but never filled", i)
 		case delivered.has(i):
 			count++
-		case filled.has(i):
+		case filled.has(i) && !isSpare[i]:
 			x := s.lay.group(i/size)*size + i%size
 			if inSlot[x] != 0 {
 				return bad("positions %d and %d both in slot %d of abstract chunk %d", inSlot[x]-1, i, i%size, x/size)
@@ -130,8 +154,14 @@ func (s *Server) Restore(st State) error {
 			fills[c] = f
 		}
 		f.samples = append(f.samples, i)
-		s.slotChunk[x], s.slotFill[x] = c, f
-		s.empty[(x/size)*s.words:].unset(k)
+		if !isSpare[i] {
+			s.slotChunk[x], s.slotFill[x] = c, f
+			s.empty[(x/size)*s.words:].unset(k)
+		}
+	}
+	for _, i := range st.Spares {
+		x := s.lay.group(i/size)*size + i%size
+		s.spares[x] = append(s.spares[x], spare{pos: i, f: fills[i/size]})
 	}
 	s.stats.Served = int64(s.nDelivered)
 	return nil

@@ -101,6 +101,11 @@ func TestStateRefusals(t *testing.T) {
 		{"two samples in one slot", "both in slot", nil, func(st *State) {
 			st.Filled = []byte{0xff, 0xff, 0xff, 0xff, 0x1f}
 		}},
+		{"a spare never filled", "spare position 36 is not filled", nil, func(st *State) { st.Spares = []int{36} }},
+		{"a spare twice", "listed twice", nil, func(st *State) {
+			st.Filled = []byte{0xff, 0xff, 0xff, 0xff, 0x1f}
+			st.Spares = []int{36, 36}
+		}},
 		{"a count that disagrees", "14 samples served, 13 delivered", nil, func(st *State) { st.Served++ }},
 		{"a stream position past any", "tie-break stream position", nil, func(st *State) { st.Draws = 1 << 40 }},
 	} {

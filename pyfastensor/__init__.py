@@ -16,6 +16,7 @@ from .errors import (
     NoSpaceError,
     NotFoundError,
     PermissionDeniedError,
+    ServerUnavailableError,
     UnsupportedError,
 )
 from .info import info
@@ -33,6 +34,7 @@ __all__ = [
     "Offload",
     "OffloadSummary",
     "PermissionDeniedError",
+    "ServerUnavailableError",
     "UnsupportedError",
     "__version__",
     "async_save",

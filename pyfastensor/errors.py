@@ -69,3 +69,12 @@ class InternalError(FastensorError):
 
 class ForkedProcessError(FastensorError, RuntimeError):
     """pyfastensor was used in a process forked after the library was loaded."""
+
+
+class ServerUnavailableError(FastensorError, ConnectionError):
+    """A DataLoader worker cannot reach its dataset's loader server in the main process.
+
+    The server listens from the dataset's first use in the main process and
+    stops when the dataset closes; a worker waits for it a while, then raises
+    this naming the dataset and the address.
+    """

@@ -42,3 +42,16 @@ def serve(ds: torch.utils.data.Dataset, order: list[int], batch_size: int = 32) 
     sample as (position, label, sha1 of its bytes). ``ds`` has ``with_index=True``."""
     dl = torch.utils.data.DataLoader(ds, batch_size=batch_size, sampler=order, collate_fn=keep)
     return [(int(i), int(label), digest(data)) for batch in dl for data, label, i in batch]
+
+
+def native_mapped() -> bool:
+    """Whether this process has pyfastensor's native library mapped."""
+    with open("/proc/self/maps") as f:
+        return any("pyfastensor/_native" in line for line in f)
+
+
+def tag_process(data: torch.Tensor) -> tuple[torch.Tensor, int, bool]:
+    """A transform recording which process served a sample and whether it mapped the library."""
+    import os
+
+    return data, os.getpid(), native_mapped()

@@ -2,7 +2,7 @@
 
 Every delivered sample is checked against its source file; exactly once per
 epoch under any request order; resume in a new process; damaged and
-mismatched packs, tiny budgets, DataLoader workers refused, each error's
+mismatched packs, tiny budgets, each error's
 message checked.
 """
 
@@ -303,29 +303,6 @@ def test_memory_peak_within_budget(packed, min_budget, factor):
     assert 0 < st["peak_bytes"] <= budget == st["budget"]
     assert st["served"] == N and st["held_bytes"] == 0 and st["in_flight_bytes"] == 0
     assert st["bytes_read"] >= verify(packed, progress=False)["file_bytes"]
-
-
-@pytest.mark.parametrize("context", ["fork", "spawn"])
-@pytest.mark.parametrize("opened", [False, True], ids=["unopened", "opened"])
-def test_dataloader_workers_refused(packed, context, opened):
-    ds = ChunkDataset(packed, memory_budget=1 << 30, with_index=True)
-    if opened:
-        assert len(ds) == N  # the parent loaded Go and opened its server before the workers start
-    dl = torch.utils.data.DataLoader(ds, batch_size=32, num_workers=1, multiprocessing_context=context)
-    it = iter(dl)
-    try:
-        with pytest.raises(UnsupportedError) as e:
-            next(it)
-        msg = str(e.value)
-    finally:
-        # torch's iterator, left to the garbage collector after an error, waits 5 s for its worker
-        it._shutdown_workers()
-    assert "in DataLoader worker process" in msg
-    assert "num_workers > 0 is not supported yet" in msg
-    assert "would deliver every sample once per worker" in msg and "num_workers=0" in msg
-    got = serve(ds, _perm(5))  # the parent, with num_workers=0, still works
-    assert sorted(p for p, _, _ in got) == list(range(N))
-    ds.close()
 
 
 def test_lifetime(packed):

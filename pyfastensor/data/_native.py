@@ -24,6 +24,7 @@ _lib.register({
     "pft_loader_set_epoch": [_lib.u64, _lib.u64],
     "pft_loader_get": [_lib.u64, _lib.i64, _P(_lib.i64), _P(_lib.i64), _P(_lib.u64)],
     "pft_loader_take": [_lib.u64, _lib.u64, _lib.i64, _P(_lib.c_void_p)],
+    "pft_loader_listen": [_lib.u64, _lib.c_char_p],
     "pft_loader_state": [_lib.u64, _P(_lib.c_void_p)],
     "pft_loader_restore": [_lib.u64, _lib.c_char_p],
     "pft_loader_stats": [_lib.u64, _P(_lib.c_void_p)],
@@ -84,12 +85,16 @@ class Server(_lib.Handle):
         return meta[:], ticket.value
 
     def take(self, ticket: int, addrs: Sequence[int] | None) -> None:
-        """Copy the ticket's samples to ``addrs`` (each its sample's length), or drop them (None)."""
+        """Copy the ticket's samples to ``addrs`` (each its sample's length), or give them back (None)."""
         if addrs is None:
             _lib.call("pft_loader_take", self._live(), ticket, 0, None)
             return
         arr = (ctypes.c_void_p * len(addrs))(*[a or None for a in addrs])
         _lib.call("pft_loader_take", self._live(), ticket, len(addrs), arr)
+
+    def listen(self, address: str) -> None:
+        """Serve DataLoader workers at the Unix socket ``address`` (``@name``: abstract) until closed."""
+        _lib.call("pft_loader_listen", self._live(), address.encode())
 
     def state(self) -> dict[str, Any]:
         out = ctypes.c_void_p()

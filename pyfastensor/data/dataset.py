@@ -2,7 +2,10 @@
 
 The Go server (``loader/server.go``) owns the abstract memory and decides
 which sample answers each request; this class turns requests into one
-native call per batch and the answers into uint8 tensors.
+native call per batch and the answers into uint8 tensors. The server lives
+in the process that uses the dataset first (the training script's); its
+DataLoader workers are clients of it over a Unix socket (``_client.py``),
+never loading the Go runtime.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import json
 import operator
 import os
+import secrets
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -18,7 +22,7 @@ import torch
 import torch.utils.data
 
 from .. import config, errors
-from . import _native
+from . import _client, _native
 from .pack import _check_seed
 
 
@@ -52,12 +56,23 @@ class ChunkDataset(torch.utils.data.Dataset):
     block, or when the dataset is collected. A pickled copy carries the
     arguments only and opens a server of its own.
 
-    Processes: use it with ``num_workers=0`` (the server reads chunks on its
-    own threads). Inside a DataLoader worker process it raises
-    :class:`~pyfastensor.errors.UnsupportedError`: one server per node must
-    own the memory budget and the epoch's delivered set, and a server per
-    worker would deliver every sample once per worker. Workers as clients of
-    the one server are not built yet.
+    Processes: one server owns the memory budget and the epoch's record of
+    delivered samples: it runs in the process that uses the dataset first
+    (``len(dataset)``, which torch's samplers call when the DataLoader is
+    made), reading chunks on its own threads. DataLoader workers, forked or
+    spawned, are its clients over a Unix socket and never load the Go
+    runtime; each batch's bytes are copied once, by the server, into one
+    shared-memory storage the worker allocates, and the batch's tensors are
+    views of it that reach the main process without another copy (so a
+    sample kept alive keeps its batch's storage). A worker killed while
+    holding a batch it has not taken gives it back: the requests asked again
+    (by a new DataLoader resuming the epoch) get its samples, so none is lost
+    or repeated; a batch taken is delivered. ``set_epoch``,
+    ``state_dict``, ``load_state_dict``, ``stats``, ``classes`` and ``layout``
+    belong to the main process. With workers, batches prefetched and not yet
+    consumed count as delivered in a :meth:`state_dict`: take it with the
+    DataLoader's iterator drained (at an epoch's end) or use ``num_workers=0``
+    for mid-epoch resume.
 
     Concurrency: the methods may be called from several threads; the
     server orders concurrent batches as they reach it.
@@ -113,30 +128,61 @@ class ChunkDataset(torch.utils.data.Dataset):
         self._server: _native.Server | None = None
         self._closed = False
         self._lock = threading.Lock()
+        # The server's address for workers: its owner's pid and a token, so
+        # that forked and spawned workers know it before it listens.
+        self._owner = os.getpid()
+        self._token = secrets.token_hex(8)
+        self._client: _client.Client | None = None
+        self._client_pid = 0
 
-    # The server: opened on first use, refused in a DataLoader worker.
+    # The server: opened on first use in the owning process; a worker's client.
+
+    def _address(self) -> str:
+        return f"@pyfastensor-loader-{self._owner}-{self._token}"
+
+    @staticmethod
+    def _in_worker() -> bool:
+        return torch.utils.data.get_worker_info() is not None
 
     def _live(self) -> _native.Server:
-        info = torch.utils.data.get_worker_info()
-        if info is not None:
+        if self._in_worker():
+            info = torch.utils.data.get_worker_info()
             raise errors.UnsupportedError(
-                f"ChunkDataset({self.root!r}) is used in DataLoader worker process {info.id} of "
-                f"{info.num_workers}: num_workers > 0 is not supported yet. One loader server per node "
-                "must own the memory budget and the epoch's record of delivered samples; a server "
-                "opened in each worker would deliver every sample once per worker. Use "
-                "DataLoader(..., num_workers=0): the server reads chunks on its own threads.")
+                f"ChunkDataset({self.root!r}): this method belongs to the main process, not DataLoader "
+                f"worker {info.id if info else '?'}: the server there owns the epoch, its state and "
+                "counters; workers only fetch batches")
         with self._lock:
             if self._closed:
                 raise ValueError(f"ChunkDataset({self.root!r}) is closed")
-            if self._server is None:
-                self._server = _native.Server(self.root, self.memory_budget, self.seed)
+            if self._server is None or os.getpid() != self._owner:
+                # First use, or a copy in another process (pickled, not a
+                # worker): this process serves its own.
+                self._server, self._owner, self._token = None, os.getpid(), secrets.token_hex(8)
+                server = _native.Server(self.root, self.memory_budget, self.seed)
+                try:
+                    server.listen(self._address())
+                except BaseException:
+                    server.close()
+                    raise
+                self._server = server
             return self._server
+
+    def _worker_client(self) -> _client.Client:
+        if self._closed:
+            raise ValueError(f"ChunkDataset({self.root!r}) is closed")
+        if self._client is None or self._client_pid != os.getpid():
+            self._client = _client.Client(self._address(), f"ChunkDataset({self.root!r})")
+            self._client_pid = os.getpid()
+        return self._client
 
     def close(self) -> None:
         """Close the native server and free its memory (idempotent); the dataset is unusable after."""
         with self._lock:
             server, self._server, self._closed = self._server, None, True
-        if server is not None:
+            client, self._client = self._client, None
+        if client is not None and self._client_pid == os.getpid():
+            client.close()
+        if server is not None and self._owner == os.getpid():
             server.close()
 
     def __enter__(self) -> ChunkDataset:
@@ -147,7 +193,7 @@ class ChunkDataset(torch.utils.data.Dataset):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_server"], state["_lock"] = None, None
+        state["_server"], state["_lock"], state["_client"] = None, None, None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -166,6 +212,8 @@ class ChunkDataset(torch.utils.data.Dataset):
                 or this is a DataLoader worker process.
             InvalidArgumentError: ``memory_budget`` is below the pack's minimum (naming both).
         """
+        if self._in_worker():
+            return int(self._worker_client().info["samples"])
         return int(self._live().summary["samples"])
 
     @property
@@ -217,11 +265,14 @@ class ChunkDataset(torch.utils.data.Dataset):
                 every sample of the epoch was delivered: call :meth:`set_epoch` first.
             CorruptFileError: a chunk read while serving is damaged (naming the chunk
                 file and sample); the samples of the batch are lost to the epoch.
-            UnsupportedError: in a DataLoader worker process.
+            ServerUnavailableError: in a DataLoader worker, the main process's server
+                is not listening (not used there yet, or closed).
         """
+        idx = [operator.index(i) for i in indices]
+        if self._in_worker():
+            return self._items(*self._fetch_in_worker(idx))
         server = self._live()
         n = int(server.summary["samples"])
-        idx = [operator.index(i) for i in indices]
         for i in idx:
             if not 0 <= i < n:
                 raise IndexError(f"index {i} is outside ChunkDataset({self.root!r}) of {n} samples")
@@ -241,6 +292,42 @@ class ChunkDataset(torch.utils.data.Dataset):
             raise
         # datas owns the memory Go copies into: alive (this frame) until take returns.
         server.take(ticket, [d.data_ptr() for d in datas])
+        return self._items(meta, datas)
+
+    def _fetch_in_worker(self, idx: list[int]) -> tuple[list[int], list[torch.Tensor]]:
+        """A worker's batch: the server's answer, its bytes in one shared-memory storage."""
+        client = self._worker_client()
+        n = int(client.info["samples"])
+        for i in idx:
+            if not 0 <= i < n:
+                raise IndexError(f"index {i} is outside ChunkDataset({self.root!r}) of {n} samples")
+        meta, ticket = client.get(idx)
+        f = _native.META_FIELDS
+        lengths = [meta[k * f + 3] for k in range(len(idx))]
+        total = sum(lengths)
+        try:
+            storage = torch.UntypedStorage._new_shared(max(total, 1))
+            fd, close_fd = _shared_fd(storage)
+            try:
+                client.take(ticket, len(idx), fd, storage.nbytes())
+            finally:
+                if close_fd:
+                    os.close(fd)
+        except BaseException:
+            try:
+                client.give_back(ticket)
+            except errors.FastensorError:
+                pass  # the server is gone: nothing to give back to
+            raise
+        flat = torch.empty(0, dtype=torch.uint8).set_(storage)
+        datas, at = [], 0
+        for length in lengths:
+            datas.append(flat[at:at + length])
+            at += length
+        return meta, datas
+
+    def _items(self, meta: list[int], datas: list[torch.Tensor]) -> list[tuple[Any, ...]]:
+        f = _native.META_FIELDS
         items: list[tuple[Any, ...]] = []
         for k, data in enumerate(datas):
             out = self.transform(data) if self.transform is not None else data
@@ -316,3 +403,19 @@ class ChunkDataset(torch.utils.data.Dataset):
     def __repr__(self) -> str:
         return (f"ChunkDataset({self.root!r}, memory_budget={self.memory_budget}, seed={self.seed}, "
                 f"with_index={self.with_index})")
+
+
+def _shared_fd(storage: torch.UntypedStorage) -> tuple[int, bool]:
+    """A file descriptor of a shared-memory storage, and whether the caller closes it.
+
+    Under torch's ``file_descriptor`` sharing strategy (Linux's default) the
+    storage keeps its own; under ``file_system`` its memory is a named file
+    under /dev/shm, opened here.
+    """
+    try:
+        fd, _ = storage._share_fd_cpu_()
+        return int(fd), False
+    except RuntimeError:
+        _, name, _ = storage._share_filename_cpu_()
+        name = name.decode() if isinstance(name, bytes) else name
+        return os.open(os.path.join("/dev/shm", name.lstrip("/")), os.O_RDWR), True

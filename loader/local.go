@@ -1,0 +1,366 @@
+package loader
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"sync"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/pyfastensor/pyfastensor/gds"
+)
+
+// The local protocol: one server per node, its clients the other
+// processes of the node (DataLoader workers), which never load the Go
+// runtime. A client connects to a Unix stream socket and sends requests,
+// one at a time, each answered before the next:
+//
+//	frame    = u32 length of what follows, then the body (little-endian)
+//	request  = u32 op, u32 n, u64 arg, payload
+//	response = i32 status, u32 n, u64 ticket, payload
+//
+//	LocalHello  ->  payload: LocalHello, JSON
+//	LocalGet    n positions (i64 each)  ->  ticket, n × LocalMetaFields i64
+//	LocalTake   arg ticket, n its samples, payload u64 offset, u64 size,
+//	            one file descriptor (SCM_RIGHTS)  ->  nothing
+//	LocalReturn arg ticket  ->  nothing
+//
+// Get serves a batch (Server.GetBatch: the samples are delivered by it)
+// and keeps its bytes under a ticket. Take writes them, back to back in
+// request order, into the client's shared memory (the file descriptor,
+// mapped here for the copy: one copy per byte, from the server's memory
+// into the memory the client's tensors own, and none through the socket)
+// from offset, and drops the ticket. Return gives the samples back
+// (Server.Return). A connection that closes holding tickets, a client
+// that died, gives their samples back, so a killed worker loses no sample
+// and duplicates none. A non-zero status is the caller's status code
+// (LocalOptions.Status) with the error's message as payload.
+//
+// Connections are accepted from processes of the server's user only
+// (SO_PEERCRED): an abstract socket has no file permissions.
+
+// LocalProtocol is the version of the protocol, checked by LocalHello.
+const LocalProtocol = 1
+
+// The requests' ops.
+const (
+	LocalHello  = 1
+	LocalGet    = 2
+	LocalTake   = 3
+	LocalReturn = 4
+)
+
+// LocalMetaFields is the i64s of a sample's metadata in a LocalGet
+// answer: position, source, label, length.
+const LocalMetaFields = 4
+
+// localMaxFrame bounds a frame: a batch of a million requests.
+const localMaxFrame = 16 + 8<<20
+
+// LocalHelloInfo is the answer to LocalHello.
+type LocalHelloInfo struct {
+	Protocol int    `json:"protocol"`
+	Samples  int    `json:"samples"`
+	Epoch    uint64 `json:"epoch"`
+	PID      int    `json:"pid"`
+}
+
+// LocalOptions configure a Local endpoint.
+type LocalOptions struct {
+	// Status maps an error to the status code a client sees (the C
+	// ABI's, so both paths raise the same exception); nil sends 1.
+	Status func(error) int32
+}
+
+// Local is a Server's endpoint for the processes of its node.
+type Local struct {
+	srv    *Server
+	ln     *net.UnixListener
+	status func(error) int32
+
+	mu     sync.Mutex
+	closed bool
+	conns  map[*net.UnixConn]struct{}
+	wg     sync.WaitGroup
+}
+
+// ServeLocal listens on the Unix socket addr ("@name" for Linux's
+// abstract namespace, which needs no file and leaves none) and serves srv
+// to its clients until Close.
+func ServeLocal(srv *Server, addr string, o LocalOptions) (*Local, error) {
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: addr, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("loader: listen on %s: %w", addr, err)
+	}
+	status := o.Status
+	if status == nil {
+		status = func(error) int32 { return 1 }
+	}
+	l := &Local{srv: srv, ln: ln, status: status, conns: map[*net.UnixConn]struct{}{}}
+	l.wg.Add(1)
+	go l.accept()
+	return l, nil
+}
+
+// Addr is the address the endpoint listens on.
+func (l *Local) Addr() string { return l.ln.Addr().String() }
+
+// Close stops accepting, closes every connection (their tickets' samples
+// given back) and waits for their handlers.
+func (l *Local) Close() error {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return nil
+	}
+	l.closed = true
+	err := l.ln.Close()
+	for c := range l.conns {
+		_ = c.Close()
+	}
+	l.mu.Unlock()
+	l.wg.Wait()
+	return err
+}
+
+func (l *Local) accept() {
+	defer l.wg.Done()
+	for {
+		c, err := l.ln.AcceptUnix()
+		if err != nil {
+			return // closed
+		}
+		if !samePeer(c) {
+			_ = c.Close()
+			continue
+		}
+		l.mu.Lock()
+		if l.closed {
+			l.mu.Unlock()
+			_ = c.Close()
+			return
+		}
+		l.conns[c] = struct{}{}
+		l.wg.Add(1)
+		l.mu.Unlock()
+		go l.serve(c)
+	}
+}
+
+// samePeer reports whether the process at the other end of c runs as
+// this process's user.
+func samePeer(c *net.UnixConn) bool {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return false
+	}
+	ok := false
+	_ = raw.Control(func(fd uintptr) {
+		cred, err := unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+		ok = err == nil && int(cred.Uid) == os.Getuid()
+	})
+	return ok
+}
+
+// localConn is one client's connection and the batches it got and has
+// not taken.
+type localConn struct {
+	c       *net.UnixConn
+	next    uint64
+	tickets map[uint64][]Sample
+}
+
+func (l *Local) serve(c *net.UnixConn) {
+	lc := &localConn{c: c, tickets: map[uint64][]Sample{}}
+	defer func() {
+		for _, batch := range lc.tickets { // the client died holding them
+			l.srv.Return(batch)
+		}
+		l.mu.Lock()
+		delete(l.conns, c)
+		l.mu.Unlock()
+		_ = c.Close()
+		l.wg.Done()
+	}()
+	for {
+		body, fds, err := readFrame(c)
+		if err != nil {
+			for _, fd := range fds {
+				_ = unix.Close(fd)
+			}
+			return // EOF, a closed endpoint, a malformed frame: the connection ends
+		}
+		resp, ok := l.handle(lc, body, fds)
+		for _, fd := range fds {
+			_ = unix.Close(fd)
+		}
+		if !ok {
+			return
+		}
+		if err := writeFrame(c, resp); err != nil {
+			return
+		}
+	}
+}
+
+// handle answers one request; ok false ends the connection (a request
+// that does not parse).
+func (l *Local) handle(lc *localConn, body []byte, fds []int) (resp []byte, ok bool) {
+	if len(body) < 16 {
+		return nil, false
+	}
+	op, n, arg := binary.LittleEndian.Uint32(body), int(binary.LittleEndian.Uint32(body[4:])), binary.LittleEndian.Uint64(body[8:])
+	payload := body[16:]
+	fail := func(err error) ([]byte, bool) {
+		return response(l.status(err), 0, 0, []byte(err.Error())), true
+	}
+	switch op {
+	case LocalHello:
+		info, err := json.Marshal(LocalHelloInfo{Protocol: LocalProtocol, Samples: l.srv.Len(), Epoch: l.srv.Epoch(), PID: os.Getpid()})
+		if err != nil {
+			return fail(err)
+		}
+		return response(0, 0, 0, info), true
+	case LocalGet:
+		if len(payload) != 8*n {
+			return nil, false
+		}
+		is := make([]int, n)
+		for k := range is {
+			is[k] = int(int64(binary.LittleEndian.Uint64(payload[8*k:])))
+		}
+		batch, err := l.srv.GetBatch(is)
+		if err != nil {
+			return fail(err)
+		}
+		lc.next++
+		lc.tickets[lc.next] = batch
+		meta := make([]byte, 8*LocalMetaFields*n)
+		for k, s := range batch {
+			m := meta[8*LocalMetaFields*k:]
+			for f, v := range [LocalMetaFields]int64{int64(s.Position), int64(s.Source), int64(s.Label), int64(len(s.Data))} {
+				binary.LittleEndian.PutUint64(m[8*f:], uint64(v))
+			}
+		}
+		return response(0, uint32(n), lc.next, meta), true
+	case LocalTake:
+		batch, found := lc.tickets[arg]
+		switch {
+		case len(payload) != 16:
+			return nil, false
+		case !found:
+			return fail(fmt.Errorf("%w: no batch of ticket %d (taken already?)", ErrInvalid, arg))
+		case n != len(batch):
+			return fail(fmt.Errorf("%w: take of %d samples for the %d of ticket %d", ErrInvalid, n, len(batch), arg))
+		case len(fds) != 1:
+			return fail(fmt.Errorf("%w: take of ticket %d came with %d file descriptors, not one", ErrInvalid, arg, len(fds)))
+		}
+		off, size := binary.LittleEndian.Uint64(payload), binary.LittleEndian.Uint64(payload[8:])
+		if err := copyOut(fds[0], off, size, batch); err != nil {
+			return fail(fmt.Errorf("loader: take of ticket %d: %w", arg, err))
+		}
+		delete(lc.tickets, arg)
+		return response(0, uint32(n), arg, nil), true
+	case LocalReturn:
+		if batch, found := lc.tickets[arg]; found {
+			delete(lc.tickets, arg)
+			l.srv.Return(batch)
+		}
+		return response(0, 0, arg, nil), true
+	}
+	return fail(fmt.Errorf("%w: unknown request %d (protocol %d)", gds.ErrUnsupported, op, LocalProtocol))
+}
+
+// copyOut writes batch's bytes back to back from off into the shared
+// memory fd of size bytes (mapped for the copy).
+func copyOut(fd int, off, size uint64, batch []Sample) error {
+	var total uint64
+	for _, s := range batch {
+		total += uint64(len(s.Data))
+	}
+	if off > size || total > size-off {
+		return fmt.Errorf("%w: %d bytes from offset %d do not fit the client's %d bytes", ErrInvalid, total, off, size)
+	}
+	if total == 0 {
+		return nil
+	}
+	if size > 1<<46 {
+		return fmt.Errorf("%w: a shared memory of %d bytes", ErrInvalid, size)
+	}
+	m, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return fmt.Errorf("map the client's shared memory (%d bytes): %w", size, err)
+	}
+	defer func() { _ = unix.Munmap(m) }()
+	at := off
+	for _, s := range batch {
+		at += uint64(copy(m[at:], s.Data))
+	}
+	return nil
+}
+
+func response(status int32, n uint32, ticket uint64, payload []byte) []byte {
+	b := make([]byte, 4+16+len(payload))
+	binary.LittleEndian.PutUint32(b, uint32(16+len(payload)))
+	binary.LittleEndian.PutUint32(b[4:], uint32(status))
+	binary.LittleEndian.PutUint32(b[8:], n)
+	binary.LittleEndian.PutUint64(b[12:], ticket)
+	copy(b[20:], payload)
+	return b
+}
+
+func writeFrame(c *net.UnixConn, b []byte) error {
+	_, err := c.Write(b)
+	return err
+}
+
+// readFrame reads one frame's body and the file descriptors that came
+// with it.
+func readFrame(c *net.UnixConn) (body []byte, fds []int, err error) {
+	var head [4]byte
+	if fds, err = readFull(c, head[:], nil); err != nil {
+		return nil, fds, err
+	}
+	size := binary.LittleEndian.Uint32(head[:])
+	if size > localMaxFrame {
+		return nil, fds, fmt.Errorf("%w: a frame of %d bytes", ErrInvalid, size)
+	}
+	body = make([]byte, size)
+	fds, err = readFull(c, body, fds)
+	return body, fds, err
+}
+
+// readFull fills b from c, collecting the file descriptors of any
+// SCM_RIGHTS message that arrives with its bytes.
+func readFull(c *net.UnixConn, b []byte, fds []int) ([]int, error) {
+	oob := make([]byte, unix.CmsgSpace(4*4))
+	for len(b) > 0 {
+		n, oobn, _, _, err := c.ReadMsgUnix(b, oob)
+		if oobn > 0 {
+			msgs, perr := unix.ParseSocketControlMessage(oob[:oobn])
+			if perr == nil {
+				for _, m := range msgs {
+					if got, rerr := unix.ParseUnixRights(&m); rerr == nil {
+						fds = append(fds, got...)
+					}
+				}
+			}
+		}
+		if n == 0 && err == nil {
+			err = io.ErrUnexpectedEOF
+		}
+		if err != nil {
+			if errors.Is(err, io.EOF) && n > 0 {
+				err = io.ErrUnexpectedEOF
+			}
+			return fds, err
+		}
+		b = b[n:]
+	}
+	return fds, nil
+}

@@ -1,0 +1,128 @@
+"""A DataLoader worker's side of the loader server: the local protocol of ``loader/local.go``.
+
+Workers never load the Go runtime (a forked one cannot use its parent's, a
+spawned one would start a server of its own): the main process's server
+listens on a Unix socket and a worker sends it requests, one at a time.
+A batch crosses in two steps, as in the main process: ``get`` serves the
+requests and answers each sample's position, source, label and length
+under a ticket; the worker allocates one shared-memory storage for the
+batch, ``take`` has the server copy the samples into it (the storage's file
+descriptor travels with the request), and the batch's tensors are views
+of that storage, which torch then hands to the main process without a
+copy. If the worker dies between the two, the server gives the batch back.
+
+Nothing here imports the native library; errors come back as the same
+exceptions the native calls raise.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from .. import errors
+
+# Keep in step with loader/local.go.
+PROTOCOL = 1
+HELLO, GET, TAKE, RETURN = 1, 2, 3, 4
+META_FIELDS = 4
+
+_REQUEST = struct.Struct("<IIIQ")  # frame length, op, n, arg
+_RESPONSE = struct.Struct("<iIQ")  # status, n, ticket
+
+#: How long a worker waits for the main process's server to listen.
+CONNECT_TIMEOUT_S = 30.0
+
+
+def _status_error(status: int) -> type[Exception]:
+    from .._lib import _STATUS  # the table only: importing _lib loads no library
+
+    return _STATUS.get(status, errors.FastensorError)
+
+
+def socket_address(name: str) -> str:
+    """The address Python connects to for the Go address ``name`` (``@x``: abstract namespace)."""
+    return "\0" + name[1:] if name.startswith("@") else name
+
+
+class Client:
+    """One connection to a loader server of this node.
+
+    Args:
+        address: the server's address (``@name`` for the abstract namespace).
+        what: how errors name the dataset (e.g. ``"ChunkDataset('packed')"``).
+        timeout: seconds to wait for the server to listen. Default: ``CONNECT_TIMEOUT_S``.
+    """
+
+    def __init__(self, address: str, what: str, timeout: float | None = None) -> None:
+        timeout = CONNECT_TIMEOUT_S if timeout is None else timeout
+        self.address = address
+        self.what = what
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self._sock.connect(socket_address(address))
+                break
+            except (FileNotFoundError, ConnectionRefusedError) as e:
+                if time.monotonic() > deadline:
+                    self._sock.close()
+                    raise errors.ServerUnavailableError(
+                        f"{what}: no loader server listens at {address!r} after {timeout:.0f}s ({e}). "
+                        "The main process opens it on the dataset's first use there: call len(dataset) "
+                        "in the main process before iterating a DataLoader with workers") from None
+                time.sleep(0.05)
+        self.info: dict[str, Any] = json.loads(self._call(HELLO, 0, 0, b"")[2])
+        if self.info.get("protocol") != PROTOCOL:
+            self._sock.close()
+            raise errors.UnsupportedError(
+                f"{what}: the loader server at {address!r} speaks protocol {self.info.get('protocol')}, "
+                f"this worker {PROTOCOL} (two pyfastensor versions in one job?)")
+
+    def close(self) -> None:
+        """Close the connection (a batch got and not taken goes back to the server)."""
+        self._sock.close()
+
+    def _call(self, op: int, n: int, arg: int, payload: bytes, fd: int | None = None) -> tuple[int, int, bytes]:
+        frame = _REQUEST.pack(16 + len(payload), op, n, arg) + payload
+        try:
+            if fd is None:
+                self._sock.sendall(frame)
+            else:
+                socket.send_fds(self._sock, [frame], [fd])
+            head = self._recv(4)
+            body = self._recv(struct.unpack("<I", head)[0])
+        except OSError as e:
+            raise errors.ServerUnavailableError(f"{self.what}: the loader server at {self.address!r} is gone ({e})") from None
+        status, m, ticket = _RESPONSE.unpack_from(body)
+        payload_out = body[_RESPONSE.size:]
+        if status != 0:
+            raise _status_error(status)(payload_out.decode("utf-8", "replace"))
+        return m, ticket, payload_out
+
+    def _recv(self, n: int) -> bytes:
+        buf = bytearray()
+        while len(buf) < n:
+            chunk = self._sock.recv(n - len(buf))
+            if not chunk:
+                raise ConnectionResetError("connection closed")
+            buf += chunk
+        return bytes(buf)
+
+    def get(self, indices: Sequence[int]) -> tuple[list[int], int]:
+        """Serve requests for ``indices``; return META_FIELDS ints per sample and the batch's ticket."""
+        n = len(indices)
+        _, ticket, meta = self._call(GET, n, 0, struct.pack(f"<{n}q", *indices))
+        return list(struct.unpack(f"<{META_FIELDS * n}q", meta)), ticket
+
+    def take(self, ticket: int, n: int, fd: int, size: int, offset: int = 0) -> None:
+        """Have the server write the ticket's ``n`` samples, back to back, into the shared memory ``fd`` from ``offset``."""
+        self._call(TAKE, n, ticket, struct.pack("<QQ", offset, size), fd)
+
+    def give_back(self, ticket: int) -> None:
+        """Give a batch back untaken: the requests asked again get its samples."""
+        self._call(RETURN, 0, ticket, b"")

@@ -1,0 +1,171 @@
+"""ChunkDataset with DataLoader workers: clients of the main process's loader server.
+
+Every epoch delivers every sample once across forked and spawned workers,
+each sample's bytes checked against its source file; spawned workers never
+map the native library; a worker killed holding a batch gives it back, so
+the epoch still delivers every sample once; a worker with no server to
+reach says so.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+
+import pytest
+import torch
+from data_helpers import CHUNK, CLASSES, PER_CLASS, keep, make_folder, serve, tag_process
+
+from pyfastensor.data import ChunkDataset, pack
+from pyfastensor.data import _client
+from pyfastensor.errors import ServerUnavailableError, UnsupportedError
+
+N = len(CLASSES) * PER_CLASS
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    root = tmp_path_factory.mktemp("src")
+    return root, make_folder(root)
+
+
+@pytest.fixture(scope="module")
+def packed(source, tmp_path_factory):
+    out = tmp_path_factory.mktemp("pack") / "p"
+    pack(source[0], out, chunk_size=CHUNK, seed=7, progress=False)
+    return out
+
+
+def _epoch(dl: torch.utils.data.DataLoader, files: dict[bytes, tuple[str, int]]) -> tuple[list[int], set[int], set[bool]]:
+    """Read one epoch; check every sample's bytes and label; return positions, worker pids, native-mapped flags."""
+    positions, pids, mapped = [], set(), set()
+    for batch in dl:
+        for (data, pid, has_native), label, index in batch:
+            rel, want = files[data.numpy().tobytes()]
+            assert label == want, rel
+            positions.append(int(index))
+            pids.add(pid)
+            mapped.add(has_native)
+    return positions, pids, mapped
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_workers_deliver_every_sample_once(packed, source, context):
+    files = source[1]
+    ds = ChunkDataset(packed, memory_budget=1 << 20, with_index=True, transform=tag_process)
+    g = torch.Generator().manual_seed(3)
+    # shuffle=True: torch's RandomSampler calls len(ds) here, in the main
+    # process, which opens its server before any worker asks.
+    dl = torch.utils.data.DataLoader(ds, batch_size=16, shuffle=True, generator=g, num_workers=2,
+                                     multiprocessing_context=context, collate_fn=keep, persistent_workers=True)
+    orders = []
+    for epoch in range(2):
+        ds.set_epoch(epoch)
+        positions, pids, mapped = _epoch(dl, files)
+        assert sorted(positions) == list(range(N)), f"epoch {epoch}: not every sample once"
+        assert len(pids) == 2 and os.getpid() not in pids, "served in both workers, not the main process"
+        if context == "spawn":
+            assert mapped == {False}, "a spawned worker mapped the native library"
+        st = ds.stats()
+        assert st["served"] == N and st["returned"] == 0 and st["held_bytes"] == 0
+        orders.append(positions)
+    assert orders[0] != orders[1]
+    del dl
+    ds.close()
+
+
+def test_worker_views_share_one_storage(packed):
+    """A worker's batch crosses as views of one shared storage: one copy per byte, by the server."""
+    ds = ChunkDataset(packed, memory_budget=1 << 20)
+    assert len(ds) == N
+    dl = torch.utils.data.DataLoader(ds, batch_size=8, sampler=list(range(8)), num_workers=1, collate_fn=keep)
+    (batch,) = [b for b in dl]
+    storages = {data.untyped_storage().data_ptr() for data, _ in batch}
+    assert len(storages) == 1 and all(data.untyped_storage().is_shared() for data, _ in batch)
+    assert sum(data.numel() for data, _ in batch) == batch[0][0].untyped_storage().nbytes()
+    ds.close()
+
+
+def test_main_process_methods_refused_in_a_worker(packed):
+    ds = ChunkDataset(packed, memory_budget=1 << 20, transform=_stats_in_worker)
+    assert len(ds) == N
+    dl = torch.utils.data.DataLoader(ds, batch_size=4, sampler=[0], num_workers=1, collate_fn=keep)
+    with pytest.raises(UnsupportedError, match="belongs to the main process, not DataLoader worker 0"):
+        list(dl)
+    ds.close()
+
+
+def _stats_in_worker(data: torch.Tensor) -> torch.Tensor:
+    torch.utils.data.get_worker_info().dataset.stats()
+    return data
+
+
+def test_worker_without_a_server(packed, monkeypatch):
+    """A sampler that never calls len(ds): the main process never opened the server."""
+    monkeypatch.setattr(_client, "CONNECT_TIMEOUT_S", 0.3)  # forked workers inherit it
+    ds = ChunkDataset(packed, memory_budget=1 << 20)
+    dl = torch.utils.data.DataLoader(ds, batch_size=4, sampler=[0, 1], num_workers=1,
+                                     multiprocessing_context="fork", collate_fn=keep)
+    with pytest.raises(ServerUnavailableError) as e:
+        list(dl)
+    assert "no loader server listens at '@pyfastensor-loader-" in str(e.value)
+    assert "call len(dataset) in the main process" in str(e.value)
+    assert ds._server is None  # the worker did not open one
+    ds.close()
+
+
+def _client_process(address: str, batches: list[list[int]], die: bool, conn) -> None:
+    """A worker's protocol by hand: take each batch, or, with ``die``, get the first and be killed."""
+    c = _client.Client(address, "test")
+    got = []
+    for idx in batches:
+        meta, ticket = c.get(idx)
+        positions = meta[0::4]
+        if die:
+            conn.send(positions)
+            os.kill(os.getpid(), signal.SIGKILL)
+        total = sum(meta[3::4])
+        storage = torch.UntypedStorage._new_shared(max(total, 1))
+        fd, _ = storage._share_fd_cpu_()
+        c.take(ticket, len(idx), fd, storage.nbytes())
+        got.extend(positions)
+    conn.send(got)
+
+
+def test_killed_worker_loses_and_repeats_nothing(packed):
+    ds = ChunkDataset(packed, memory_budget=1 << 20, with_index=True)
+    assert len(ds) == N
+    order = list(range(N))
+    import random
+
+    random.Random(9).shuffle(order)
+    dead_share, live_share = order[:N // 2], order[N // 2:]
+    batches = lambda share: [share[k:k + 10] for k in range(0, len(share), 10)]  # noqa: E731
+    ctx = multiprocessing.get_context("spawn")
+    procs, pipes = [], []
+    for share, die in ((dead_share, True), (live_share, False)):
+        parent, child = ctx.Pipe()
+        p = ctx.Process(target=_client_process, args=(ds._address(), batches(share), die, child))
+        p.start()
+        procs.append(p)
+        pipes.append(parent)
+    lost = pipes[0].recv()
+    live = pipes[1].recv()
+    for p in procs:
+        p.join(30)
+    assert procs[0].exitcode == -signal.SIGKILL and procs[1].exitcode == 0
+    assert len(lost) == 10 and len(live) == len(live_share)
+
+    # The dead worker's batch is given back when its connection closes; its
+    # share asked again (as a resumed DataLoader would) delivers the rest.
+    import time
+
+    deadline = time.monotonic() + 10
+    while ds.stats()["returned"] != 10 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert ds.stats()["returned"] == 10
+    again = serve(ds, dead_share)
+    assert [p for p, _, _ in again[:10]] == lost, "the batch given back, to the same requests"
+    assert sorted(live + [p for p, _, _ in again]) == list(range(N))
+    ds.close()
