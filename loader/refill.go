@@ -138,7 +138,8 @@ func (s *Server) giveBack(smp Sample) {
 // the one that fills the most empty slots (the paper's fill rate: the
 // highest fills the most and wastes the least of its read), ties broken
 // by the epoch's tie-break stream. The caller has checked that one
-// exists.
+// exists. j < 0 (a read-ahead, for no request yet) picks among all the
+// group's chunks, -1 when none fills a slot.
 func (s *Server) choose(g, j int) int {
 	w := s.words
 	empty := s.empty[g*w : (g+1)*w]
@@ -147,12 +148,15 @@ func (s *Server) choose(g, j int) int {
 	s.ties = s.ties[:0]
 	for c := lo; c < hi; c++ {
 		unfilled := s.unfilled[c*w : (c+1)*w]
-		if !unfilled.has(j) {
+		if j >= 0 && !unfilled.has(j) {
 			continue
 		}
 		fillable := 0
 		for k := range unfilled {
 			fillable += bits.OnesCount64(unfilled[k] & empty[k])
+		}
+		if j < 0 && fillable == 0 {
+			continue
 		}
 		switch {
 		case fillable > best:
@@ -161,10 +165,55 @@ func (s *Server) choose(g, j int) int {
 			s.ties = append(s.ties, c)
 		}
 	}
-	if len(s.ties) == 1 {
+	switch len(s.ties) {
+	case 0:
+		return -1
+	case 1:
 		return s.ties[0]
 	}
 	return s.ties[s.tie.uniform(uint64(len(s.ties)))]
+}
+
+// readAhead starts a refill before any request needs it when the request
+// just served left every slot of its abstract chunk g empty (a sampler
+// that finished a group, a sequential one) and the group has samples left
+// to fill: the chunk choose picks for no slot in particular. Decided
+// under the lock per request, like a request's own refill, so the order
+// stays a function of (seed, epoch, request sequence), whatever the
+// batching; the caller reads the fill without waiting for it. nil when
+// there is none to start.
+func (s *Server) readAhead(g int) *fill {
+	if s.noAhead || s.hasSpares(g) {
+		return nil
+	}
+	n, w := s.lay.ChunkSize, s.words
+	for k, word := range s.empty[g*w : (g+1)*w] {
+		all := ^uint64(0) // the word's bits of slots
+		if rest := n - 64*k; rest < 64 {
+			all = 1<<rest - 1
+		}
+		if word&all != all {
+			return nil // a slot holds a sample
+		}
+	}
+	c := s.choose(g, -1)
+	if c < 0 {
+		return nil
+	}
+	f := s.refill(g, c)
+	f.started = true
+	return f
+}
+
+// hasSpares reports whether a slot of abstract chunk g holds spares.
+func (s *Server) hasSpares(g int) bool {
+	n := s.lay.ChunkSize
+	for x := g * n; x < (g+1)*n; x++ {
+		if len(s.spares[x]) > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // refill fills every empty slot of group g whose sample in chunk c was not

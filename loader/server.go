@@ -20,6 +20,9 @@ type ServerOptions struct {
 	// default for the pack's directory (O_DIRECT for chunk files from
 	// transfer.DirectThreshold where the directory's probe allows it).
 	Chooser transfer.Chooser `json:"-"`
+	// NoReadAhead turns the read-ahead off (readAhead): every read is
+	// then made by the request that needs it, for tests that count them.
+	NoReadAhead bool `json:"no_read_ahead"`
 }
 
 // RefillReads is the number of chunk reads one batch runs at once (within
@@ -73,12 +76,13 @@ type Server struct {
 	owned []bool // by abstract chunk
 	words int    // bitset words per chunk: ceil(N/64)
 
-	mu     sync.Mutex
-	closed bool
-	seed   uint64 // of the tie-break streams (Restore sets it)
-	epoch  uint64
-	tie    *stream
-	ties   []int // choose's scratch
+	mu      sync.Mutex
+	closed  bool
+	seed    uint64 // of the tie-break streams (Restore sets it)
+	epoch   uint64
+	tie     *stream
+	ties    []int // choose's scratch
+	noAhead bool  // ServerOptions.NoReadAhead
 	// Per chunk, its positions not filled this epoch (words bits each).
 	unfilled bitset
 	// Per abstract chunk, its empty slots (words bits each).
@@ -110,7 +114,7 @@ func NewServer(p *Packed, o ServerOptions) (*Server, error) {
 		chooser = transfer.Default(p.Dir)
 	}
 	n, w := lay.ChunkSize, (lay.ChunkSize+63)/64
-	s := &Server{p: p, ix: p.Index, lay: lay, seed: o.Seed, reads: transfer.Options{Chooser: chooser},
+	s := &Server{p: p, ix: p.Index, lay: lay, seed: o.Seed, reads: transfer.Options{Chooser: chooser}, noAhead: o.NoReadAhead,
 		sem: newByteSem(lay.ReadBytes), owned: make([]bool, lay.AbstractChunks), words: w,
 		unfilled: make(bitset, lay.Chunks*w), empty: make(bitset, lay.AbstractChunks*w),
 		slotChunk: make([]int, lay.AbstractChunks*n), slotFill: make([]*fill, lay.AbstractChunks*n),
@@ -225,9 +229,12 @@ func (s *Server) GetBatch(is []int) ([]Sample, error) {
 		return nil, err
 	}
 	tickets := make([]ticket, len(is))
-	var start []*fill
+	var start, ahead []*fill
 	for k, i := range is {
 		t := s.assign(i)
+		if f := s.readAhead(s.lay.group(i / s.lay.ChunkSize)); f != nil {
+			ahead = append(ahead, f)
+		}
 		if !t.ready && t.err == nil && !t.f.started {
 			t.f.started = true
 			start = append(start, t.f)
@@ -236,6 +243,9 @@ func (s *Server) GetBatch(is []int) ([]Sample, error) {
 	}
 	s.mu.Unlock()
 
+	if len(ahead) > 0 {
+		go s.read(ahead)
+	}
 	s.read(start)
 	for _, t := range tickets {
 		if !t.ready && t.err == nil {

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -25,7 +26,8 @@ func newServer(t testing.TB, p *Packed, budget int64, seed uint64) *Server {
 // random; a valid sample is never evicted.
 func TestServerFillRatePolicy(t *testing.T) {
 	ds, p := newPack(t, datasetOpts{n: 9, classes: 3, maxSize: 50, seed: 41}, 3)
-	s := newServer(t, p, minBudget(p), 1)
+	s, err := NewServer(p, ServerOptions{Budget: minBudget(p), Seed: 1, NoReadAhead: true}) // counts reads per request
+	require.NoError(t, err)
 	require.Equal(t, 1, s.Layout().AbstractChunks)
 	chunkOf := func(smp Sample) int { return smp.Position / 3 }
 
@@ -206,4 +208,25 @@ func TestServerDamagedChunk(t *testing.T) {
 	requireCorrupt(t, err, p.ChunkPath(5), -1, "cannot read the chunk file")
 	_, err = s.Get(22) // its fill failed: the same error
 	requireCorrupt(t, err, p.ChunkPath(5), -1, "cannot read the chunk file")
+}
+
+// A request that leaves its abstract chunk empty starts the next refill
+// then, before a request needs it; a sequential sampler's next chunk is
+// read while the current one is consumed.
+func TestServerReadsAhead(t *testing.T) {
+	ds, p := newPack(t, datasetOpts{n: 40, classes: 2, maxSize: 300, seed: 46}, 8)
+	s := newServer(t, p, minBudget(p), 2)
+	require.Equal(t, 1, s.Layout().AbstractChunks)
+	seq := make([]int, 40)
+	for i := range seq {
+		seq[i] = i
+	}
+	got := serveAll(t, s, ds, seq[:7], 7)
+	require.EqualValues(t, 1, s.Stats().ChunkReads, "one chunk filled the slots asked for")
+	got = append(got, serveAll(t, s, ds, seq[7:8], 1)...)
+	require.Eventually(t, func() bool { return s.Stats().ChunkReads == 2 }, 5*time.Second, time.Millisecond,
+		"the abstract chunk is empty: its next chunk is read with no request waiting")
+	got = append(got, serveAll(t, s, ds, seq[8:], 8)...)
+	requireExactlyOnce(t, 40, got)
+	require.EqualValues(t, 5, s.Stats().ChunkReads, "one read per chunk: nothing wasted")
 }
