@@ -145,6 +145,18 @@ class Trace:
             Path(tmp).unlink(missing_ok=True)
             raise
 
+    def scale_time(self, factor: float) -> Trace:
+        """A copy with every op time multiplied by ``factor`` (rounded), e.g. ``1 / 20`` to stand
+        CPU-measured times in for a device that computes 20 times faster.
+
+        Raises:
+            InvalidArgumentError: ``factor`` is not positive.
+        """
+        if not factor > 0:
+            raise InvalidArgumentError(f"time scale factor must be positive, got {factor}")
+        return Trace(version=self.version, tensors=self.tensors,
+                     ops=tuple(TraceOp(o.name, round(o.time_ns * factor), o.reads, o.writes) for o in self.ops))
+
     @property
     def total_ns(self) -> int:
         """The sum of the op times: the iteration with no stalls."""
