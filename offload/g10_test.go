@@ -3,10 +3,14 @@ package offload
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"math/rand"
+	"os"
+	"path/filepath"
 	"reflect"
 	"testing"
 
+	"github.com/pyfastensor/pyfastensor/gds"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -350,4 +354,48 @@ func TestG10AgainstBaselines(t *testing.T) {
 	}
 	t.Logf("mean throughput vs ideal over %d traces: on_demand %.3f flashneuron %.3f g10 %.3f",
 		n, sum[PolicyOnDemand]/float64(n), sum[PolicyFlashNeuron]/float64(n), sum[PolicyG10]/float64(n))
+}
+
+func TestReadTraceNamesThePathAndKind(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good.json")
+	require.NoError(t, os.WriteFile(good, []byte(seedTrace), 0o644))
+	tr, err := ReadTrace(good)
+	require.NoError(t, err)
+	assert.Len(t, tr.Tensors, 4)
+
+	bad := filepath.Join(dir, "bad.json")
+	require.NoError(t, os.WriteFile(bad, []byte(`{"version": 1, "tensors": [], "ops": [{"name": "a", "time_ns": -5}]}`), 0o644))
+	_, err = ReadTrace(bad)
+	require.Error(t, err)
+	assert.ErrorIs(t, err, ErrCorruptTrace)
+	assert.ErrorIs(t, err, gds.ErrCorrupt)
+	assert.ErrorIs(t, err, ErrTrace)
+	assert.Contains(t, err.Error(), bad)
+	assert.Contains(t, err.Error(), "negative time_ns")
+
+	_, err = ReadTrace(filepath.Join(dir, "missing.json"))
+	assert.ErrorIs(t, err, fs.ErrNotExist)
+	assert.NotErrorIs(t, err, ErrCorruptTrace)
+}
+
+func TestErrorsAreKindsOfInvalid(t *testing.T) {
+	tr, err := ParseTrace([]byte(seedTrace))
+	require.NoError(t, err)
+	_, err = SimulatePolicy(tr, G10Default(), "lru")
+	assert.ErrorIs(t, err, gds.ErrInvalid)
+	assert.Contains(t, err.Error(), `"lru"`)
+	hw := G10Default()
+	hw.SSDReadBps = 0
+	_, err = SimulatePolicy(tr, hw, PolicyG10)
+	assert.ErrorIs(t, err, ErrHardware)
+	assert.ErrorIs(t, err, gds.ErrInvalid)
+	hw = G10Default()
+	hw.DeviceBytes = 1000
+	_, err = MakePlan(tr, hw)
+	assert.ErrorIs(t, err, ErrInfeasible)
+	assert.ErrorIs(t, err, gds.ErrInvalid)
+	_, err = ParseTrace([]byte(`{"version": 3}`))
+	assert.ErrorIs(t, err, gds.ErrInvalid)
+	assert.NotErrorIs(t, err, gds.ErrCorrupt)
 }

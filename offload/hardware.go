@@ -1,6 +1,14 @@
 package offload
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/pyfastensor/pyfastensor/gds"
+)
+
+// ErrHardware is wrapped by Hardware.Validate's error: a kind of
+// gds.ErrInvalid.
+var ErrHardware = gds.Named(gds.ErrInvalid, "offload: invalid hardware")
 
 // Hardware is the memory system a trace is planned and simulated for.
 // Bandwidths are bytes per second; each direction of a link is a channel of
@@ -34,7 +42,7 @@ func G10Default() Hardware {
 func (h Hardware) Validate() error {
 	if h.DeviceBytes <= 0 || h.HostBytes < 0 || h.SSDLatencyNs < 0 ||
 		!(h.SSDReadBps > 0) || !(h.SSDWriteBps > 0) || !(h.HostLinkBps > 0) {
-		return fmt.Errorf("offload: invalid hardware %+v: device bytes and bandwidths must be positive, host bytes and latency non-negative", h)
+		return fmt.Errorf("%w %+v: device bytes and bandwidths must be positive, host bytes and latency non-negative", ErrHardware, h)
 	}
 	return nil
 }

@@ -1,14 +1,17 @@
 package offload
 
 import (
-	"errors"
 	"fmt"
 	"sort"
 	"strings"
+
+	"github.com/pyfastensor/pyfastensor/gds"
 )
 
-// ErrInfeasible is wrapped when no plan keeps device memory within capacity.
-var ErrInfeasible = errors.New("offload: trace does not fit the device")
+// ErrInfeasible is wrapped when no plan keeps device memory within
+// capacity: a kind of gds.ErrInvalid (the trace and hardware do not go
+// together).
+var ErrInfeasible = gds.Named(gds.ErrInvalid, "offload: trace does not fit the device")
 
 // Migration is one planned inactive period off the device: pre-evict the
 // tensor to Tier after op EvictAfter, prefetch it when op PrefetchAt starts,

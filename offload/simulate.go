@@ -3,6 +3,8 @@ package offload
 import (
 	"fmt"
 	"math"
+
+	"github.com/pyfastensor/pyfastensor/gds"
 )
 
 // Result is what a simulated iteration cost.
@@ -31,6 +33,10 @@ const (
 	PolicyFlashNeuron = "flashneuron"
 	PolicyG10         = "g10"
 )
+
+// Policies lists the policies SimulatePolicy knows, in the order a
+// comparison shows them.
+var Policies = []string{PolicyIdeal, PolicyOnDemand, PolicyFlashNeuron, PolicyG10}
 
 // SimulatePolicy replays a trace under one of the named policies:
 // "ideal" (unlimited device memory), "on_demand" (evict the least recently
@@ -63,7 +69,7 @@ func SimulatePolicy(t *Trace, hw Hardware, policy string) (Result, error) {
 			r = Simulate(t, hw, &p)
 		}
 	default:
-		return Result{}, fmt.Errorf("offload: unknown policy %q (want ideal, on_demand, flashneuron or g10)", policy)
+		return Result{}, fmt.Errorf("%w: unknown policy %q (want ideal, on_demand, flashneuron or g10)", gds.ErrInvalid, policy)
 	}
 	r.Policy = policy
 	return r, nil

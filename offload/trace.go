@@ -14,14 +14,21 @@ package offload
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"math"
+	"os"
+
+	"github.com/pyfastensor/pyfastensor/gds"
 )
 
-// ErrTrace is wrapped by every error ParseTrace returns.
-var ErrTrace = errors.New("offload: invalid trace")
+// ErrTrace is wrapped by every error ParseTrace returns: a kind of
+// gds.ErrInvalid (a trace handed over is a bad argument).
+var ErrTrace = gds.Named(gds.ErrInvalid, "offload: invalid trace")
+
+// ErrCorruptTrace is wrapped, beside ErrTrace, by ReadTrace's error for a
+// file that holds no valid trace: a kind of gds.ErrCorrupt.
+var ErrCorruptTrace = gds.Named(gds.ErrCorrupt, "offload: corrupt trace file")
 
 // TraceVersion is the only trace schema version this package reads.
 const TraceVersion = 1
@@ -35,6 +42,9 @@ const (
 	KindGradient   = "gradient"
 	KindWorkspace  = "workspace"
 )
+
+// TraceKinds lists the tensor kinds of a trace, global ones first.
+var TraceKinds = []string{KindWeight, KindOptimizer, KindInput, KindActivation, KindGradient, KindWorkspace}
 
 var traceKinds = map[string]bool{
 	KindWeight: true, KindOptimizer: true, KindInput: true,
@@ -88,6 +98,20 @@ func ParseTrace(data []byte) (*Trace, error) {
 		return nil, err
 	}
 	return &t, nil
+}
+
+// ReadTrace reads and parses the trace file at path. Errors name the path;
+// a file that does not parse or validate wraps ErrCorruptTrace and ErrTrace.
+func ReadTrace(path string) (*Trace, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("offload: reading trace: %w", err)
+	}
+	t, err := ParseTrace(data)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %w", ErrCorruptTrace, path, err)
+	}
+	return t, nil
 }
 
 // Validate checks a trace built in Go the way ParseTrace checks a decoded

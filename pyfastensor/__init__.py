@@ -62,4 +62,6 @@ def __getattr__(name: str) -> object:
         return importlib.import_module(".safetensors", __name__)
     if name == "data":  # pyfastensor.data.ChunkDataset
         return importlib.import_module(".data", __name__)
+    if name == "plan":  # pyfastensor.plan.simulate, make_plan, Trace (no torch)
+        return importlib.import_module(".plan", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -20,6 +20,7 @@ from .checkpoint_cli import add_parser as add_ckpt
 from .data_cli import add_parser as add_data
 from .demo import add_parser as add_demo
 from .dictionary import add_parser as add_dict
+from .plan.cli import add_parser as add_trace
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
@@ -81,6 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_ckpt(sub)
     add_data(sub)
     add_dict(sub)
+    add_trace(sub)
     return parser
 
 

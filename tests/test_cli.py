@@ -20,7 +20,7 @@ import pytest
 import pyfastensor
 from pyfastensor.cli import build_parser
 
-SUBCOMMANDS = ("info", "demo", "bench", "ckpt", "data", "dict")
+SUBCOMMANDS = ("info", "demo", "bench", "ckpt", "data", "dict", "trace")
 
 
 def _subcommands(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
@@ -92,7 +92,7 @@ def test_info_json_without_torch(no_torch_env, tmp_path):
 def test_every_subcommand_is_covered():
     names = {path[0] for path in ALL}
     assert names == set(SUBCOMMANDS)
-    assert {("bench", "io"), ("bench", "checkpoint"), ("bench", "offload"), ("bench", "dict"),
+    assert {("bench", "io"), ("bench", "checkpoint"), ("bench", "offload"), ("bench", "dict"), ("bench", "plan"),
             ("ckpt", "ls"), ("ckpt", "verify"), ("data", "pack"), ("data", "verify")} <= set(ALL)
 
 

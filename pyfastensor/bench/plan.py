@@ -1,0 +1,233 @@
+"""``python -m pyfastensor bench plan``: G10 against its baselines on recorded traces (the seed's Figure 11).
+
+For each built-in model (BERT-like, ViT-like, ResNet-like) and batch size,
+one training step is recorded on CPU (:mod:`pyfastensor.plan.record`), and
+the trace is simulated on the seed's Table 2 hardware
+(``Hardware.g10_default()``) with the device memory set relative to the
+trace's own peak so that the memory demand is a chosen multiple of the
+capacity (150%, 200%, 300%, 400% by default). Each policy's throughput is
+normalized to ideal (``ideal_ns / time_ns``; 0 when it cannot run).
+
+Batches and demands pair up in order (the n-th batch at the n-th demand, as
+Figure 11 grows the demand with the batch) when the two lists are as long;
+otherwise every batch runs at every demand.
+
+What is simulated, not measured: op times are the CPU's, optionally divided
+by ``--speedup`` to stand in for a device that computes faster, while the
+transfers run at Table 2's SSD and PCIe speeds. Nothing here times disk I/O.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+from pathlib import Path
+from typing import Any
+
+#: Targets of issue 16: G10's throughput against ideal (mean over rows) and against FlashNeuron's selection.
+G10_OF_IDEAL = 0.90
+G10_OVER_FLASHNEURON = 1.3
+
+DEFAULT_BATCHES = (8, 16, 24, 32)
+DEFAULT_DEMANDS = (1.5, 2.0, 3.0, 4.0)
+
+
+def run(models: tuple[str, ...] = ("bert", "vit", "resnet"), batches: tuple[int, ...] = DEFAULT_BATCHES,
+        demands: tuple[float, ...] = DEFAULT_DEMANDS, *, layers: int | None = 4, width: int | None = None,
+        speedup: float = 1.0, traces_dir: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    """Record the traces and simulate every policy on each.
+
+    Args:
+        models: built-in model names.
+        batches: batch sizes.
+        demands: memory demand as a multiple of the simulated device capacity.
+        layers: model depth (see ``python -m pyfastensor trace --help``; default 4).
+        width: model width (default: each model's).
+        speedup: op times are divided by it (default 1: CPU times as measured).
+        traces_dir: where to save each recorded trace (default: not saved).
+
+    Returns:
+        ``{"settings": ..., "hardware": ..., "rows": [...], "summary": ...}``; a row has
+        the model, batch, demand, device bytes, trace peak and one result per policy.
+    """
+    from ..plan import Hardware, policies, simulate
+    from ..plan import models as builtin
+
+    if speedup <= 0:
+        raise ValueError(f"--speedup must be positive, got {speedup}")
+    if any(d <= 0 for d in demands):
+        raise ValueError(f"--demands must be positive, got {demands}")
+    pairs = (list(zip(batches, demands, strict=True)) if len(batches) == len(demands)
+             else [(b, d) for b in batches for d in demands])
+    base = Hardware.g10_default()
+    rows: list[dict[str, Any]] = []
+    for name in models:
+        recorded: dict[int, Any] = {}
+        for batch, demand in pairs:
+            if batch not in recorded:
+                t = builtin.record(name, batch, layers=layers, width=width)
+                if traces_dir is not None:
+                    Path(traces_dir).mkdir(parents=True, exist_ok=True)
+                    t.save(Path(traces_dir) / f"{name}-b{batch}.json")
+                recorded[batch] = t.scale_time(1 / speedup) if speedup != 1 else t
+            trace = recorded[batch]
+            peak = simulate(trace, base, "ideal").peak_device_bytes
+            hw = base.replace(device_bytes=max(1, int(peak / demand)))
+            results = {p: simulate(trace, hw, p) for p in policies()}
+            rows.append({"model": name, "batch": batch, "demand": demand, "device_bytes": hw.device_bytes,
+                         "peak_bytes": peak, "ops": len(trace.ops), "ideal_ns": trace.total_ns,
+                         "throughput": {p: r.throughput for p, r in results.items()},
+                         "errors": {p: r.error for p, r in results.items() if r.error},
+                         "ssd_write_bytes": {p: r.ssd_write_bytes for p, r in results.items()},
+                         "host_write_bytes": {p: r.host_write_bytes for p, r in results.items()}})
+    return {"settings": {"models": list(models), "batches": list(batches), "demands": list(demands),
+                         "layers": layers, "width": width, "speedup": speedup},
+            "hardware": base.to_dict(), "rows": rows, "summary": summarize(rows)}
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Mean normalized throughput per policy, G10 against the targets, and the rows that fall short."""
+    if not rows:
+        return {"mean": {}, "g10_over_flashneuron": None, "short": []}
+    policies = list(rows[0]["throughput"])
+    mean = {p: statistics.fmean(r["throughput"][p] for r in rows) for p in policies}
+    fn = mean.get("flashneuron", 0.0)
+    over = mean["g10"] / fn if fn > 0 else float("inf")
+    short = []
+    for r in rows:
+        g, f = r["throughput"]["g10"], r["throughput"]["flashneuron"]
+        why = []
+        if g < G10_OF_IDEAL:
+            why.append(f"g10 {g:.3f} of ideal < {G10_OF_IDEAL:.2f}")
+        if f > 0 and g / f < G10_OVER_FLASHNEURON:
+            why.append(f"g10 {g / f:.2f}x flashneuron < {G10_OVER_FLASHNEURON}x")
+        if why:
+            short.append(f"{r['model']} B={r['batch']} M={r['demand']:.0%}: {'; '.join(why)}")
+    return {"mean": mean, "g10_over_flashneuron": over,
+            "g10_of_ideal_met": mean["g10"] >= G10_OF_IDEAL,
+            "g10_over_flashneuron_met": over >= G10_OVER_FLASHNEURON, "short": short}
+
+
+def format_report(result: dict[str, Any]) -> str:
+    """The table (one row per model, batch and demand; one column per policy) and the targets."""
+    rows, s = result["rows"], result["settings"]
+    if not rows:
+        return "no rows"
+    policies = list(rows[0]["throughput"])
+    hw = result["hardware"]
+    lines = [f"bench plan: throughput normalized to ideal; Table 2 hardware (SSD {hw['ssd_read_bps'] / 1e9:g}/"
+             f"{hw['ssd_write_bps'] / 1e9:g} GB/s, PCIe {hw['host_link_bps'] / 1e9:g} GB/s) with device memory "
+             f"= trace peak / demand; op times: CPU" + (f" / {s['speedup']:g}" if s["speedup"] != 1 else "")]
+    head = f"{'model':<7} {'batch':>5} {'demand':>6} {'device':>10} {'ops':>5}"
+    lines.append(head + "".join(f" {p:>11}" for p in policies) + f" {'g10/fn':>7}")
+    for r in rows:
+        t = r["throughput"]
+        cells = "".join(f" {t[p]:>11.3f}" if t[p] else f" {'infeasible':>11}" for p in policies)
+        fn = t.get("flashneuron", 0.0)
+        ratio = f"{t['g10'] / fn:>7.2f}" if fn else f"{'-':>7}"
+        lines.append(f"{r['model']:<7} {r['batch']:>5} {r['demand']:>6.0%} {_mib(r['device_bytes']):>10} "
+                     f"{r['ops']:>5}{cells} {ratio}")
+    m = result["summary"]
+    lines.append(f"{'mean':<37}" + "".join(f" {m['mean'][p]:>11.3f}" for p in policies))
+    over = m["g10_over_flashneuron"]
+    lines.append(f"target: g10 >= {G10_OF_IDEAL:.0%} of ideal on average: {m['mean']['g10']:.1%} "
+                 f"({'met' if m['g10_of_ideal_met'] else 'NOT met'})")
+    lines.append(f"target: g10 >= {G10_OVER_FLASHNEURON}x flashneuron (ratio of means): {over:.2f}x "
+                 f"({'met' if m['g10_over_flashneuron_met'] else 'NOT met'})")
+    if not m["g10_over_flashneuron_met"] and s["speedup"] == 1:
+        lines.append("  note: op times are this CPU's, far slower than the seed's A100, so transfers hide behind "
+                     "compute for every policy; --speedup shortens them")
+    for line in m["short"]:
+        lines.append(f"  short: {line}")
+    for r in rows:
+        for p, e in r["errors"].items():
+            lines.append(f"  infeasible: {r['model']} B={r['batch']} M={r['demand']:.0%} {p}: {e}")
+    return "\n".join(lines)
+
+
+def _mib(b: int) -> str:
+    return f"{b / (1 << 20):.1f}MiB"
+
+
+def plot(result: dict[str, Any], path: str | os.PathLike[str]) -> Path:
+    """Draw Figure 11's grouped bars: per model and batch, one bar per policy, normalized to ideal.
+
+    Raises:
+        ImportError: when matplotlib is not installed.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    rows = result["rows"]
+    policies = list(rows[0]["throughput"]) if rows else []
+    colors = {"ideal": "0.3", "on_demand": "tab:blue", "flashneuron": "tab:orange", "g10": "tab:green"}
+    fig = Figure(figsize=(max(6, 0.9 * len(rows) + 2), 4), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    w = 0.8 / max(1, len(policies))
+    for j, p in enumerate(policies):
+        xs = [i + (j - (len(policies) - 1) / 2) * w for i in range(len(rows))]
+        ax.bar(xs, [r["throughput"][p] for r in rows], w, label=p, color=colors.get(p))
+    ax.axhline(G10_OF_IDEAL, color="black", lw=0.6, ls=":", label=f"{G10_OF_IDEAL:.0%} of ideal")
+    ax.set_xticks(range(len(rows)), [f"{r['model']}\nB={r['batch']}\nM={r['demand']:.0%}" for r in rows],
+                  fontsize=8)
+    ax.set_ylim(0, 1.3)  # room for the legend above the bars
+    ax.set_ylabel("throughput normalized to ideal")
+    ax.legend(fontsize=8, ncols=len(policies) + 1, loc="upper center")
+    ax.grid(True, axis="y", alpha=0.3)
+    s = result["settings"]
+    fig.suptitle("pyfastensor bench plan (simulated, seed Figure 11)"
+                 + (f", op times / {s['speedup']:g}" if s["speedup"] != 1 else ""))
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    return out
+
+
+def _ints(s: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in s.split(",") if x.strip())
+
+
+def _demands(s: str) -> tuple[float, ...]:
+    return tuple(float(x.strip().rstrip("%")) / (100 if "%" in x else 1) for x in s.split(",") if x.strip())
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Add ``bench plan`` to ``sub``."""
+    p = sub.add_parser("plan", help="G10 against on-demand and FlashNeuron on recorded traces (simulated)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", default="bert,vit,resnet", help="built-in models (default bert,vit,resnet)")
+    p.add_argument("--batches", type=_ints, default=DEFAULT_BATCHES,
+                   help=f"batch sizes (default {','.join(map(str, DEFAULT_BATCHES))})")
+    p.add_argument("--demands", type=_demands, default=DEFAULT_DEMANDS,
+                   help="memory demand over device capacity, as ratios or percentages "
+                        "(default 150%%,200%%,300%%,400%%)")
+    p.add_argument("--layers", type=int, default=4, help="model depth (default 4)")
+    p.add_argument("--width", type=int, default=None, help="model width (default: each model's)")
+    p.add_argument("--speedup", type=float, default=1.0,
+                   help="divide the CPU op times by this, for a faster device (default 1)")
+    p.add_argument("--traces", default=None, metavar="DIR", help="save the recorded traces in DIR")
+    p.add_argument("--plot", default="bench-out/plan.png",
+                   help="PNG of the grouped bars (default bench-out/plan.png; needs matplotlib)")
+    p.add_argument("--no-plot", action="store_true", help="do not draw the plot")
+    p.add_argument("--json", default=None, metavar="PATH", help="write the raw results as JSON")
+    p.set_defaults(func=_cmd)
+
+
+def _cmd(args: argparse.Namespace) -> int:
+    models = tuple(m.strip() for m in args.models.split(",") if m.strip())
+    result = run(models, args.batches, args.demands, layers=args.layers, width=args.width,
+                 speedup=args.speedup, traces_dir=args.traces)
+    print(format_report(result))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2))
+        print(f"raw results: {args.json}")
+    if not args.no_plot:
+        try:
+            print(f"plot: {plot(result, args.plot)}")
+        except ImportError:
+            print("plot: skipped, matplotlib is not installed (pip install 'pyfastensor[plot]')")
+    return 0

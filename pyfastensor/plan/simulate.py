@@ -1,0 +1,178 @@
+"""Simulating a trace under a policy, and G10's migration plan (``offload/simulate.go``, ``plan.go``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import _native
+from .hardware import Hardware
+from .trace import Trace
+
+
+def policies() -> tuple[str, ...]:
+    """The policies :func:`simulate` knows, as the Go core lists them.
+
+    ``ideal`` (unlimited device memory), ``on_demand`` (evict the least
+    recently used tensor, read back when needed, synchronously),
+    ``flashneuron`` (FlashNeuron's linear selection over the activations) and
+    ``g10`` (:func:`make_plan`).
+    """
+    return tuple(_native.defaults()["policies"])
+
+
+@dataclass(frozen=True)
+class SimulationResult:
+    """What one simulated iteration cost under a policy (``offload.Result``).
+
+    Attributes:
+        policy: the policy simulated.
+        time_ns: when the last op ends.
+        ideal_ns: the sum of the op times.
+        stall_ns: ``time_ns - ideal_ns``, the time ops waited for memory or data.
+        peak_device_bytes: the most device memory in use at once (never more
+            than the capacity).
+        feasible: whether the trace could run; when not, ``error`` says why
+            (naming the op and the capacity) and the figures stop there.
+        ssd_write_bytes, ssd_read_bytes, host_write_bytes, host_read_bytes:
+            the traffic of evictions and fetches per tier.
+        op_stall_ns: how long each op waited before it could start.
+        op_slowdown: each op's (time + stall) / time.
+    """
+
+    policy: str
+    time_ns: int
+    ideal_ns: int
+    stall_ns: int
+    peak_device_bytes: int
+    feasible: bool
+    ssd_write_bytes: int
+    ssd_read_bytes: int
+    host_write_bytes: int
+    host_read_bytes: int
+    op_stall_ns: tuple[int, ...] = field(repr=False)
+    op_slowdown: tuple[float, ...] = field(repr=False)
+    error: str = ""
+
+    @classmethod
+    def _from_go(cls, d: dict[str, Any]) -> SimulationResult:
+        return cls(
+            policy=d["policy"], time_ns=d["time_ns"], ideal_ns=d["ideal_ns"], stall_ns=d["stall_ns"],
+            peak_device_bytes=d["peak_device_bytes"], feasible=d["feasible"],
+            ssd_write_bytes=d["ssd_write_bytes"], ssd_read_bytes=d["ssd_read_bytes"],
+            host_write_bytes=d["host_write_bytes"], host_read_bytes=d["host_read_bytes"],
+            op_stall_ns=tuple(d.get("op_stall_ns") or ()), op_slowdown=tuple(d.get("op_slowdown") or ()),
+            error=d.get("error", ""),
+        )
+
+    @property
+    def throughput(self) -> float:
+        """Throughput normalized to ideal: ``ideal_ns / time_ns`` (0 when infeasible)."""
+        if not self.feasible:
+            return 0.0
+        return self.ideal_ns / self.time_ns if self.time_ns else 1.0
+
+
+def simulate(trace: Trace, hardware: Hardware, policy: str = "g10") -> SimulationResult:
+    """Replay ``trace`` on ``hardware`` under ``policy`` (the Go simulator).
+
+    Device memory never exceeds ``hardware.device_bytes``: a policy's
+    planned transfers wait for room, and an op whose tensors do not fit evicts
+    on demand. Each link direction is shared by its transfers.
+
+    Args:
+        trace: the iteration to replay.
+        hardware: the memory system.
+        policy: one of :func:`policies` (default ``"g10"``).
+
+    Returns:
+        The result; a trace the policy cannot fit gives ``feasible=False``
+        with the reason in ``error`` rather than an exception.
+
+    Raises:
+        InvalidArgumentError: an unknown policy, invalid hardware or trace.
+
+    Example::
+
+        >>> r = simulate(trace, Hardware.g10_default(), "ideal")
+        >>> r.time_ns == trace.total_ns
+        True
+    """
+    return SimulationResult._from_go(_native.simulate(trace.to_json(), hardware.to_json(), policy))
+
+
+@dataclass(frozen=True)
+class Migration:
+    """One planned inactive period off the device (``offload.Migration``).
+
+    Pre-evict ``tensor`` to ``tier`` (``"ssd"`` or ``"host"``) after op
+    ``evict_after``; prefetch it when op ``prefetch_at`` starts, for op
+    ``need``. A wrapping period (``wraps``: a global tensor) is evicted after
+    its last use and prefetched for its first use of the next iteration;
+    ``prefetch_at <= need`` then means at the start of the iteration. The
+    three ops are -1 for a global tensor no op uses, which stays in ``tier``.
+    ``sync``: no window hides the transfers; op ``need`` waits for them.
+    """
+
+    tensor: int
+    bytes: int
+    tier: str
+    evict_after: int
+    prefetch_at: int
+    need: int
+    wraps: bool = False
+    sync: bool = False
+
+
+@dataclass(frozen=True)
+class MigrationPlan:
+    """G10's migration plan for one iteration (``offload.MigrationPlan``).
+
+    Attributes:
+        migrations: the planned migrations, by eviction op.
+        capacity: the device bytes planned for.
+        demand_bytes: the peak with nothing migrated.
+        peak_bytes: the planned peak, at most ``capacity``.
+
+    ``str(plan)`` (or :meth:`table`) prints it as a table, as the Go core
+    formats it.
+    """
+
+    migrations: tuple[Migration, ...]
+    capacity: int
+    demand_bytes: int
+    peak_bytes: int
+    _table: str = field(default="", repr=False, compare=False)
+
+    def table(self) -> str:
+        """The plan as a table: a summary line, then one row per migration."""
+        return self._table
+
+    def __str__(self) -> str:
+        return self._table
+
+
+def make_plan(trace: Trace, hardware: Hardware) -> MigrationPlan:
+    """Plan G10's migrations for ``trace`` on ``hardware`` (``offload.MakePlan``).
+
+    Smart eviction (the seed's Algorithm 1: inactive periods by benefit over
+    cost, the SSD first and host memory when SSD writes are saturated), then
+    eager prefetch. With memory to spare the plan is empty; otherwise the
+    planned peak never exceeds ``hardware.device_bytes``.
+
+    Raises:
+        InvalidArgumentError: one op alone needs more than the device holds
+            (the message names the op and the capacity), or the trace or
+            hardware is invalid.
+
+    Example::
+
+        >>> plan = make_plan(trace, Hardware.g10_default().replace(device_bytes=1 << 20))
+        >>> print(plan)  # doctest: +SKIP
+    """
+    d = _native.make_plan(trace.to_json(), hardware.to_json())
+    return MigrationPlan(
+        migrations=tuple(Migration(**m) for m in d["migrations"]),
+        capacity=d["capacity"], demand_bytes=d["demand_bytes"], peak_bytes=d["peak_bytes"],
+        _table=d["table"],
+    )

@@ -1,0 +1,322 @@
+"""pyfastensor.plan: traces, hardware, the simulator and the planner through the C ABI, the
+``trace`` recorder on built-in models, and ``bench plan`` on a tiny configuration."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from pyfastensor import CorruptFileError, InvalidArgumentError, NotFoundError, plan
+from pyfastensor.cli import main
+from pyfastensor.plan import GLOBAL_KINDS, Hardware, Trace
+
+SEED = {"version": 1,
+        "tensors": [{"id": 0, "bytes": 4096, "kind": "weight"}, {"id": 3, "bytes": 100, "kind": "input"},
+                    {"id": 4, "bytes": 800, "kind": "activation"}, {"id": 5, "bytes": 800, "kind": "gradient"}],
+        "ops": [{"name": "layer1.fwd", "time_ns": 12000, "reads": [0, 3], "writes": [4]},
+                {"name": "loss", "time_ns": 1000, "reads": [], "writes": []},
+                {"name": "layer1.bwd", "time_ns": 20000, "reads": [4, 0], "writes": [5]}]}
+
+TINY = ["--batch", "2", "--layers", "1", "--width", "16"]
+
+
+def layered(layers: int = 8, act: int = 1 << 20, weight: int = 1 << 16, ns: int = 1_000_000) -> Trace:
+    """A forward and backward pass over ``layers`` layers, as offload/g10_test.go's ``layered``."""
+    tensors: list[dict] = []
+    ops: list[dict] = []
+
+    def add(b: int, kind: str) -> int:
+        tensors.append({"id": len(tensors), "bytes": b, "kind": kind})
+        return len(tensors) - 1
+
+    acts, ws = [add(act, "input")], []
+    for i in range(layers):
+        w, x = add(weight, "weight"), add(act, "activation")
+        ops.append({"name": f"l{i}.fwd", "time_ns": ns, "reads": [acts[-1], w], "writes": [x]})
+        acts.append(x)
+        ws.append(w)
+    g = add(act, "gradient")
+    ops.append({"name": "loss", "time_ns": ns // 10, "reads": [acts[-1]], "writes": [g]})
+    for i in reversed(range(layers)):
+        g2, gw = add(act, "gradient"), add(weight, "gradient")
+        ops.append({"name": f"l{i}.bwd", "time_ns": 2 * ns, "reads": [acts[i], ws[i], g], "writes": [g2, gw]})
+        g = g2
+    return Trace.from_dict({"version": 1, "tensors": tensors, "ops": ops})
+
+
+def test_import_needs_no_torch():
+    code = "import sys, pyfastensor.plan; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=os.path.dirname(os.path.dirname(__file__)))
+
+
+def test_trace_round_trip(tmp_path):
+    t = Trace.from_dict(SEED)
+    assert t.to_dict() == SEED
+    assert [x.kind for x in t.tensors] == ["weight", "input", "activation", "gradient"]
+    assert t.ops[2].reads == (4, 0)
+    path = tmp_path / "t.json"
+    t.save(path)
+    loaded = Trace.load(path)
+    assert loaded == t
+    assert Trace.from_dict(json.loads(path.read_text())) == t
+    assert t.total_ns == 33000
+    assert t.total_bytes == 5796
+
+
+def test_from_dict_normalizes_missing_lists_and_ignores_unknown_fields():
+    d = {"version": 1, "comment": "x", "tensors": [{"id": 1, "bytes": 8, "kind": "weight", "name": "w"}],
+         "ops": [{"name": "a", "time_ns": 5, "reads": [1]}]}
+    t = Trace.from_dict(d)
+    assert t.ops[0].writes == ()
+    assert t.to_dict() == {"version": 1, "tensors": [{"id": 1, "bytes": 8, "kind": "weight"}],
+                           "ops": [{"name": "a", "time_ns": 5, "reads": [1], "writes": []}]}
+
+
+def _with(**changes) -> dict:
+    d = json.loads(json.dumps(SEED))
+    for k, v in changes.items():
+        d[k] = v
+    return d
+
+
+@pytest.mark.parametrize("d, message", [
+    (_with(version=2), "version 2, want 1"),
+    (_with(tensors=SEED["tensors"] + [{"id": 0, "bytes": 1, "kind": "weight"}]), "tensor 0 (entry 4): duplicate id"),
+    (_with(tensors=[{"id": 0, "bytes": 1, "kind": "blob"}]), 'unknown kind "blob"'),
+    (_with(tensors=[{"id": 0, "bytes": -1, "kind": "weight"}]), "negative size"),
+    (_with(ops=[{"name": "a", "time_ns": -5}]), 'op 0 ("a"): negative time_ns -5'),
+    (_with(ops=[{"name": "a", "time_ns": 5, "reads": [9]}]), 'op 0 ("a") reads tensor 9, which the trace does not declare'),
+    (_with(ops=[{"name": "b", "time_ns": 5, "reads": [4]}]), 'op 0 ("b") reads activation tensor 4 before any op writes it'),
+    (_with(ops=[{"name": "c", "time_ns": 5, "writes": [4, 4]}]), "lists tensor 4 twice in writes"),
+    ([1, 2], "decoding JSON"),
+])
+def test_invalid_trace_is_an_invalid_argument_naming_the_fault(d, message):
+    with pytest.raises(InvalidArgumentError, match="invalid trace") as e:
+        Trace.from_dict(d)
+    assert message in str(e.value)
+
+
+def test_from_dict_of_non_json_data():
+    with pytest.raises(InvalidArgumentError, match="not JSON data"):
+        Trace.from_dict({"version": 1, "tensors": [object()], "ops": []})
+
+
+def test_load_of_a_bad_file_is_corrupt_and_names_the_path(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(_with(ops=[{"name": "late", "time_ns": 5, "reads": [5]}])))
+    with pytest.raises(CorruptFileError) as e:
+        Trace.load(bad)
+    assert str(bad) in str(e.value)
+    assert 'op 0 ("late") reads gradient tensor 5 before any op writes it' in str(e.value)
+    junk = tmp_path / "junk.json"
+    junk.write_text('{"version": 1, "tensors": [], "ops": []} trailing')
+    with pytest.raises(CorruptFileError, match="trailing data"):
+        Trace.load(junk)
+    with pytest.raises(NotFoundError):
+        Trace.load(tmp_path / "missing.json")
+
+
+def test_g10_default_is_table_2():
+    hw = Hardware.g10_default()
+    # The seed's Table 2: A100 40 GB, 128 GB DDR4, Z-NAND 3.2/3.0 GB/s with 20 us read latency,
+    # PCIe Gen3 x16 at 15.754 GB/s (offload.G10Default reads GB of memory as GiB).
+    assert hw == Hardware(device_bytes=40 << 30, host_bytes=128 << 30, ssd_read_bps=3.2e9, ssd_write_bps=3.0e9,
+                          ssd_latency_ns=20_000, host_link_bps=15.754e9)
+    assert hw.replace(device_bytes=1).device_bytes == 1
+    assert set(plan.policies()) == {"ideal", "on_demand", "flashneuron", "g10"}
+    assert set(GLOBAL_KINDS) < set(Trace.kinds())
+
+
+def test_invalid_hardware_and_policy():
+    t = Trace.from_dict(SEED)
+    with pytest.raises(InvalidArgumentError, match="invalid hardware"):
+        plan.simulate(t, Hardware.g10_default().replace(ssd_read_bps=0), "g10")
+    with pytest.raises(InvalidArgumentError, match='unknown policy "lru"'):
+        plan.simulate(t, Hardware.g10_default(), "lru")
+
+
+@pytest.mark.parametrize("trace", [Trace.from_dict(SEED), layered(5)], ids=["seed", "layered"])
+def test_ideal_is_the_sum_of_op_times(trace):
+    r = plan.simulate(trace, Hardware.g10_default().replace(device_bytes=1), "ideal")
+    assert r.feasible
+    assert r.time_ns == r.ideal_ns == sum(o.time_ns for o in trace.ops)
+    assert r.stall_ns == 0
+    assert r.throughput == 1.0
+    assert len(r.op_slowdown) == len(trace.ops) and set(r.op_slowdown) == {1.0}
+    assert r.ssd_write_bytes == r.host_write_bytes == 0
+
+
+def test_infeasible_is_reported_naming_the_capacity():
+    t = Trace.from_dict(SEED)
+    small = Hardware.g10_default().replace(device_bytes=1000)
+    for policy in ("on_demand", "flashneuron", "g10"):
+        r = plan.simulate(t, small, policy)
+        assert not r.feasible, policy
+        assert r.throughput == 0.0
+        assert "capacity of 1000 bytes" in r.error, r.error
+    with pytest.raises(InvalidArgumentError, match=r'op 0 \("layer1.fwd"\) alone needs 4996 bytes.*capacity of 1000'):
+        plan.make_plan(t, small)
+
+
+@pytest.mark.parametrize("demand", [1.5, 2.0, 3.0, 4.0])
+def test_planner_never_exceeds_capacity(demand):
+    t = layered(16)
+    peak = plan.simulate(t, Hardware.g10_default(), "ideal").peak_device_bytes
+    hw = Hardware.g10_default().replace(device_bytes=int(peak / demand))
+    p = plan.make_plan(t, hw)
+    assert p.demand_bytes == peak
+    assert p.capacity == hw.device_bytes
+    assert p.migrations
+    assert p.peak_bytes <= hw.device_bytes
+    for policy in plan.policies()[1:]:
+        r = plan.simulate(t, hw, policy)
+        assert r.feasible, r.error
+        assert r.peak_device_bytes <= hw.device_bytes, policy
+        assert r.ssd_write_bytes + r.host_write_bytes > 0, policy  # something had to move
+        assert r.time_ns >= r.ideal_ns
+
+
+def test_planner_moves_nothing_with_memory_to_spare():
+    t = layered(16)
+    peak = plan.simulate(t, Hardware.g10_default(), "ideal").peak_device_bytes
+    hw = Hardware.g10_default().replace(device_bytes=peak)
+    p = plan.make_plan(t, hw)
+    assert p.migrations == ()
+    assert p.peak_bytes == p.demand_bytes == peak
+    r = plan.simulate(t, hw, "g10")
+    assert r.time_ns == r.ideal_ns
+    assert r.ssd_write_bytes == r.ssd_read_bytes == r.host_write_bytes == r.host_read_bytes == 0
+
+
+def test_plan_prints_as_a_table():
+    t = layered(16)
+    peak = plan.simulate(t, Hardware.g10_default(), "ideal").peak_device_bytes
+    p = plan.make_plan(t, Hardware.g10_default().replace(device_bytes=peak // 2))
+    text = str(p)
+    assert text == p.table()
+    lines = text.strip("\n").splitlines()
+    assert lines[0].startswith(f"capacity {peak // 2} bytes, demand {peak}")
+    assert f"{len(p.migrations)} migrations" in lines[0]
+    assert lines[1].split() == ["tensor", "bytes", "tier", "evict_after", "prefetch_at", "need"]
+    assert len(lines) == 2 + len(p.migrations)
+    for line, m in zip(lines[2:], p.migrations, strict=True):
+        assert line.split()[:6] == [str(m.tensor), str(m.bytes), m.tier, str(m.evict_after),
+                                     str(m.prefetch_at), str(m.need)]
+        assert m.tier in ("ssd", "host")
+
+
+def test_scale_time():
+    t = Trace.from_dict(SEED)
+    half = t.scale_time(0.5)
+    assert [o.time_ns for o in half.ops] == [6000, 500, 10000]
+    assert half.tensors == t.tensors
+    with pytest.raises(InvalidArgumentError, match="positive"):
+        t.scale_time(0)
+
+
+def _check_consistent(t: Trace) -> None:
+    """Every tensor an op reads was written by an earlier op or is alive from the start."""
+    kind = {x.id: x.kind for x in t.tensors}
+    written: set[int] = set()
+    for o in t.ops:
+        for i in o.reads:
+            assert kind[i] in GLOBAL_KINDS or i in written, f"{o.name} reads {kind[i]} {i} before a write"
+        written.update(o.writes)
+    used = {i for o in t.ops for i in (*o.reads, *o.writes)}
+    assert used == set(kind), "the trace declares tensors no op uses"
+
+
+@pytest.mark.parametrize("model", ["bert", "vit", "resnet"])
+def test_trace_cli_records_a_consistent_trace(tmp_path, capsys, model):
+    out = tmp_path / f"{model}.json"
+    assert main(["trace", model, *TINY, str(out)]) == 0
+    assert str(out) in capsys.readouterr().out
+    t = Trace.load(out)
+    _check_consistent(t)
+    assert {x.kind for x in t.tensors} == set(Trace.kinds())
+    phases = [o.name.split(".")[0] for o in t.ops]
+    assert phases == sorted(phases, key=["fwd", "bwd", "step"].index)
+    assert set(phases) == {"fwd", "bwd", "step"}
+    assert all(o.time_ns > 0 for o in t.ops)
+
+    torch = pytest.importorskip("torch")
+    from pyfastensor.plan.models import build
+
+    w = build(model, 2, layers=1, width=16)
+    weights = sum(x.bytes for x in t.tensors if x.kind == "weight")
+    params = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes()
+              for p in (*w.model.parameters(), *w.model.buffers())}
+    assert weights == sum(params.values())
+    inputs = sum(x.bytes for x in t.tensors if x.kind == "input")
+    assert inputs >= sum(b.untyped_storage().nbytes() for b in w.batch)
+    del torch
+
+
+def test_record_marks_saved_tensors_and_gradients():
+    torch = pytest.importorskip("torch")
+    from torch import nn
+
+    from pyfastensor.plan import record_trace
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
+    x, y = torch.randn(8, 32), torch.randint(0, 10, (8,))
+    t = record_trace(model, (x, y), lambda m, x, y: nn.functional.cross_entropy(m(x), y))
+    _check_consistent(t)
+    by_kind: dict[str, list[int]] = {}
+    for tensor in t.tensors:
+        by_kind.setdefault(tensor.kind, []).append(tensor.bytes)
+    params = sorted(p.numel() * 4 for p in model.parameters())
+    assert sorted(by_kind["weight"]) == params
+    # Adam keeps exp_avg and exp_avg_sq per parameter, and a step count.
+    assert sorted(b for b in by_kind["optimizer"] if b > 4) == sorted(params * 2)
+    # The ReLU's output (8 x 64 floats) is saved for backward: ReLU's and the second Linear's.
+    assert 8 * 64 * 4 in by_kind["activation"]
+    # Each parameter's gradient has the parameter's size.
+    assert set(params) <= set(by_kind["gradient"])
+    # A transpose is a view: it reads the weight and writes nothing.
+    t_ops = [o for o in t.ops if o.name == "fwd.t"]
+    assert t_ops and all(o.writes == () for o in t_ops)
+    # The planner works on it.
+    peak = plan.simulate(t, Hardware.g10_default(), "ideal").peak_device_bytes
+    hw = Hardware.g10_default().replace(device_bytes=peak * 2 // 3)
+    assert plan.simulate(t, hw, "g10").peak_device_bytes <= hw.device_bytes
+
+
+def test_bench_plan_tiny(tmp_path, capsys):
+    pytest.importorskip("torch")
+    args = ["bench", "plan", "--models", "bert,resnet", "--batches", "2", "--demands", "150%,3",
+            "--layers", "1", "--width", "16", "--no-plot", "--json", str(tmp_path / "r.json"),
+            "--traces", str(tmp_path / "traces")]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if line.startswith("model"))
+    for policy in plan.policies():
+        assert policy in header.split()
+    rows = [line.split() for line in out.splitlines() if line.startswith(("bert ", "resnet "))]
+    assert [(r[0], r[1], r[2]) for r in rows] == [("bert", "2", "150%"), ("bert", "2", "300%"),
+                                                  ("resnet", "2", "150%"), ("resnet", "2", "300%")]
+    assert "target: g10 >= 90% of ideal on average" in out
+    assert "target: g10 >= 1.3x flashneuron" in out
+    result = json.loads((tmp_path / "r.json").read_text())
+    for r in result["rows"]:
+        assert r["throughput"]["ideal"] == 1.0
+        assert r["device_bytes"] == int(r["peak_bytes"] / r["demand"])
+        assert all(0 <= v <= 1 for v in r["throughput"].values())
+    for r in rows:  # a number per policy, or the word infeasible, then g10 over flashneuron
+        assert len(r) == 5 + len(plan.policies()) + 1
+    assert sorted(p.name for p in (tmp_path / "traces").iterdir()) == ["bert-b2.json", "resnet-b2.json"]
+
+
+def test_bench_plan_plot(tmp_path):
+    pytest.importorskip("matplotlib")
+    from pyfastensor.bench import plan as bench_plan
+
+    rows = [{"model": "bert", "batch": 2, "demand": 2.0,
+             "throughput": {"ideal": 1.0, "on_demand": 0.5, "flashneuron": 0.4, "g10": 0.9}}]
+    png = bench_plan.plot({"rows": rows, "settings": {"speedup": 1.0}}, tmp_path / "p.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
