@@ -146,19 +146,26 @@ type loaderServer struct {
 }
 
 // pft_loader_open opens the pack in dir (loader.OpenPack) and a server of
-// it within budget bytes, its tie-breaks seeded by seed, at epoch 0.
-// handle: the server, for the calls below; out: the pack's summary and the
-// server's layout, JSON.
+// it at epoch 0 with the options (JSON, loader.ServerOptions: budget in
+// bytes, seed of the tie-breaks, overflow share, loader.DefaultOverflow
+// when absent). handle: the server, for the calls below; out: the pack's
+// summary and the server's layout, JSON.
 //
 //export pft_loader_open
-func pft_loader_open(dir *C.char, budget C.int64_t, seed C.uint64_t, handle *C.uint64_t, out **C.char,
-	errbuf *C.char, errlen C.size_t) C.int {
+func pft_loader_open(dir, options *C.char, handle *C.uint64_t, out **C.char, errbuf *C.char, errlen C.size_t) C.int {
 	return call(errbuf, errlen, func() error {
+		o := loader.ServerOptions{Overflow: loader.DefaultOverflow}
+		if options == nil {
+			return fmt.Errorf("%w: loader: no options", gds.ErrInvalid)
+		}
+		if err := parseJSON(options, &o); err != nil {
+			return err
+		}
 		p, err := loader.OpenPack(C.GoString(dir))
 		if err != nil {
 			return err
 		}
-		srv, err := loader.NewServer(p, loader.ServerOptions{Budget: int64(budget), Seed: uint64(seed)})
+		srv, err := loader.NewServer(p, o)
 		if err != nil {
 			return err
 		}

@@ -33,7 +33,8 @@ type Layout struct {
 	AbstractChunks int   `json:"abstract_chunks"`  // the groups: ceil(Chunks / G)
 	Budget         int64 `json:"budget"`
 	SlotBytes      int64 `json:"slot_bytes"`      // the slots' share of the budget
-	ReadBytes      int64 `json:"read_bytes"`      // the reads' share: Budget - SlotBytes
+	ReadBytes      int64 `json:"read_bytes"`      // the reads' share: Budget - OverflowBytes - SlotBytes
+	OverflowBytes  int64 `json:"overflow_bytes"`  // the spares' share (ServerOptions.Overflow)
 	MaxChunkBytes  int64 `json:"max_chunk_bytes"` // the largest chunk file
 	MinBudget      int64 `json:"min_budget"`      // the least budget this pack can be served from
 	// Owned lists the abstract chunks this server owns: all of them on

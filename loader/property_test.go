@@ -13,7 +13,7 @@ import (
 
 // Property: for any pack (sample count, chunk size with a short last
 // chunk, sample sizes), budget (from the least to all of the data),
-// request order (random, sorted, reversed) and batching, one epoch
+// request order (random, sorted, reversed), overflow share and batching, one epoch
 // delivers every sample exactly once with its source's bytes and label,
 // within the budget, reading and wasting what the stats say.
 func TestPropertyExactlyOnceWithinBudget(t *testing.T) {
@@ -48,11 +48,13 @@ func TestPropertyExactlyOnceWithinBudget(t *testing.T) {
 		orders := [][]int{perm(o.n, seed), sorted, reversed}
 		for _, budget := range budgets {
 			for k, reqs := range orders {
-				s := newServer(t, p, budget, seed)
+				over := []float64{0, 0.3, DefaultOverflow}[r.IntN(3)]
+				s, err := NewServer(p, ServerOptions{Budget: budget, Seed: seed, Overflow: over})
+				require.NoError(t, err)
 				got := serveAll(t, s, ds, reqs, 1+r.IntN(16))
 				requireExactlyOnce(t, o.n, got)
 				st := s.Stats()
-				where := []any{"seed %d: n %d, chunk size %d, budget %d (layout %+v), order %d", seed, o.n, size, budget, s.Layout(), k}
+				where := []any{"seed %d: n %d, chunk size %d, budget %d, overflow %v (layout %+v), order %d", seed, o.n, size, budget, over, s.Layout(), k}
 				require.LessOrEqual(t, st.PeakBytes, budget, where...)
 				require.EqualValues(t, o.n, st.Served, where...)
 				require.Equal(t, total, st.BytesDelivered, where...)

@@ -53,6 +53,7 @@ type spare struct {
 	f     *fill
 	data  []byte
 	ready bool
+	extra bool // kept by a refill in the overflow share (refill)
 }
 
 // assign answers the request for position i (admitted: its slot has an
@@ -70,6 +71,9 @@ func (s *Server) assign(i int) ticket {
 			delete(s.spares, x)
 		}
 		t := ticket{req: i, pos: e.pos, f: e.f}
+		if e.extra {
+			s.overflow -= s.ix.Samples[e.pos].Length
+		}
 		switch {
 		case e.ready:
 			t.data, t.ready = e.data, true
@@ -218,7 +222,10 @@ func (s *Server) hasSpares(g int) bool {
 
 // refill fills every empty slot of group g whose sample in chunk c was not
 // filled this epoch with that sample (a valid slot is never touched:
-// never evict a sample not yet consumed), as a new fill.
+// never evict a sample not yet consumed), as a new fill. The chunk's
+// other samples not filled this epoch, whose slots are occupied, are kept
+// as spares of their slots while they fit the overflow share
+// (ServerOptions.Overflow), in slot order; the rest are the read's waste.
 func (s *Server) refill(g, c int) *fill {
 	n, w := s.lay.ChunkSize, s.words
 	empty, unfilled := s.empty[g*w:(g+1)*w], s.unfilled[c*w:(c+1)*w]
@@ -230,6 +237,20 @@ func (s *Server) refill(g, c int) *fill {
 		x := g*n + k
 		s.slotChunk[x], s.slotFill[x], s.slotData[x] = c, f, nil
 		empty.unset(k)
+		unfilled.unset(k)
+		f.samples = append(f.samples, c*n+k)
+	}
+	if s.overflowCap == 0 {
+		return f
+	}
+	for k := range s.ix.Chunks[c].Samples {
+		size := s.ix.Samples[c*n+k].Length
+		if !unfilled.has(k) || s.overflow+size > s.overflowCap {
+			continue
+		}
+		x := g*n + k
+		s.spares[x] = append(s.spares[x], spare{pos: c*n + k, f: f, extra: true})
+		s.overflow += size
 		unfilled.unset(k)
 		f.samples = append(f.samples, c*n+k)
 	}

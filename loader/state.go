@@ -161,7 +161,8 @@ func (s *Server) Restore(st State) error {
 	}
 	for _, i := range st.Spares {
 		x := s.lay.group(i/size)*size + i%size
-		s.spares[x] = append(s.spares[x], spare{pos: i, f: fills[i/size]})
+		s.spares[x] = append(s.spares[x], spare{pos: i, f: fills[i/size], extra: true})
+		s.overflow += s.ix.Samples[i].Length
 	}
 	s.stats.Served = int64(s.nDelivered)
 	return nil

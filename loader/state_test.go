@@ -15,7 +15,13 @@ func TestStateResume(t *testing.T) {
 	const n = 150
 	ds, p := newPack(t, datasetOpts{n: n, classes: 3, maxSize: 400, seed: 51}, 7)
 	reqs := perm(n, 4)
-	for _, budget := range []int64{minBudget(p), (minBudget(p) + maxBudget(p)) / 3, maxBudget(p)} {
+	for k, budget := range []int64{minBudget(p), (minBudget(p) + maxBudget(p)) / 3, maxBudget(p), 2 * maxBudget(p)} {
+		over := []float64{0, 0, 0, DefaultOverflow}[k] // and overflow: spares in the state
+		newServer := func(t testing.TB, p *Packed, budget int64, seed uint64) *Server {
+			s, err := NewServer(p, ServerOptions{Budget: budget, Seed: seed, Overflow: over})
+			require.NoError(t, err)
+			return s
+		}
 		ref := newServer(t, p, budget, 8)
 		require.NoError(t, ref.SetEpoch(3))
 		want := serveAll(t, ref, ds, reqs, 4)

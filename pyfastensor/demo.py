@@ -3,7 +3,9 @@
 Saves and loads a built-in model's checkpoint with pyfastensor and with
 torch, durable and cold-cache both, beside the disk's own limit; then trains
 a few steps of a built-in model with and without activation offload and
-compares step time, resident saved-tensor memory and gradients.
+compares step time, resident saved-tensor memory and gradients; then packs a
+built-in dataset of small files and reads one shuffled epoch through
+DataLoader workers, from the plain files and from the pack.
 ``--quick`` does the same on a smaller scale, in well under half a minute on
 two cores (what CI runs from the installed wheel).
 """
@@ -31,7 +33,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             "both; cold-cache loads when root), prints GB/s beside the disk's O_DIRECT limit "
             "measured in the same run, then trains a few steps of an MLP with and without "
             "pyfastensor.offload and compares step time, peak resident saved-tensor bytes "
-            "and gradients."
+            "and gradients, then packs a generated dataset of small files and reads one "
+            "shuffled epoch (2 DataLoader workers, cold cache) from the files and from "
+            "pyfastensor.data.ChunkDataset, checking every sample arrives once."
         ),
     )
     p.add_argument("--dir", default=None, help="where to write (default: a temp dir under .)")
@@ -120,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
         del state, from_torch, from_ours, stock
 
         ok = same and readable and _offload_demo(d, batch=512 if args.quick else 2048)
+        ok = _data_demo(d, files=2000 if args.quick else 20000) and ok
     return 0 if ok else 1
 
 
@@ -157,3 +162,67 @@ def _offload_demo(d: Path, batch: int) -> bool:
           f"({s.resident_peak_bytes / max(base_peak, 1):.0%}), stall {s.stall_seconds * 1e3:.1f} ms")
     print(f"  gradients bit-identical: {same}")
     return same
+
+
+class _Files:
+    """A map-style dataset over plain files: what a DataLoader reads without a pack."""
+
+    def __init__(self, paths: list[Path]) -> None:
+        self.paths = paths
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i: int) -> bytes:
+        return self.paths[i].read_bytes()
+
+
+def _keep(batch: list) -> list:
+    return batch
+
+
+def _data_demo(d: Path, files: int) -> bool:
+    import hashlib
+    import random
+
+    import torch
+
+    from pyfastensor.bench.disk import drop_caches
+    from pyfastensor.data import ChunkDataset, pack
+
+    rng = random.Random(0)
+    src, classes = d / "images", 10
+    paths, digests = [], set()
+    for i in range(files):  # class-sorted, as a folder of images is
+        p = src / f"class{i * classes // files:02d}" / f"{i:06d}.bin"
+        p.parent.mkdir(parents=True, exist_ok=True)
+        data = rng.randbytes(rng.randint(8 << 10, 24 << 10))
+        p.write_bytes(data)
+        paths.append(p)
+        digests.add(hashlib.sha1(data).digest())
+    total = sum(p.stat().st_size for p in paths)
+    pack(src, d / "packed", chunk_size=64, seed=0, progress=False)
+    budget = total // 4  # a quarter of the data: chunks are read, consumed and read again
+    print(f"\nreading one shuffled epoch of {files} files ({total / 2**20:.0f} MiB, {classes} classes), "
+          "batch 64, 2 DataLoader workers, cold cache:")
+
+    def epoch(ds: Any, unpack: Callable[[Any], bytes]) -> tuple[float, bool]:
+        g = torch.Generator().manual_seed(1)
+        dl = torch.utils.data.DataLoader(ds, batch_size=64, shuffle=True, generator=g, num_workers=2,
+                                         collate_fn=_keep)
+        drop_caches(paths + sorted((d / "packed").iterdir()))
+        t = time.perf_counter()
+        got = [hashlib.sha1(unpack(item)).digest() for batch in dl for item in batch]
+        seconds = time.perf_counter() - t
+        return seconds, len(got) == files and set(got) == digests
+
+    t_files, once_files = epoch(_Files(paths), lambda b: b)
+    with ChunkDataset(d / "packed", memory_budget=budget) as ds:
+        t_pack, once_pack = epoch(ds, lambda item: item[0].numpy().tobytes())
+        st = ds.stats()
+    print(f"  DataLoader over the files   {files / t_files:9.0f} samples/s")
+    print(f"  ChunkDataset over the pack  {files / t_pack:9.0f} samples/s  {t_files / t_pack:5.2f}x, "
+          f"{st['chunk_reads']} chunk reads, peak {st['peak_bytes'] / 2**20:.0f} of {budget / 2**20:.0f} MiB budget")
+    print(f"  every sample once: files {once_files}, pack {once_pack}"
+          " (`python -m pyfastensor bench data` measures this at scale, against its peers)")
+    return once_files and once_pack

@@ -55,8 +55,9 @@ def min_budget(packed) -> int:
 
 @pytest.fixture(scope="module")
 def small(min_budget) -> int:
-    """A budget giving several abstract chunks of several chunks each (1 < G < chunks)."""
-    return min_budget * 3 // 2
+    """A budget giving several abstract chunks of several chunks each (1 < G < chunks): the
+    default overflow share (0.75) leaves the slots and reads 1.5 times the pack's minimum."""
+    return min_budget * 6
 
 
 @pytest.fixture
@@ -347,3 +348,21 @@ def test_pack_refuses_foreign_files(source, tmp_path):
     with pytest.raises(InvalidArgumentError, match=r"notes.txt in .* is not a file of a pack"):
         pack(source[0], out, chunk_size=CHUNK, progress=False)
     assert os.listdir(out) == ["notes.txt"]
+
+
+def test_overflow_share(packed, min_budget):
+    """A read's samples for occupied slots, kept in the overflow share, are not read again."""
+    budget = min_budget * 2
+    reads = {}
+    for overflow in (0, None):  # the paper's policy; the default share
+        with ChunkDataset(packed, memory_budget=budget, with_index=True, overflow=overflow) as ds:
+            got = serve(ds, _perm(11))
+            st, layout = ds.stats(), ds.layout
+        assert sorted(p for p, _, _ in got) == list(range(N))
+        assert st["peak_bytes"] <= budget
+        # the default share (0.75 of the budget) shrinks to leave the slots and reads their least
+        assert layout["overflow_bytes"] == (0 if overflow == 0 else budget - min_budget)
+        reads[overflow] = st["chunk_reads"]
+    assert reads[None] < reads[0] / 2, reads
+    with pytest.raises(InvalidArgumentError, match=r"overflow=1\.5: expected a share of the budget from 0 to 0\.9"):
+        ChunkDataset(packed, memory_budget=budget, overflow=1.5)

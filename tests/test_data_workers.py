@@ -17,8 +17,7 @@ import pytest
 import torch
 from data_helpers import CHUNK, CLASSES, PER_CLASS, keep, make_folder, serve, tag_process
 
-from pyfastensor.data import ChunkDataset, pack
-from pyfastensor.data import _client
+from pyfastensor.data import ChunkDataset, _client, pack
 from pyfastensor.errors import ServerUnavailableError, UnsupportedError
 
 N = len(CLASSES) * PER_CLASS

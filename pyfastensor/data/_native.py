@@ -20,7 +20,7 @@ _P = ctypes.POINTER
 _lib.register({
     "pft_loader_pack": [_lib.c_char_p, _lib.c_char_p, _P(_lib.i64), _P(_lib.c_void_p)],
     "pft_loader_verify": [_lib.c_char_p, _P(_lib.i64), _P(_lib.c_void_p)],
-    "pft_loader_open": [_lib.c_char_p, _lib.i64, _lib.u64, _P(_lib.u64), _P(_lib.c_void_p)],
+    "pft_loader_open": [_lib.c_char_p, _lib.c_char_p, _P(_lib.u64), _P(_lib.c_void_p)],
     "pft_loader_set_epoch": [_lib.u64, _lib.u64],
     "pft_loader_get": [_lib.u64, _lib.i64, _P(_lib.i64), _P(_lib.i64), _P(_lib.u64)],
     "pft_loader_take": [_lib.u64, _lib.u64, _lib.i64, _P(_lib.c_void_p)],
@@ -61,11 +61,14 @@ class Server(_lib.Handle):
 
     _close_fn = "pft_loader_close"
 
-    def __init__(self, path: str | os.PathLike[str], budget: int, seed: int) -> None:
+    def __init__(self, path: str | os.PathLike[str], budget: int, seed: int, overflow: float | None = None) -> None:
         super().__init__()
         h = _lib.u64()
         out = ctypes.c_void_p()
-        _lib.call("pft_loader_open", _lib.cstr(path), budget, seed, ctypes.byref(h), ctypes.byref(out))
+        options: dict[str, Any] = {"budget": budget, "seed": seed}
+        if overflow is not None:
+            options["overflow"] = overflow  # else Go's loader.DefaultOverflow
+        _lib.call("pft_loader_open", _lib.cstr(path), json.dumps(options).encode(), ctypes.byref(h), ctypes.byref(out))
         self._handle = h.value
         self.summary: dict[str, Any] = json.loads(_lib.take_string(out))
 
