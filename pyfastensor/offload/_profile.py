@@ -44,6 +44,11 @@ class Recorder:
         self.last_unpack_end: float | None = None
         self.unpack_time = 0.0
         self.end: float | None = None
+        # First unpacks in order, with the backward node that made each:
+        # (pack index, node number), consecutive unpacks of one node sharing
+        # a number (policy="planned" models each node as one op).
+        self.unpacks: list[tuple[int, int]] = []
+        self._node: Any = None  # the last node seen (kept so its id is not reused)
 
     def packed(self, index: int, slot: int, t: torch.Tensor, nbytes: int, relu: bool,
                started: float) -> None:
@@ -88,6 +93,12 @@ class Recorder:
         rec = self.tensors.get(index)
         if rec is not None and rec["bwd_gap_ns"] < 0:
             rec["bwd_gap_ns"] = int(max(now - (self.last_unpack_end or now), 0) * 1e9)
+            node = torch._C._current_autograd_node()
+            group = self.unpacks[-1][1] if self.unpacks else -1
+            if node is None or node is not self._node:
+                group += 1
+            self._node = node
+            self.unpacks.append((index, group))
 
     def unpack_done(self, seconds: float) -> None:
         self.unpack_time += seconds

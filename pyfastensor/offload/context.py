@@ -15,10 +15,10 @@ import torch
 from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from ..errors import NoSpaceError
-from . import _staging, codecs
+from ..errors import InvalidArgumentError, NoSpaceError
+from . import _planned, _staging, codecs
 from ._filter import ModuleWatch, is_parameter, is_relu_output, storages_of, supported
-from ._order import Prefetcher
+from ._order import PlannedPrefetcher, Prefetcher
 from ._pool import BufferPool
 from ._profile import Recorder, schedule
 from ._saved import Entry, Held, Meter, Saved
@@ -26,7 +26,7 @@ from ._store import SpillStore, shared
 from .summary import OffloadSummary
 
 TIERS = ("ssd", "host", "auto")
-POLICIES = ("all", "scheduled", "none")
+POLICIES = ("all", "scheduled", "planned", "none")
 DICTIONARIES = ("wr", "w", "r")
 _DICTIONARY_USE = {"wr": "write_read", "w": "write", "r": "read"}
 CODECS = ("fp16", "sparse")
@@ -140,6 +140,7 @@ class Offload:
         module: nn.Module | None = None,
         engine: str | None = None,
         verbose: bool = False,
+        host_bytes: int | None = None,
     ) -> None:
         if tier not in TIERS:
             raise ValueError(f"tier {tier!r}: expected one of {', '.join(TIERS)}")
@@ -151,14 +152,27 @@ class Offload:
             raise ValueError(f"on_full {on_full!r}: expected 'warn' or 'raise'")
         if budget is not None and budget < 0:
             raise ValueError(f"budget {budget!r}: expected None or a number of bytes >= 0")
-        if policy == "scheduled" and budget is None:
-            raise ValueError("policy='scheduled' needs budget= (bytes of saved tensors that may stay resident)")
+        if policy in ("scheduled", "planned") and budget is None:
+            raise ValueError(f"policy={policy!r} needs budget= (bytes of saved tensors that may stay resident)")
+        if policy == "planned" and tier == "host":
+            raise ValueError("policy='planned' takes tier='ssd' (SSD only) or tier='auto' (G10's tiering: the SSD, "
+                             "and host memory while the SSD is busy), not 'host'")
+        if policy == "planned" and compression:
+            raise ValueError("policy='planned' migrates saved tensors as they are: compression must be None")
+        if host_bytes is not None and (host_bytes < 0 or policy != "planned" or tier != "auto"):
+            raise ValueError(f"host_bytes {host_bytes!r}: a number of bytes >= 0, for policy='planned' with "
+                             "tier='auto' only")
         if min_size < 0:
             raise ValueError(f"min_size {min_size!r}: expected a number of bytes >= 0")
         self.tier, self.spill_dir, self.budget, self.min_size = tier, spill_dir, budget, min_size
         self.policy, self.dictionary, self.on_full = policy, dictionary, on_full
         self.compression = _compression(compression)
         self.module, self.engine, self.verbose = module, engine, verbose
+        self.host_bytes = host_bytes
+        self._placement: _planned.Placement | None = None  # planned policy: the plan by pack index
+        self._plan_error: InvalidArgumentError | None = None  # planned policy: an infeasible budget
+        self._staging: _staging.Staging | None = None  # host tier copies; None: the device's (tests set a fake)
+        self._device: torch.device | None = None  # of the saved tensors stored in the profiling step
         self._recorder: Recorder | None = None
         self._plan_result: dict[str, Any] | None = None
         self.step = 0
@@ -189,7 +203,7 @@ class Offload:
         self._base = self._store.stats() if self._store is not None else {}
         self._pool.lend_idle()  # reclaimable during forward; reused without faults if not reclaimed
         self._reset_step()
-        if self.policy == "scheduled" and self._plan is None:
+        if self.policy in ("scheduled", "planned") and self._plan is None and self._placement is None:
             self._recorder = Recorder(self.compression)  # this is the profiling step
         self._registered = storages_of(self.module)
         self._watch = ModuleWatch(self._registered) if self.module is None else None
@@ -222,6 +236,8 @@ class Offload:
                     self._abandon_step(store)
                     raise
                 self._prefetch_after(None)  # forward is done: backward's first reads can start
+                if self._planned_pf is not None and self._placement is not None:
+                    self._planned_pf.reached(self._placement.start_pos, self._entries, Entry.prefetch)
         finally:
             self._summary = self._make_summary(store)
             self.step += 1
@@ -295,23 +311,34 @@ class Offload:
         self._entries: list[weakref.ref[Entry]] = []
         self._pending: dict[int, Held] = {}
         self._unpack_log: list[int] = []
-        self._counts = dict.fromkeys(("saved", "offloaded", "resident", "skipped", "dedup", "full"), 0)
+        self._counts = dict.fromkeys(("saved", "offloaded", "staged", "resident", "skipped", "dedup", "full"), 0)
         self._raw_bytes = 0
+        self._staged_bytes = 0
         self._codec_bytes: dict[str, list[int]] = {}
         self._pack_time = self._unpack_time = 0.0
         self._late_error: NoSpaceError | None = None
         self._meter.reset_peak()
         window = self.budget if self.budget is not None else 0  # 0: chosen at first unpack
         meter = self._meter  # not self: no reference cycle to keep the store alive
-        self._prefetcher = Prefetcher(self._order, window, lambda: meter.now) if self._order is not None else None
+        self._prefetcher = (Prefetcher(self._order, window, lambda: meter.now)
+                            if self._order is not None and self.policy != "planned" else None)
+        self._planned_pf: PlannedPrefetcher | None = None
+        if self._placement is not None:
+            assert self.budget is not None
+            self._planned_pf = PlannedPrefetcher(list((at, i) for i, at in self._placement.prefetch.items()),
+                                                 self.budget, lambda: meter.now)
 
     def _learn_from_last_step(self) -> None:
         """After the profiling step: keep its unpack order for prefetching."""
         if self._order is None and self._unpack_log:
             self._order = list(self._unpack_log)
             self._order_count = len(self._entries)
+        if self._plan_error is not None:
+            raise self._plan_error
         rec, self._recorder = self._recorder, None
-        if rec is not None and rec.tensors and self._plan is None:
+        if rec is not None and rec.tensors and self.policy == "planned" and self._placement is None:
+            self._make_planned(rec)
+        elif rec is not None and rec.tensors and self._plan is None:
             assert self.budget is not None
             last = self._store or self._closed_store
             tier = last.description.get("tier", "ssd") if last is not None else "ssd"
@@ -322,6 +349,25 @@ class Offload:
                           for d in self._plan_result["decisions"]}
             if self.verbose:
                 print(self._plan_result["text"], end="")
+
+    def _make_planned(self, rec: Recorder) -> None:
+        """After the profiling step of policy="planned": G10's plan for the saved tensors."""
+        assert self.budget is not None
+        device = self._device or torch.device("cpu")
+        host = self.host_bytes
+        if host is None:
+            host = _planned.available_host_bytes() if self.tier == "auto" and device.type != "cpu" else 0
+        prof = rec.profile(self.budget, "ssd")
+        try:
+            result = _planned.make(prof, rec.unpacks, self.budget, host, device)
+        except InvalidArgumentError as e:
+            self._plan_error = e
+            raise
+        result["profile"] = prof
+        self._plan_result = result
+        self._placement = result["placement"]
+        if self.verbose:
+            print(result["text"], end="")
 
     # -- hooks ---------------------------------------------------------------
 
@@ -346,6 +392,10 @@ class Offload:
                     self._live[key] = entry
                     if self._recorder is not None and entry.held is not None:
                         self._recorder.packed(entry.index, entry.held.slot, t, entry.nbytes, entry.relu, start)
+                    if self._planned_pf is not None and self._placement is not None:
+                        at = self._placement.fwd_pos.get(entry.index)
+                        if at is not None:
+                            self._planned_pf.reached(at, self._entries, Entry.prefetch)
             return Saved(entry, t)
         finally:
             spent = time.perf_counter() - start
@@ -375,6 +425,10 @@ class Offload:
                 if done and self._pending.pop(held.slot, None) is not None:
                     self._settle(held, held.store.poll)
             with self._lock:
+                if not entry.seen and self._planned_pf is not None and self._placement is not None:
+                    at = self._placement.bwd_pos.get(entry.index)
+                    if at is not None:  # the node that starts op `at` is unpacking
+                        self._planned_pf.reached(at, self._entries, Entry.prefetch)
                 root = entry.restore()
                 out = h.view_of(root)
                 h.first_unpack(root)
@@ -399,6 +453,8 @@ class Offload:
         """The codec to store ``t``'s storage with, or None to keep it resident."""
         if self.policy == "none":
             return None
+        if self._placement is not None:  # indices past the profiled graph: to the store as is
+            return None if self._placement.tier.get(entry.index) == "stay" else "raw"
         if self._plan is not None:  # indices past the profiled graph: offload as is
             return self._plan.get(entry.index, "raw")
         whole = entry.nbytes % t.element_size() == 0 and t.dtype.is_floating_point
@@ -417,6 +473,12 @@ class Offload:
         codec = self._codec_for(entry, t)
         if codec is None:
             return self._keep(entry, raw)
+        self._device = t.device
+        if self._placement is not None and self._placement.tier.get(entry.index) == "host":
+            entry.stage(raw, self._staging or _staging.for_device(t.device))
+            self._counts["staged"] += 1
+            self._staged_bytes += nbytes
+            return entry
         started = time.perf_counter()
         enc = codecs.encode(raw if codec == "raw" else raw.view(t.dtype), codec)
         if codec != "raw" and enc.nbytes >= nbytes:  # did not pay: store as is
@@ -548,6 +610,9 @@ class Offload:
         desc = store.description if store is not None else {}
         tier = desc.get("tier", "")
         written = int(st.get("bytes_written", 0))
+        offloaded = {tier: written} if written else {}
+        if self._staged_bytes:
+            offloaded["host"] = offloaded.get("host", 0) + self._staged_bytes
         return OffloadSummary(
             step=self.step,
             tier=tier,
@@ -558,7 +623,8 @@ class Offload:
             resident_tensors=self._counts["resident"],
             skipped_tensors=self._counts["skipped"],
             deduplicated=self._counts["dedup"],
-            bytes_offloaded={tier: written} if written else {},
+            staged_tensors=self._counts["staged"],
+            bytes_offloaded=offloaded,
             raw_bytes_offloaded=self._raw_bytes,
             bytes_read=int(st.get("bytes_read", 0)),
             resident_peak_bytes=self._meter.peak,
