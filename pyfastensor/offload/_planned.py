@@ -16,13 +16,15 @@ The trace (one tensor per saved storage, kind ``activation``):
 - op ``1 + P``, ``bwd.start`` (P saved tensors): empty (the compute from the
   end of forward to the first unpack is already the last forward op's);
 - op ``2 + P + g`` for the g-th backward node that unpacked saved tensors
-  (in the profiling step's order), ``bwd.<node>``: reads the tensors that
-  node unpacked first, then the backward compute until the next such node
-  (the last one: until the step ended). Tensors never unpacked in the
-  profiling step are read by a last op, ``bwd.end``.
+  (in the profiling step's order), ``bwd.node<g>``: reads the tensors that
+  node unpacked, and those a node before it unpacked that a node after it
+  unpacks too (an entry saved twice keeps its restored copy for its other
+  handles), then the backward compute until the next such node (the last
+  one: until the step ended). Tensors never unpacked in the profiling step
+  are read by a last op, ``bwd.end``.
 
-So each saved tensor has one inactive period, from its pack to the node
-that unpacks it. The hardware: ``device_bytes`` is the budget (bytes of
+So each saved tensor has one inactive period, from its pack to the first
+node that unpacks it. The hardware: ``device_bytes`` is the budget (bytes of
 saved tensors that may stay resident), ``host_bytes`` the host tier's
 memory, the SSD's bandwidths those the profiling step measured on the spill
 store (bytes over the store's write and read times), no latency (it is in
@@ -67,13 +69,14 @@ class Placement:
     start_pos: int = 0
 
 
-def build_trace(profile: dict[str, Any], unpacks: list[tuple[int, int]]) -> tuple[dict[str, Any], Placement]:
+def build_trace(profile: dict[str, Any], unpacks: list[tuple[int, int, int]]) -> tuple[dict[str, Any], Placement]:
     """The G10 trace of a profiled step (see the module docstring), as a dict, and the op positions.
 
     Args:
         profile: :meth:`Recorder.profile`'s result (sizes, forward gaps,
-            backward gaps, forward and backward compute).
-        unpacks: the profiling step's first unpacks, ``(pack index, node number)``.
+            forward and backward compute).
+        unpacks: the profiling step's unpacks, ``(pack index, node number,
+            compute before it in ns)``.
     """
     recs = {t["index"]: t for t in profile["tensors"]}
     packs = sorted(recs)
@@ -87,26 +90,36 @@ def build_trace(profile: dict[str, Any], unpacks: list[tuple[int, int]]) -> tupl
         ops.append({"name": f"fwd.pack{i}", "time_ns": after, "reads": [], "writes": [i]})
     pos.start_pos = len(ops)
     ops.append({"name": "bwd.start", "time_ns": 0, "reads": [], "writes": []})
-    groups: list[list[int]] = []
+    # Backward nodes in order: the tensors each unpacked, the compute before
+    # its first unpack and between its own unpacks.
+    nodes: list[tuple[list[int], int, int]] = []
     last = None
-    for i, g in unpacks:
-        if i not in recs or i in pos.bwd_pos:
+    for i, g, gap in unpacks:
+        if i not in recs:
             continue
         if g != last:
-            groups.append([])
+            nodes.append(([], max(gap, 0), 0))
             last = g
-        groups[-1].append(i)
-        pos.bwd_pos[i] = pos.start_pos + len(groups)
-    bgap = {i: max(recs[i]["bwd_gap_ns"], 0) for g in groups for i in g}
+        elif nodes:
+            nodes[-1] = (nodes[-1][0], nodes[-1][1], nodes[-1][2] + max(gap, 0))
+        nodes[-1][0].append(i)
+    first: dict[int, int] = {}
+    final: dict[int, int] = {}
+    base = pos.start_pos + 1
+    for n, (idx, _, _) in enumerate(nodes):
+        for i in idx:
+            first.setdefault(i, base + n)
+            final[i] = base + n
     counted = 0
-    for n, g in enumerate(groups):
-        if n + 1 < len(groups):
-            t = bgap[groups[n + 1][0]] + sum(bgap[i] for i in g[1:])
-        else:
-            t = max(profile["backward_ns"] - counted, 0)
+    for n, (_, _, inner) in enumerate(nodes):
+        t = nodes[n + 1][1] + inner if n + 1 < len(nodes) else max(profile["backward_ns"] - counted, 0)
         counted += t
-        ops.append({"name": f"bwd.node{n}", "time_ns": t, "reads": g, "writes": []})
-    unused = [i for i in packs if i not in pos.bwd_pos]
+        # A tensor stays in memory from the first node that unpacks it to
+        # the last (its other handles keep the restored copy): read by each.
+        reads = [i for i in packs if i in first and first[i] <= base + n <= final[i]]
+        ops.append({"name": f"bwd.node{n}", "time_ns": t, "reads": reads, "writes": []})
+    pos.bwd_pos.update(first)
+    unused = [i for i in packs if i not in first]
     if unused:
         for i in unused:
             pos.bwd_pos[i] = len(ops)
@@ -168,7 +181,7 @@ def available_host_bytes() -> int:
     return 0
 
 
-def make(profile: dict[str, Any], unpacks: list[tuple[int, int]], budget: int, host_bytes: int,
+def make(profile: dict[str, Any], unpacks: list[tuple[int, int, int]], budget: int, host_bytes: int,
          device: torch.device) -> dict[str, Any]:
     """Plan the saved tensors of a profiled step; return the plan's record (see ``Offload.plan_details``).
 
