@@ -62,6 +62,32 @@ class Offload:
     slots at once (and closes the store if no other object uses it).
     ``policy="none"`` opens no store.
 
+    ``policy="planned"`` is G10's tensor migration (the seed's sections 4.2
+    to 4.4) at run time. The profiling step offloads every eligible tensor
+    while recording the saved tensors (pack order, sizes), their unpack
+    order in backward, grouped by backward node, and the compute time
+    between hooks, and measures the spill store's bandwidths. From that it
+    builds a trace (:class:`pyfastensor.plan.Trace`: each saved tensor
+    written by the forward op that saved it and read by the backward nodes
+    that unpack it) and hardware (device memory = ``budget``; host memory
+    = ``host_bytes``; the SSD's bandwidths as measured), and G10's planner
+    (:func:`pyfastensor.plan.make_plan`) decides for each saved tensor:
+    stay resident, go to the SSD (the spill store), or to host memory
+    (pinned buffers through a side stream; on CPU tensors, plain host
+    memory), and the op at which its prefetch starts (a pack in forward or
+    the first unpack of a backward node). Later steps carry that out:
+    writes start at pack, prefetches at their planned points, each waiting
+    while the resident saved tensors plus it would exceed the budget. It
+    migrates the *saved tensors* only (activations autograd keeps for
+    backward); parameters, gradients and optimizer state stay where torch
+    keeps them. No codec: gradients are bit-identical to training without
+    offload. A budget below what one op of the step needs at once (the
+    largest saved tensor, or the tensors one backward node holds together)
+    is not met by falling back: entering the context after the profiling
+    step raises :class:`~pyfastensor.InvalidArgumentError` naming the budget
+    and the need, and so does every later entry. Saved tensors the profiled
+    step did not have (a changed graph) go to the store as they are.
+
     Without lossy compression, gradients are bit-identical to training
     without offload. Parameters and buffers are never offloaded; the same
     storage saved twice is written once; views come back with their shape,
@@ -80,12 +106,16 @@ class Offload:
             resident (writes in flight included), and prefetching stays
             within it (default: no wait, and a prefetch window of twice the
             largest offloaded tensor); with ``"scheduled"`` the scheduler
-            keeps tensors resident up to it.
+            keeps tensors resident up to it; with ``"planned"`` it is the
+            device memory G10 plans for (required for both).
         min_size: tensors smaller than this many bytes stay in memory.
             Default 1 MiB.
         policy: ``"all"`` offloads every eligible tensor; ``"scheduled"``
             lets the FlashNeuron scheduler choose after the profiling step;
-            ``"none"`` offloads nothing and only measures. Default ``"all"``.
+            ``"planned"`` follows G10's migration plan made after the
+            profiling step (see above; ``tier`` ``"ssd"`` or ``"auto"``, no
+            compression); ``"none"`` offloads nothing and only measures.
+            Default ``"all"``.
         compression: None, ``"fp16"`` (lossy, float32 only),
             ``"sparse"`` (lossless, ReLU outputs) or ``("fp16", "sparse")``.
         dictionary: the adaptive dictionary picking the spill engine per
@@ -108,11 +138,18 @@ class Offload:
         engine: force one spill engine (``"posix"``, ``"direct"``...)
             instead of the dictionary's choice.
         verbose: print the scheduler's plan when it is made.
+        host_bytes: ``policy="planned"`` with ``tier="auto"`` only: host
+            memory G10 may use as its host tier. Default: the available
+            host memory (``MemAvailable``) for accelerator tensors, 0 for
+            CPU tensors (their memory is host memory already). With
+            ``tier="ssd"`` there is no host tier.
 
     Raises:
         ValueError: for an unknown option value (the message names it).
         PermissionDeniedError, NotFoundError, FastensorError: on entry,
             when ``spill_dir`` cannot hold the spill file.
+        InvalidArgumentError: with ``policy="planned"``, on entry after the
+            profiling step, when the budget is infeasible (see above).
 
     Example::
 
@@ -644,7 +681,9 @@ class Offload:
         With ``policy="scheduled"``, the plan is made when the context is
         entered after the profiling step: which tensors are offloaded, with
         which codec, which stay resident, and the predicted overlap of
-        writes with forward compute. The full record is in ``plan_details``.
+        writes with forward compute. With ``policy="planned"``: G10's
+        migration table (tensor ids are pack indices, ops those of the
+        trace) and the bytes per tier. The full record is in ``plan_details``.
 
         Returns:
             The plan as text, or None.
@@ -654,7 +693,14 @@ class Offload:
     @property
     def plan_details(self) -> dict[str, Any] | None:
         """The plan as the scheduler returned it (decisions, phase, predicted times),
-        with the profiling step's record it was made from under ``"profile"``."""
+        with the profiling step's record it was made from under ``"profile"``.
+
+        With ``policy="planned"``: ``"trace"`` and ``"hardware"`` (what G10
+        planned over), ``"plan"`` (the :class:`pyfastensor.plan.MigrationPlan`),
+        and ``"decisions"``, one per saved tensor: ``index`` (pack order),
+        ``bytes``, ``tier`` (``"stay"``, ``"ssd"`` or ``"host"``),
+        ``prefetch_at`` (the trace op whose start issues its prefetch, or
+        None), ``pack_op`` and ``unpack_op``."""
         return self._plan_result
 
     def summary(self) -> OffloadSummary:
