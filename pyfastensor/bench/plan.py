@@ -15,6 +15,17 @@ otherwise every batch runs at every demand.
 What is simulated, not measured: op times are the CPU's, optionally divided
 by ``--speedup`` to stand in for a device that computes faster, while the
 transfers run at Table 2's SSD and PCIe speeds. Nothing here times disk I/O.
+
+``--runtime`` (or ``--runtime-only``, which skips the simulation) adds the
+measured half: real training steps on this machine's CPU, with spill files
+in ``--dir``, under ``pyfastensor.offload(policy="planned")`` (G10's plan
+carried out) against ``"scheduled"`` (FlashNeuron's selection, sparse codec)
+and ``"all"`` at the same budget (``--budget-fraction`` of no offload's
+resident saved-tensor peak, default 50%), and against no offload, which
+always fits on a CPU. Rows run interleaved over ``--rounds`` rounds after two
+warm-up steps each; every figure is a median with its min-max, ratios taken
+per round. Targets: planned no slower than scheduled, and at most 1.10x no
+offload.
 """
 
 from __future__ import annotations
