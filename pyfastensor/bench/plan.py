@@ -223,7 +223,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--plot", default="bench-out/plan.png",
                    help="PNG of the grouped bars (default bench-out/plan.png; needs matplotlib)")
     p.add_argument("--no-plot", action="store_true", help="do not draw the plot")
-    p.add_argument("--json", default=None, metavar="PATH", help="write the raw results as JSON")
+    p.add_argument("--json", default=None, metavar="PATH",
+                   help="write the raw results as JSON (the run-time part's to PATH-runtime.json, or to PATH "
+                        "with --runtime-only)")
     r = p.add_argument_group("run time (policy='planned' on this CPU)")
     r.add_argument("--runtime", action="store_true",
                    help="also time training steps under policy='planned' against 'scheduled', 'all' and no "
@@ -250,9 +252,13 @@ def _cmd(args: argparse.Namespace) -> int:
             rt = run_runtime(d, quick=not args.full, rounds=args.rounds, budget_fraction=args.budget_fraction,
                              min_size=args.min_size)
         print(format_runtime(rt))
-        if args.json:
+        if args.json:  # beside the simulated results, or in their place with --runtime-only
             path = Path(args.json)
-            path.with_name(path.stem + "-runtime.json").write_text(json.dumps(rt, indent=2))
+            if not args.runtime_only:
+                path = path.with_name(path.stem + "-runtime.json")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(rt, indent=2))
+            print(f"raw run-time results: {path}")
     return 0
 
 
