@@ -143,6 +143,20 @@ def test_host_tier_on_cpu_without_a_fake_backend(tmp_path, monkeypatch):
     off.close()
 
 
+@pytest.mark.parametrize("tier", ["ssd", "auto"])
+def test_no_host_tier_for_cpu_tensors_by_default(tmp_path, monkeypatch, tier):
+    monkeypatch.setattr(_planned, "measured_bps", lambda profile, key: 2e7)  # G10 would use a host tier
+    model, batch_of = inputs("cnn")
+    peak = _peak_without_offload(model, batch_of)
+    off = pyfastensor.offload(policy="planned", tier=tier, budget=peak // 2, min_size=SMALL, module=model,
+                              spill_dir=str(tmp_path))
+    train(model, batch_of, steps=2, ctx=lambda: off)
+    assert off.plan_details["hardware"].host_bytes == 0
+    assert {d["tier"] for d in off.plan_details["decisions"]} == {"stay", "ssd"}
+    assert off.summary().staged_tensors == 0
+    off.close()
+
+
 def test_prefetches_start_at_the_planned_points(tmp_path):
     model, batch_of = inputs("transformer")
     peak = _peak_without_offload(model, batch_of)
