@@ -186,18 +186,13 @@ def make(profile: dict[str, Any], unpacks: list[tuple[int, int, int]], budget: i
     """Plan the saved tensors of a profiled step; return the plan's record (see ``Offload.plan_details``).
 
     Raises:
-        InvalidArgumentError: the budget is below what one op of the step
-            needs at once (the message names the budget, the need and the op).
+        InvalidArgumentError: the planner finds the budget infeasible: below
+            what one op of the step needs at once (the message names the
+            budget, the need and the op).
     """
     from .. import plan as g10
 
     trace_d, pos = build_trace(profile, unpacks)
-    need, op = need_bytes(trace_d)
-    if need > budget:
-        raise InvalidArgumentError(
-            f"pyfastensor.offload(policy='planned'): budget={budget} bytes is infeasible: {_describe(op)} needs "
-            f"{need} bytes of saved tensors in memory at once (the largest need of the profiled step); "
-            f"give budget >= {need}, or use policy='all'")
     trace = g10.Trace.from_dict(trace_d)
     largest = max((t["bytes"] for t in trace_d["tensors"]), default=0)
     hw = g10.Hardware(device_bytes=max(budget, 1), host_bytes=host_bytes,
@@ -205,9 +200,15 @@ def make(profile: dict[str, Any], unpacks: list[tuple[int, int, int]], budget: i
                       ssd_write_bps=measured_bps(profile, "write_ns"), ssd_latency_ns=0,
                       host_link_bps=link_bps(device, largest) if host_bytes > 0 else UNMEASURED_BPS)
     try:
-        mplan = g10.make_plan(trace, hw)
+        mplan = g10.make_plan(trace, hw)  # the planner decides what is feasible
     except InvalidArgumentError as e:
-        raise InvalidArgumentError(f"pyfastensor.offload(policy='planned'): budget={budget} bytes: {e}") from e
+        need, op = need_bytes(trace_d)
+        if need <= budget or "does not fit the device" not in str(e):
+            raise
+        raise InvalidArgumentError(
+            f"pyfastensor.offload(policy='planned'): budget={budget} bytes is infeasible: {_describe(op)} needs "
+            f"{need} bytes of saved tensors in memory at once (the largest need of the profiled step); "
+            f"give budget >= {need}, or use policy='all' (planner: {e})") from e
     for t in trace_d["tensors"]:
         pos.tier[t["id"]] = "stay"
     for m in mplan.migrations:
