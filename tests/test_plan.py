@@ -320,3 +320,34 @@ def test_bench_plan_plot(tmp_path):
              "throughput": {"ideal": 1.0, "on_demand": 0.5, "flashneuron": 0.4, "g10": 0.9}}]
     png = bench_plan.plot({"rows": rows, "settings": {"speedup": 1.0}}, tmp_path / "p.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_plan_runtime_tiny(tmp_path):
+    pytest.importorskip("torch")
+    from pyfastensor.bench import plan as bench_plan
+    from pyfastensor.bench.offload import Workload, conv_net, deep_mlp
+
+    models = [(Workload("mlp", deep_mlp(64, 3), (64,)), 256), (Workload("cnn", conv_net(4, 2), (3, 32, 32)), 8)]
+    result = bench_plan.run_runtime(tmp_path, rounds=2, warmup=2, min_size=16 << 10, models=models)
+    assert list(tmp_path.iterdir()) == []
+    for name, m in result["models"].items():
+        rows = m["rows"]
+        assert tuple(rows) == bench_plan.RUNTIME_ROWS
+        assert m["budget"] == int(m["none_peak"] * 0.5)
+        for r in rows.values():
+            assert len(r["step_ms"]) == 2 and r["min"] <= r["median"] <= r["max"]
+        assert rows["none"]["x_none"] == {"median": 1.0, "min": 1.0, "max": 1.0}
+        planned = rows["planned"]
+        assert planned["peak_bytes"] <= m["budget"], name
+        assert set(planned["tiers"]) <= {"stay", "ssd"} and sum(planned["tiers"].values()) == m["none_peak"]
+        assert planned["x_scheduled"]["min"] <= planned["x_scheduled"]["max"]
+    text = bench_plan.format_runtime(result)
+    assert "target: planned <= 1.00x scheduled" in text and "target: planned <= 1.10x no offload" in text
+    for row in bench_plan.RUNTIME_ROWS:
+        assert f"  {row} " in text
+
+
+def test_bench_plan_help_names_the_runtime_part():
+    out = subprocess.run([sys.executable, "-m", "pyfastensor", "bench", "plan", "--help"],
+                         capture_output=True, text=True, check=True).stdout
+    assert "--runtime" in out and "--runtime-only" in out and "--rounds" in out

@@ -225,6 +225,10 @@ def make_context(row: str, w: Workload, directory: str, min_size: int, budget: i
     if row == "scheduled":
         return Offload(policy="scheduled", budget=budget, min_size=min_size, module=w.model, spill_dir=directory,
                        compression="sparse")
+    if row == "planned":
+        return Offload(policy="planned", budget=budget, min_size=min_size, module=w.model, spill_dir=directory)
+    if row == "all":
+        return Offload(policy="all", budget=budget, min_size=min_size, module=w.model, spill_dir=directory)
     return Offload(policy="all", budget=budget, min_size=min_size, module=w.model, spill_dir=directory,
                    dictionary=row.split("-")[1])
 

@@ -15,6 +15,17 @@ otherwise every batch runs at every demand.
 What is simulated, not measured: op times are the CPU's, optionally divided
 by ``--speedup`` to stand in for a device that computes faster, while the
 transfers run at Table 2's SSD and PCIe speeds. Nothing here times disk I/O.
+
+``--runtime`` (or ``--runtime-only``, which skips the simulation) adds the
+measured half: real training steps on this machine's CPU, with spill files
+in ``--dir``, under ``pyfastensor.offload(policy="planned")`` (G10's plan
+carried out) against ``"scheduled"`` (FlashNeuron's selection, sparse codec)
+and ``"all"`` at the same budget (``--budget-fraction`` of no offload's
+resident saved-tensor peak, default 50%), and against no offload, which
+always fits on a CPU. Rows run interleaved over ``--rounds`` rounds after two
+warm-up steps each; every figure is a median with its min-max, ratios taken
+per round. Targets: planned no slower than scheduled, and at most 1.10x no
+offload.
 """
 
 from __future__ import annotations
@@ -212,11 +223,46 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--plot", default="bench-out/plan.png",
                    help="PNG of the grouped bars (default bench-out/plan.png; needs matplotlib)")
     p.add_argument("--no-plot", action="store_true", help="do not draw the plot")
-    p.add_argument("--json", default=None, metavar="PATH", help="write the raw results as JSON")
+    p.add_argument("--json", default=None, metavar="PATH",
+                   help="write the raw results as JSON (the run-time part's to PATH-runtime.json, or to PATH "
+                        "with --runtime-only)")
+    r = p.add_argument_group("run time (policy='planned' on this CPU)")
+    r.add_argument("--runtime", action="store_true",
+                   help="also time training steps under policy='planned' against 'scheduled', 'all' and no "
+                        "offload at the same budget")
+    r.add_argument("--runtime-only", action="store_true", help="the run-time part only (implies --runtime)")
+    r.add_argument("--rounds", type=int, default=7, help="timed rounds of the run-time part (default 7)")
+    r.add_argument("--budget-fraction", type=float, default=0.5,
+                   help="run-time budget as a fraction of no offload's saved-tensor peak (default 0.5)")
+    r.add_argument("--full", action="store_true", help="run-time part on bench offload's full-size models "
+                                                      "(default: its --quick ones)")
+    r.add_argument("--min-size", type=int, default=256 << 10,
+                   help="run time: bytes below which saved tensors stay (default 256K)")
+    r.add_argument("--dir", default=None, help="run time: spill directory (default: a temporary one under .)")
     p.set_defaults(func=_cmd)
 
 
 def _cmd(args: argparse.Namespace) -> int:
+    if not args.runtime_only:
+        _cmd_simulated(args)
+    if args.runtime or args.runtime_only:
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="pft-bench-plan-", dir=args.dir or ".") as d:
+            rt = run_runtime(d, quick=not args.full, rounds=args.rounds, budget_fraction=args.budget_fraction,
+                             min_size=args.min_size)
+        print(format_runtime(rt))
+        if args.json:  # beside the simulated results, or in their place with --runtime-only
+            path = Path(args.json)
+            if not args.runtime_only:
+                path = path.with_name(path.stem + "-runtime.json")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(rt, indent=2))
+            print(f"raw run-time results: {path}")
+    return 0
+
+
+def _cmd_simulated(args: argparse.Namespace) -> int:
     models = tuple(m.strip() for m in args.models.split(",") if m.strip())
     result = run(models, args.batches, args.demands, layers=args.layers, width=args.width,
                  speedup=args.speedup, traces_dir=args.traces)
@@ -231,3 +277,125 @@ def _cmd(args: argparse.Namespace) -> int:
         except ImportError:
             print("plot: skipped, matplotlib is not installed (pip install 'pyfastensor[plot]')")
     return 0
+
+
+# -- the run-time half: policy="planned" on this machine's CPU ------------------------------------
+
+#: Targets of issue 16 for the run-time policy, at a budget of half the saved-tensor peak.
+PLANNED_OVER_SCHEDULED = 1.0
+PLANNED_OVER_NONE = 1.10
+RUNTIME_ROWS = ("none", "all", "scheduled", "planned")
+
+
+def run_runtime(directory: str | os.PathLike[str], *, quick: bool = True, rounds: int = 7, warmup: int = 2,
+                budget_fraction: float = 0.5, min_size: int = 256 << 10,
+                models: list[tuple[Any, int]] | None = None) -> dict[str, Any]:
+    """Time training steps under ``policy="planned"`` against ``"scheduled"``, ``"all"`` and no offload.
+
+    Every offload row gets the same budget, ``budget_fraction`` of no
+    offload's resident saved-tensor peak; ``scheduled`` is FlashNeuron's
+    selection as ``bench offload`` runs it (with the lossless ``sparse``
+    codec). Each row first runs ``warmup`` steps (the first is the profiling
+    step of ``scheduled`` and ``planned``); then ``rounds`` rounds of one
+    step per row, so that a disturbance of the shared machine lands on every
+    row of a round alike. Ratios are taken per round (a row's step over the
+    same round's ``none`` or ``scheduled`` step) and summarized by their
+    median, minimum and maximum.
+
+    Args:
+        directory: where the spill files go (nothing is left in it).
+        quick: the small models of ``bench offload --quick``.
+        rounds: timed rounds.
+        warmup: untimed steps per row first.
+        budget_fraction: the budget, as a fraction of no offload's peak.
+        min_size: saved tensors below this many bytes stay in memory.
+        models: workloads and batch sizes (default ``bench offload``'s).
+
+    Returns:
+        ``{"settings": ..., "models": {name: {"batch", "budget", "none_peak", "rows": {row: ...}}}}``;
+        a row has its step times (ms, per round), the median and spread, the
+        resident peak, and the per-round ratios to ``none`` and (for
+        ``planned``) to ``scheduled``.
+    """
+    import torch
+
+    from ..offload import Offload
+    from .offload import _figures, _peak_at, _train_step, make_context, workloads
+
+    if rounds < 1 or not 0 < budget_fraction:
+        raise ValueError(f"rounds must be >= 1 and budget_fraction positive, got {rounds}, {budget_fraction}")
+    out: dict[str, Any] = {"settings": {"quick": quick, "rounds": rounds, "warmup": warmup,
+                                        "budget_fraction": budget_fraction, "min_size": min_size},
+                           "models": {}}
+    for w, batch in models or workloads(quick):
+        none_peak = _peak_at(w, batch, str(directory), min_size, None)
+        budget = max(1, int(none_peak * budget_fraction))
+        ctxs = {row: make_context(row, w, str(directory), min_size, budget) for row in RUNTIME_ROWS}
+        opt = torch.optim.SGD(w.model.parameters(), lr=1e-4)
+        x, y = w.batch(batch)
+        for ctx in ctxs.values():
+            for _ in range(warmup):
+                _train_step(w.model, opt, x, y, ctx)
+        times: dict[str, list[float]] = {row: [] for row in RUNTIME_ROWS}
+        peaks: dict[str, int] = dict.fromkeys(RUNTIME_ROWS, 0)
+        for _ in range(rounds):
+            for row, ctx in ctxs.items():
+                times[row].append(_train_step(w.model, opt, x, y, ctx) * 1e3)
+                peaks[row] = max(peaks[row], int(_figures(ctx, none_peak)["peak_bytes"]))
+        rows: dict[str, Any] = {}
+        for row in RUNTIME_ROWS:
+            t = times[row]
+            r: dict[str, Any] = {"step_ms": t, **_spread(t), "peak_bytes": peaks[row],
+                                 "x_none": _spread([a / b for a, b in zip(t, times["none"], strict=True)])}
+            if row == "planned":
+                r["x_scheduled"] = _spread([a / b for a, b in zip(t, times["scheduled"], strict=True)])
+                details = ctxs[row].plan_details or {}
+                r["tiers"] = {}
+                for d in details.get("decisions", []):
+                    r["tiers"][d["tier"]] = r["tiers"].get(d["tier"], 0) + d["bytes"]
+                s = ctxs[row].summary()
+                r["stall_ms"] = s.stall_seconds * 1e3
+                r["prefetch_hits"] = s.prefetch_hits
+            rows[row] = r
+        for ctx in ctxs.values():
+            if isinstance(ctx, Offload):
+                ctx.close()
+        out["models"][w.name] = {"batch": batch, "budget": budget, "none_peak": none_peak, "rows": rows}
+    return out
+
+
+def _spread(xs: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
+
+
+def format_runtime(result: dict[str, Any]) -> str:
+    """The run-time table: per model, one line per row, ratios with their spread, and the targets."""
+    s = result["settings"]
+    lines = [f"bench plan --runtime: step time on this machine's CPU, every offload row at budget = "
+             f"{s['budget_fraction']:.0%} of no offload's resident saved-tensor peak; {s['rounds']} rounds "
+             f"after {s['warmup']} warm-up steps; median [min-max] over rounds, ratios taken per round"]
+    for name, m in result["models"].items():
+        rows = m["rows"]
+        lines.append(f"\n{name}, batch {m['batch']}: saved-tensor peak without offload {_mib(m['none_peak'])}, "
+                     f"budget {_mib(m['budget'])}")
+        lines.append(f"  {'row':<10} {'step ms':>22} {'x none':>20} {'peak':>10}")
+        for row, r in rows.items():
+            x = r["x_none"]
+            lines.append(f"  {row:<10} {r['median']:>8.1f} [{r['min']:>5.1f}-{r['max']:>5.1f}] "
+                         f"{x['median']:>6.2f} [{x['min']:.2f}-{x['max']:.2f}] {_mib(r['peak_bytes']):>10}")
+        p = rows["planned"]
+        xs, xn = p["x_scheduled"], p["x_none"]
+        tiers = ", ".join(f"{t} {_mib(b)}" for t, b in sorted(p["tiers"].items())) or "-"
+        lines.append(f"  planned: {tiers}; stall {p['stall_ms']:.1f} ms, prefetch hits {p['prefetch_hits']} "
+                     f"(last step)")
+        lines.append(f"  target: planned <= {PLANNED_OVER_SCHEDULED:.2f}x scheduled: {xs['median']:.2f}x "
+                     f"[{xs['min']:.2f}-{xs['max']:.2f}] "
+                     f"({'met' if xs['median'] <= PLANNED_OVER_SCHEDULED else 'NOT met'}, median)")
+        lines.append(f"  target: planned <= {PLANNED_OVER_NONE:.2f}x no offload: {xn['median']:.2f}x "
+                     f"[{xn['min']:.2f}-{xn['max']:.2f}] "
+                     f"({'met' if xn['median'] <= PLANNED_OVER_NONE else 'NOT met'}, median)")
+        over = p["peak_bytes"] > m["budget"]
+        lines.append(f"  planned resident peak {_mib(p['peak_bytes'])} "
+                     f"{'ABOVE' if over else 'within'} the budget {_mib(m['budget'])}")
+    lines.append("\nno offload always fits here: on the CPU, device memory is host memory, unbounded by the budget")
+    return "\n".join(lines)

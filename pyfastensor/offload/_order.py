@@ -12,6 +12,7 @@ goes.
 from __future__ import annotations
 
 import weakref
+from collections import deque
 from collections.abc import Callable
 
 from ._saved import Entry
@@ -51,3 +52,41 @@ class Prefetcher:
                 if got:
                     self.outstanding[index] = got
             self.cursor += 1
+
+
+class PlannedPrefetcher:
+    """Prefetches at the points of a migration plan (``policy="planned"``), within a byte window.
+
+    ``due`` lists ``(position, pack index)``: the prefetch of that entry
+    starts when the step reaches ``position`` (the plan's op index; see
+    :mod:`._planned`). A due prefetch waits, in order, while the saved
+    tensors in memory plus it would exceed ``window`` (something else is
+    in memory), and goes at the next point reached once they fit; unpack
+    reads anything not prefetched by then itself.
+    """
+
+    def __init__(self, due: list[tuple[int, int]], window: int, resident: Callable[[], int]) -> None:
+        self.due = sorted(due)
+        self.window = window
+        self.resident = resident
+        self.cursor = 0
+        self.queue: deque[int] = deque()
+        self.issued: list[int] = []  # pack indices prefetched in this step, in order
+
+    def reached(self, position: int, entries: list[weakref.ref[Entry]], issue: Callable[[Entry], int]) -> None:
+        """The step is at ``position``: queue what is due by then and issue what fits."""
+        while self.cursor < len(self.due) and self.due[self.cursor][0] <= position:
+            self.queue.append(self.due[self.cursor][1])
+            self.cursor += 1
+        while self.queue:
+            index = self.queue[0]
+            e = entries[index]() if index < len(entries) else None
+            if e is None or e.seen or e.enc is None:
+                self.queue.popleft()  # gone, already unpacked, or not stored: nothing to fetch
+                continue
+            now = self.resident()
+            if now > 0 and now + e.payload_nbytes > self.window:
+                return
+            self.queue.popleft()
+            if issue(e):
+                self.issued.append(index)

@@ -44,6 +44,11 @@ class Recorder:
         self.last_unpack_end: float | None = None
         self.unpack_time = 0.0
         self.end: float | None = None
+        # Every unpack in order: (pack index, node number, compute since the
+        # previous unpack ended in ns), consecutive unpacks by one backward
+        # node sharing a number (policy="planned" models each node as one op).
+        self.unpacks: list[tuple[int, int, int]] = []
+        self._node: Any = None  # the last node seen (kept so its id is not reused)
 
     def packed(self, index: int, slot: int, t: torch.Tensor, nbytes: int, relu: bool,
                started: float) -> None:
@@ -86,8 +91,16 @@ class Recorder:
         if self.first_unpack is None:
             self.first_unpack = now
         rec = self.tensors.get(index)
+        gap = int(max(now - (self.last_unpack_end or now), 0) * 1e9)
         if rec is not None and rec["bwd_gap_ns"] < 0:
-            rec["bwd_gap_ns"] = int(max(now - (self.last_unpack_end or now), 0) * 1e9)
+            rec["bwd_gap_ns"] = gap
+        if rec is not None:
+            node = torch._C._current_autograd_node()
+            group = self.unpacks[-1][1] if self.unpacks else -1
+            if node is None or node is not self._node:
+                group += 1
+            self._node = node
+            self.unpacks.append((index, group, gap))
 
     def unpack_done(self, seconds: float) -> None:
         self.unpack_time += seconds

@@ -130,8 +130,9 @@ class Held:
 class Entry:
     """One saved storage: resident, or stored in a slot (see the module docstring)."""
 
-    __slots__ = ("__weakref__", "device", "enc", "held", "index", "kept", "meter", "nbytes", "payload_nbytes", "pool",
-                 "prefetched", "relu", "resident", "roots", "seen", "storage_ref", "waiting", "decode_seconds")
+    __slots__ = ("__weakref__", "device", "enc", "held", "hosted", "index", "kept", "meter", "nbytes", "payload_nbytes",
+                 "pool", "prefetched", "relu", "resident", "roots", "seen", "staging", "storage_ref", "waiting",
+                 "decode_seconds")
 
     def __init__(self, index: int, nbytes: int, device: torch.device, meter: Meter,
                  storage_ref: Any, relu: bool, pool: BufferPool) -> None:
@@ -146,6 +147,10 @@ class Entry:
         self.enc: codecs.Encoded | None = None  # metadata only: its payload is empty
         self.payload_nbytes = 0  # bytes in the slot
         self.held: Held | None = None
+        # Host tier of policy="planned": the bytes in a pinned host buffer,
+        # copied there (and back) by ``staging``; no store slot.
+        self.hosted: torch.Tensor | None = None
+        self.staging: _staging.Staging | None = None
         self.prefetched: torch.Tensor | None = None
         self.roots: list[weakref.ref[torch.Tensor]] = []  # restored storages still alive
         self.seen = False  # unpacked at least once in this step
@@ -173,6 +178,28 @@ class Entry:
     def stored(self) -> bool:
         return self.held is not None
 
+    def stage(self, raw: torch.Tensor, staging: _staging.Staging) -> None:
+        """Host tier: copy ``raw`` (the storage's bytes) into a pinned host buffer and keep only that.
+
+        The copy runs on the staging's side stream; the source's memory is
+        marked in use there, so it is not reused before the copy has read
+        it, and the upload on unpack, on the same stream, follows it.
+        """
+        self.hosted, _ = staging.to_host(raw)
+        self.staging = staging
+        self.enc = codecs.with_payload(codecs.encode(raw, "raw"), torch.empty(0, dtype=torch.uint8))
+        self.payload_nbytes = raw.numel()
+
+    def _upload(self) -> torch.Tensor:
+        """The host tier's bytes back on the entry's device (a copy of their own), counted by the meter."""
+        hosted, staging = self.hosted, self.staging
+        assert hosted is not None and staging is not None
+        out = staging.to_device(hosted, self.device)
+        if out.untyped_storage().data_ptr() == hosted.untyped_storage().data_ptr():
+            out = out.clone()  # host memory is the device's: never hand out the tier's buffer
+        self.meter.track(out)
+        return out
+
     def root(self) -> torch.Tensor | None:
         """A tensor over this entry's bytes that is already in memory, if any."""
         if self.resident is not None:
@@ -199,6 +226,11 @@ class Entry:
 
     def prefetch(self) -> int:
         """Start reading the slot into a fresh buffer; return the bytes asked for (0 if none)."""
+        if self.hosted is not None:
+            if self.prefetched is not None or self.root() is not None:
+                return 0
+            self.prefetched = self._upload()
+            return self.payload_nbytes
         held = self.held
         if held is None or held.keep is not None or self.prefetched is not None or self.enc is None:
             return 0
@@ -216,6 +248,13 @@ class Entry:
         if root is not None:
             return root
         held, enc = self.held, self.enc
+        if self.hosted is not None and enc is not None:
+            payload, self.prefetched = self.prefetched, None
+            if payload is None:
+                payload = self._upload()
+            root = codecs.decode(codecs.with_payload(enc, payload))
+            self.roots.append(weakref.ref(root))
+            return root
         assert held is not None and enc is not None
         if held.released:
             raise RuntimeError(

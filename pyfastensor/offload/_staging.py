@@ -18,6 +18,7 @@ backend on CPU tensors (tests/test_offload_staging.py).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -55,6 +56,48 @@ class CudaBackend:
 
     def record(self, t: torch.Tensor, stream: Any) -> None:
         t.record_stream(stream)
+
+
+class _HostStream:
+    def wait_stream(self, other: Any) -> None:
+        pass
+
+
+class _DoneEvent:
+    def record(self, stream: Any) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
+
+class HostBackend:
+    """:class:`Backend` for tensors already in host memory (CPU): copies are synchronous.
+
+    Serves the host tier of ``policy="planned"`` when the saved tensors are
+    on the CPU, where "pinned" memory is plain memory and there is no stream.
+    """
+
+    def side_stream(self, device: torch.device) -> Any:
+        return _HostStream()
+
+    def current_stream(self, device: torch.device) -> Any:
+        return _HostStream()
+
+    def use(self, stream: Any) -> Any:
+        return contextlib.nullcontext()
+
+    def event(self) -> Any:
+        return _DoneEvent()
+
+    def pinned(self, nbytes: int) -> torch.Tensor:
+        return torch.empty(nbytes, dtype=torch.uint8)
+
+    def record(self, t: torch.Tensor, stream: Any) -> None:
+        pass
 
 
 class Staging:
@@ -121,6 +164,7 @@ class Staging:
 
 
 _default: Staging | None = None
+_host: Staging | None = None
 
 
 def default() -> Staging:
@@ -129,3 +173,14 @@ def default() -> Staging:
     if _default is None:
         _default = Staging()
     return _default
+
+
+def for_device(device: torch.device) -> Staging:
+    """The staging for saved tensors on ``device``: :func:`default` for an
+    accelerator, a :class:`HostBackend` one for the CPU."""
+    global _host
+    if device.type != "cpu":
+        return default()
+    if _host is None:
+        _host = Staging(HostBackend())
+    return _host

@@ -15,10 +15,10 @@ import torch
 from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from ..errors import NoSpaceError
-from . import _staging, codecs
+from ..errors import InvalidArgumentError, NoSpaceError
+from . import _planned, _staging, codecs
 from ._filter import ModuleWatch, is_parameter, is_relu_output, storages_of, supported
-from ._order import Prefetcher
+from ._order import PlannedPrefetcher, Prefetcher
 from ._pool import BufferPool
 from ._profile import Recorder, schedule
 from ._saved import Entry, Held, Meter, Saved
@@ -26,7 +26,7 @@ from ._store import SpillStore, shared
 from .summary import OffloadSummary
 
 TIERS = ("ssd", "host", "auto")
-POLICIES = ("all", "scheduled", "none")
+POLICIES = ("all", "scheduled", "planned", "none")
 DICTIONARIES = ("wr", "w", "r")
 _DICTIONARY_USE = {"wr": "write_read", "w": "write", "r": "read"}
 CODECS = ("fp16", "sparse")
@@ -62,6 +62,32 @@ class Offload:
     slots at once (and closes the store if no other object uses it).
     ``policy="none"`` opens no store.
 
+    ``policy="planned"`` is G10's tensor migration (the seed's sections 4.2
+    to 4.4) at run time. The profiling step offloads every eligible tensor
+    while recording the saved tensors (pack order, sizes), their unpack
+    order in backward, grouped by backward node, and the compute time
+    between hooks, and measures the spill store's bandwidths. From that it
+    builds a trace (:class:`pyfastensor.plan.Trace`: each saved tensor
+    written by the forward op that saved it and read by the backward nodes
+    that unpack it) and hardware (device memory = ``budget``; host memory
+    = ``host_bytes``; the SSD's bandwidths as measured), and G10's planner
+    (:func:`pyfastensor.plan.make_plan`) decides for each saved tensor:
+    stay resident, go to the SSD (the spill store), or to host memory
+    (pinned buffers through a side stream; on CPU tensors, plain host
+    memory), and the op at which its prefetch starts (a pack in forward or
+    the first unpack of a backward node). Later steps carry that out:
+    writes start at pack, prefetches at their planned points, each waiting
+    while the resident saved tensors plus it would exceed the budget. It
+    migrates the *saved tensors* only (activations autograd keeps for
+    backward); parameters, gradients and optimizer state stay where torch
+    keeps them. No codec: gradients are bit-identical to training without
+    offload. A budget below what one op of the step needs at once (the
+    largest saved tensor, or the tensors one backward node holds together)
+    is not met by falling back: entering the context after the profiling
+    step raises :class:`~pyfastensor.InvalidArgumentError` naming the budget
+    and the need, and so does every later entry. Saved tensors the profiled
+    step did not have (a changed graph) go to the store as they are.
+
     Without lossy compression, gradients are bit-identical to training
     without offload. Parameters and buffers are never offloaded; the same
     storage saved twice is written once; views come back with their shape,
@@ -80,12 +106,16 @@ class Offload:
             resident (writes in flight included), and prefetching stays
             within it (default: no wait, and a prefetch window of twice the
             largest offloaded tensor); with ``"scheduled"`` the scheduler
-            keeps tensors resident up to it.
+            keeps tensors resident up to it; with ``"planned"`` it is the
+            device memory G10 plans for (required for both).
         min_size: tensors smaller than this many bytes stay in memory.
             Default 1 MiB.
         policy: ``"all"`` offloads every eligible tensor; ``"scheduled"``
             lets the FlashNeuron scheduler choose after the profiling step;
-            ``"none"`` offloads nothing and only measures. Default ``"all"``.
+            ``"planned"`` follows G10's migration plan made after the
+            profiling step (see above; ``tier`` ``"ssd"`` or ``"auto"``, no
+            compression); ``"none"`` offloads nothing and only measures.
+            Default ``"all"``.
         compression: None, ``"fp16"`` (lossy, float32 only),
             ``"sparse"`` (lossless, ReLU outputs) or ``("fp16", "sparse")``.
         dictionary: the adaptive dictionary picking the spill engine per
@@ -108,11 +138,18 @@ class Offload:
         engine: force one spill engine (``"posix"``, ``"direct"``...)
             instead of the dictionary's choice.
         verbose: print the scheduler's plan when it is made.
+        host_bytes: ``policy="planned"`` with ``tier="auto"`` only: host
+            memory G10 may use as its host tier. Default: the available
+            host memory (``MemAvailable``) for accelerator tensors, 0 for
+            CPU tensors (their memory is host memory already). With
+            ``tier="ssd"`` there is no host tier.
 
     Raises:
         ValueError: for an unknown option value (the message names it).
         PermissionDeniedError, NotFoundError, FastensorError: on entry,
             when ``spill_dir`` cannot hold the spill file.
+        InvalidArgumentError: with ``policy="planned"``, on entry after the
+            profiling step, when the budget is infeasible (see above).
 
     Example::
 
@@ -140,6 +177,7 @@ class Offload:
         module: nn.Module | None = None,
         engine: str | None = None,
         verbose: bool = False,
+        host_bytes: int | None = None,
     ) -> None:
         if tier not in TIERS:
             raise ValueError(f"tier {tier!r}: expected one of {', '.join(TIERS)}")
@@ -151,14 +189,27 @@ class Offload:
             raise ValueError(f"on_full {on_full!r}: expected 'warn' or 'raise'")
         if budget is not None and budget < 0:
             raise ValueError(f"budget {budget!r}: expected None or a number of bytes >= 0")
-        if policy == "scheduled" and budget is None:
-            raise ValueError("policy='scheduled' needs budget= (bytes of saved tensors that may stay resident)")
+        if policy in ("scheduled", "planned") and budget is None:
+            raise ValueError(f"policy={policy!r} needs budget= (bytes of saved tensors that may stay resident)")
+        if policy == "planned" and tier == "host":
+            raise ValueError("policy='planned' takes tier='ssd' (SSD only) or tier='auto' (G10's tiering: the SSD, "
+                             "and host memory while the SSD is busy), not 'host'")
+        if policy == "planned" and compression:
+            raise ValueError("policy='planned' migrates saved tensors as they are: compression must be None")
+        if host_bytes is not None and (host_bytes < 0 or policy != "planned" or tier != "auto"):
+            raise ValueError(f"host_bytes {host_bytes!r}: a number of bytes >= 0, for policy='planned' with "
+                             "tier='auto' only")
         if min_size < 0:
             raise ValueError(f"min_size {min_size!r}: expected a number of bytes >= 0")
         self.tier, self.spill_dir, self.budget, self.min_size = tier, spill_dir, budget, min_size
         self.policy, self.dictionary, self.on_full = policy, dictionary, on_full
         self.compression = _compression(compression)
         self.module, self.engine, self.verbose = module, engine, verbose
+        self.host_bytes = host_bytes
+        self._placement: _planned.Placement | None = None  # planned policy: the plan by pack index
+        self._plan_error: InvalidArgumentError | None = None  # planned policy: an infeasible budget
+        self._staging: _staging.Staging | None = None  # host tier copies; None: the device's (tests set a fake)
+        self._device: torch.device | None = None  # of the saved tensors stored in the profiling step
         self._recorder: Recorder | None = None
         self._plan_result: dict[str, Any] | None = None
         self.step = 0
@@ -189,7 +240,7 @@ class Offload:
         self._base = self._store.stats() if self._store is not None else {}
         self._pool.lend_idle()  # reclaimable during forward; reused without faults if not reclaimed
         self._reset_step()
-        if self.policy == "scheduled" and self._plan is None:
+        if self.policy in ("scheduled", "planned") and self._plan is None and self._placement is None:
             self._recorder = Recorder(self.compression)  # this is the profiling step
         self._registered = storages_of(self.module)
         self._watch = ModuleWatch(self._registered) if self.module is None else None
@@ -222,6 +273,8 @@ class Offload:
                     self._abandon_step(store)
                     raise
                 self._prefetch_after(None)  # forward is done: backward's first reads can start
+                if self._planned_pf is not None and self._placement is not None:
+                    self._planned_pf.reached(self._placement.start_pos, self._entries, Entry.prefetch)
         finally:
             self._summary = self._make_summary(store)
             self.step += 1
@@ -295,23 +348,34 @@ class Offload:
         self._entries: list[weakref.ref[Entry]] = []
         self._pending: dict[int, Held] = {}
         self._unpack_log: list[int] = []
-        self._counts = dict.fromkeys(("saved", "offloaded", "resident", "skipped", "dedup", "full"), 0)
+        self._counts = dict.fromkeys(("saved", "offloaded", "staged", "resident", "skipped", "dedup", "full"), 0)
         self._raw_bytes = 0
+        self._staged_bytes = 0
         self._codec_bytes: dict[str, list[int]] = {}
         self._pack_time = self._unpack_time = 0.0
         self._late_error: NoSpaceError | None = None
         self._meter.reset_peak()
         window = self.budget if self.budget is not None else 0  # 0: chosen at first unpack
         meter = self._meter  # not self: no reference cycle to keep the store alive
-        self._prefetcher = Prefetcher(self._order, window, lambda: meter.now) if self._order is not None else None
+        self._prefetcher = (Prefetcher(self._order, window, lambda: meter.now)
+                            if self._order is not None and self.policy != "planned" else None)
+        self._planned_pf: PlannedPrefetcher | None = None
+        if self._placement is not None:
+            assert self.budget is not None
+            self._planned_pf = PlannedPrefetcher(list((at, i) for i, at in self._placement.prefetch.items()),
+                                                 self.budget, lambda: meter.now)
 
     def _learn_from_last_step(self) -> None:
         """After the profiling step: keep its unpack order for prefetching."""
         if self._order is None and self._unpack_log:
             self._order = list(self._unpack_log)
             self._order_count = len(self._entries)
+        if self._plan_error is not None:
+            raise self._plan_error
         rec, self._recorder = self._recorder, None
-        if rec is not None and rec.tensors and self._plan is None:
+        if rec is not None and rec.tensors and self.policy == "planned" and self._placement is None:
+            self._make_planned(rec)
+        elif rec is not None and rec.tensors and self._plan is None:
             assert self.budget is not None
             last = self._store or self._closed_store
             tier = last.description.get("tier", "ssd") if last is not None else "ssd"
@@ -322,6 +386,25 @@ class Offload:
                           for d in self._plan_result["decisions"]}
             if self.verbose:
                 print(self._plan_result["text"], end="")
+
+    def _make_planned(self, rec: Recorder) -> None:
+        """After the profiling step of policy="planned": G10's plan for the saved tensors."""
+        assert self.budget is not None
+        device = self._device or torch.device("cpu")
+        host = self.host_bytes
+        if host is None:
+            host = _planned.available_host_bytes() if self.tier == "auto" and device.type != "cpu" else 0
+        prof = rec.profile(self.budget, "ssd")
+        try:
+            result = _planned.make(prof, rec.unpacks, self.budget, host, device)
+        except InvalidArgumentError as e:
+            self._plan_error = e
+            raise
+        result["profile"] = prof
+        self._plan_result = result
+        self._placement = result["placement"]
+        if self.verbose:
+            print(result["text"], end="")
 
     # -- hooks ---------------------------------------------------------------
 
@@ -346,6 +429,10 @@ class Offload:
                     self._live[key] = entry
                     if self._recorder is not None and entry.held is not None:
                         self._recorder.packed(entry.index, entry.held.slot, t, entry.nbytes, entry.relu, start)
+                    if self._planned_pf is not None and self._placement is not None:
+                        at = self._placement.fwd_pos.get(entry.index)
+                        if at is not None:
+                            self._planned_pf.reached(at, self._entries, Entry.prefetch)
             return Saved(entry, t)
         finally:
             spent = time.perf_counter() - start
@@ -375,6 +462,10 @@ class Offload:
                 if done and self._pending.pop(held.slot, None) is not None:
                     self._settle(held, held.store.poll)
             with self._lock:
+                if not entry.seen and self._planned_pf is not None and self._placement is not None:
+                    at = self._placement.bwd_pos.get(entry.index)
+                    if at is not None:  # the node that starts op `at` is unpacking
+                        self._planned_pf.reached(at, self._entries, Entry.prefetch)
                 root = entry.restore()
                 out = h.view_of(root)
                 h.first_unpack(root)
@@ -399,6 +490,8 @@ class Offload:
         """The codec to store ``t``'s storage with, or None to keep it resident."""
         if self.policy == "none":
             return None
+        if self._placement is not None:  # indices past the profiled graph: to the store as is
+            return None if self._placement.tier.get(entry.index) == "stay" else "raw"
         if self._plan is not None:  # indices past the profiled graph: offload as is
             return self._plan.get(entry.index, "raw")
         whole = entry.nbytes % t.element_size() == 0 and t.dtype.is_floating_point
@@ -417,6 +510,12 @@ class Offload:
         codec = self._codec_for(entry, t)
         if codec is None:
             return self._keep(entry, raw)
+        self._device = t.device
+        if self._placement is not None and self._placement.tier.get(entry.index) == "host":
+            entry.stage(raw, self._staging or _staging.for_device(t.device))
+            self._counts["staged"] += 1
+            self._staged_bytes += nbytes
+            return entry
         started = time.perf_counter()
         enc = codecs.encode(raw if codec == "raw" else raw.view(t.dtype), codec)
         if codec != "raw" and enc.nbytes >= nbytes:  # did not pay: store as is
@@ -548,6 +647,9 @@ class Offload:
         desc = store.description if store is not None else {}
         tier = desc.get("tier", "")
         written = int(st.get("bytes_written", 0))
+        offloaded = {tier: written} if written else {}
+        if self._staged_bytes:
+            offloaded["host"] = offloaded.get("host", 0) + self._staged_bytes
         return OffloadSummary(
             step=self.step,
             tier=tier,
@@ -558,7 +660,8 @@ class Offload:
             resident_tensors=self._counts["resident"],
             skipped_tensors=self._counts["skipped"],
             deduplicated=self._counts["dedup"],
-            bytes_offloaded={tier: written} if written else {},
+            staged_tensors=self._counts["staged"],
+            bytes_offloaded=offloaded,
             raw_bytes_offloaded=self._raw_bytes,
             bytes_read=int(st.get("bytes_read", 0)),
             resident_peak_bytes=self._meter.peak,
@@ -578,7 +681,9 @@ class Offload:
         With ``policy="scheduled"``, the plan is made when the context is
         entered after the profiling step: which tensors are offloaded, with
         which codec, which stay resident, and the predicted overlap of
-        writes with forward compute. The full record is in ``plan_details``.
+        writes with forward compute. With ``policy="planned"``: G10's
+        migration table (tensor ids are pack indices, ops those of the
+        trace) and the bytes per tier. The full record is in ``plan_details``.
 
         Returns:
             The plan as text, or None.
@@ -588,7 +693,14 @@ class Offload:
     @property
     def plan_details(self) -> dict[str, Any] | None:
         """The plan as the scheduler returned it (decisions, phase, predicted times),
-        with the profiling step's record it was made from under ``"profile"``."""
+        with the profiling step's record it was made from under ``"profile"``.
+
+        With ``policy="planned"``: ``"trace"`` and ``"hardware"`` (what G10
+        planned over), ``"plan"`` (the :class:`pyfastensor.plan.MigrationPlan`),
+        and ``"decisions"``, one per saved tensor: ``index`` (pack order),
+        ``bytes``, ``tier`` (``"stay"``, ``"ssd"`` or ``"host"``),
+        ``prefetch_at`` (the trace op whose start issues its prefetch, or
+        None), ``pack_op`` and ``unpack_op``."""
         return self._plan_result
 
     def summary(self) -> OffloadSummary:

@@ -17,10 +17,13 @@ class OffloadSummary:
         saved_tensors: tensors autograd saved while the context was active.
         offloaded_tensors: storages written to the store.
         resident_tensors: storages of at least ``min_size`` kept in memory.
+        staged_tensors: storages copied to the host tier of
+            ``policy="planned"`` (pinned host buffers, not the store).
         skipped_tensors: parameters, buffers, small and unsupported tensors,
             left to autograd untouched.
         deduplicated: saves that reused the storage of an earlier save.
-        bytes_offloaded: bytes written per tier (after compression).
+        bytes_offloaded: bytes written per tier (after compression); under
+            ``"host"`` also the host tier's staged bytes.
         raw_bytes_offloaded: the same tensors' bytes before compression.
         bytes_read: bytes read back (by get and prefetch).
         resident_peak_bytes: peak bytes of saved tensors (of at least
@@ -47,6 +50,7 @@ class OffloadSummary:
     saved_tensors: int = 0
     offloaded_tensors: int = 0
     resident_tensors: int = 0
+    staged_tensors: int = 0
     skipped_tensors: int = 0
     deduplicated: int = 0
     bytes_offloaded: dict[str, int] = field(default_factory=dict)
@@ -67,7 +71,9 @@ class OffloadSummary:
         written = ", ".join(f"{t} {b / mib:.1f} MiB" for t, b in self.bytes_offloaded.items()) or "nothing"
         lines = [
             f"offload step {self.step} ({self.tier}, engines {self.engines or '-'}, dictionary {self.dictionary})",
-            f"  saved {self.saved_tensors}: offloaded {self.offloaded_tensors}, resident {self.resident_tensors}, "
+            f"  saved {self.saved_tensors}: offloaded {self.offloaded_tensors}, "
+            + (f"staged {self.staged_tensors}, " if self.staged_tensors else "")
+            + f"resident {self.resident_tensors}, "
             f"skipped {self.skipped_tensors}, deduplicated {self.deduplicated}",
             f"  written {written} (raw {self.raw_bytes_offloaded / mib:.1f} MiB), read {self.bytes_read / mib:.1f} MiB",
             f"  resident peak {self.resident_peak_bytes / mib:.1f} MiB (read buffers kept: "
