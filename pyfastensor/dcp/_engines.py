@@ -66,6 +66,13 @@ class Shared:
             self._tmp = None
 
 
+def check(engine: Any) -> None:
+    """Refuse an ``engine`` argument :func:`resolve` would not take, before any save or load."""
+    if engine is not None and not isinstance(engine, str | Dictionaries):
+        raise TypeError(f"engine={engine!r}: expected None, an engine name, "
+                        f"{DICTIONARIES!r} or pyfastensor.dictionary.Dictionaries")
+
+
 def resolve(engine: Any, directory: str | os.PathLike[str], rank: int | None) -> Shared:
     """Turn a Writer's or Reader's ``engine`` into the engine of this rank.
 
@@ -78,10 +85,8 @@ def resolve(engine: Any, directory: str | os.PathLike[str], rank: int | None) ->
         return Shared(None, "default")
     if isinstance(engine, Dictionaries):
         return Shared(engine, "given")
+    check(engine)
     if engine != DICTIONARIES:
-        if not isinstance(engine, str):
-            raise TypeError(f"engine={engine!r}: expected None, an engine name, "
-                            f"{DICTIONARIES!r} or pyfastensor.dictionary.Dictionaries")
         return Shared(engine, "tool")
     dist = _group(rank)
     if dist is None:

@@ -93,6 +93,7 @@ class Reader(StorageReader):
 
     def __init__(self, path: str | os.PathLike[str], *, engine: Any = None, verify: bool = True) -> None:
         super().__init__()
+        _engines.check(engine)
         self.path = Path(path)
         self.engine = engine
         self.verify = verify
@@ -208,7 +209,7 @@ class Reader(StorageReader):
                         f"item {item_name(req.storage_index)}: destination of shape {tuple(target.shape)} for a "
                         f"read of {lengths}")
                 starts, run = byte_runs(rec.shape, req.storage_offsets, lengths, dtype.itemsize)
-                if target.device.type == "cpu" and target.dtype == dtype and target.is_contiguous():
+                if not staging.on_device(target) and target.dtype == dtype and target.is_contiguous():
                     dst = target  # in place
                 else:
                     dst = staging.host_buffer(target, torch.Size(lengths), dtype)

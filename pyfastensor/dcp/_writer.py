@@ -85,6 +85,7 @@ class Writer(StorageWriter, BlockingAsyncStager):
         BlockingAsyncStager.__init__(self, cache_staged_state_dict=False)
         if thread_count is not None and thread_count < 1:
             raise ValueError(f"thread_count={thread_count}: expected a count >= 1, or None for the default")
+        _engines.check(engine)
         self.path = Path(path)
         self.thread_count = thread_count
         self.engine = engine
