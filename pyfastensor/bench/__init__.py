@@ -11,10 +11,11 @@ import argparse
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     """Add each benchmark's subcommand to ``sub``."""
-    from . import checkpoint, io, offload
+    from . import checkpoint, dcp, io, offload
     from . import dict as dict_bench
 
     io.add_parser(sub)
     offload.add_parser(sub)
     dict_bench.add_parser(sub)
     checkpoint.add_parser(sub)
+    dcp.add_parser(sub)
