@@ -145,7 +145,9 @@ type dcpSpan struct {
 }
 
 // ReadDCP fills each range's Dst from the data file at path, whose records
-// are recs. Unless o.NoVerify, every byte read is checked: a range that is
+// are recs. Without a chooser, every extent the page cache does not hold
+// is read with O_DIRECT where the directory allows it
+// (transfer.SubsetDirectMin). Unless o.NoVerify, every byte read is checked: a range that is
 // a whole record against the record's CRC-32, any other against the sums
 // of the pages read around it. A mismatch, or a file ending early, gives
 // an error wrapping ErrCorrupt that names the file, the item and the
@@ -176,6 +178,15 @@ func ReadDCP(path string, recs []DCPRecord, ranges []DCPRange, o ReadOptions) (D
 			byRec[r.Record] = append(byRec[r.Record], r)
 			requested += int64(len(r.Dst))
 		}
+	}
+	if o.Chooser == nil {
+		// A rank reads its share of the file: O_DIRECT for whatever is
+		// cold, so that readahead brings in no one else's records.
+		dir, err := transfer.DirOf(path)
+		if err != nil {
+			return DCPReadStats{}, err
+		}
+		o.Chooser = &transfer.Threshold{Direct: transfer.Probe(dir).Direct, Min: transfer.SubsetDirectMin}
 	}
 	var spans []dcpSpan
 	for ri, rs := range byRec {

@@ -17,7 +17,7 @@ def _result() -> dict:
                  {"tool": "filesystem", "round": rnd, "save_s": theirs, "load_s": theirs}]
 
     def reshard(ours: int, theirs: int) -> list[dict]:
-        return [{"rows": [{"tool": t, "round": 0, "read_bytes": b, "needed": 500, "planned": 520 if t == "pyfastensor"
+        return [{"rows": [{"tool": t, "round": 0, "read_bytes": b, "rchar": 2 * b, "needed": 500, "planned": 520 if t == "pyfastensor"
                            else None, "seconds": 0.5} for t, b in (("pyfastensor", ours), ("filesystem", theirs))],
                  "agree": True} for _ in range(2)]
 
@@ -48,6 +48,7 @@ def test_report_prints_ours_theirs_limit_and_targets():
     assert "1.50x  1.20-2.00" in text
     assert "FileSystemReader 0.0 MB (2.00x" in text  # 1000 bytes read for 500 needed
     assert "[met] save with 2 rank(s)" in text
+    assert "pyfastensor 2.08x needed, FileSystemReader 4.00x" in text
 
 
 def test_registered_as_bench_dcp():

@@ -18,7 +18,10 @@ the device (``read_bytes`` of ``/proc/self/io``, which counts page-cache misses
 and O_DIRECT reads alike) are summed and set against the bytes the load needs
 (its local shards' bytes). Our reader reads whole 4 KiB pages around what it
 needs (so every byte read is checked against the page sums); its planned bytes
-are shown beside, the least a page-granular reader can read.
+are shown beside, the least a page-granular reader can read. Ranks on one
+machine share the page cache, so a page two ranks read comes from the device
+once: ``rchar`` (what the ranks' read calls returned, cached or not) is shown
+too, the bytes each rank would read from its own device on separate nodes.
 
 Figures are medians over rounds; ratios (theirs over ours, in seconds) are taken
 round by round, with their spread (min-max). The disk's limit is measured in the
@@ -53,13 +56,17 @@ RESHARD_TARGET = 1.1
 SIZES = {"full": {"layers": 12, "vocab": 50257}, "quick": {"layers": 2, "vocab": 8192}}
 
 
-def _read_bytes() -> int:
-    """Bytes this process has made the kernel read from storage (``/proc/self/io``)."""
+def _io() -> dict[str, int]:
+    """This process's read counters (``/proc/self/io``): ``read_bytes``, the bytes it made the
+    kernel read from storage, and ``rchar``, the bytes its read calls returned (page-cache
+    hits included: what it read, wherever from)."""
+    out = {}
     with open("/proc/self/io") as f:
         for line in f:
-            if line.startswith("read_bytes:"):
-                return int(line.split()[1])
-    return 0
+            k, _, v = line.partition(":")
+            if k in ("read_bytes", "rchar"):
+                out[k] = int(v)
+    return out
 
 
 def _writer(tool: str, path: str) -> Any:
@@ -190,12 +197,14 @@ def _reshard(rank: int, world: int, cfg: dict[str, Any]) -> None:
             if rank == 0:
                 disk.drop_caches(_files(path))
             dist.barrier()
-            before = _read_bytes()
+            before = _io()
             t0 = time.perf_counter()
             r = _reader(tool, path)
             dcp.load(dst, storage_reader=r)
             seconds = time.perf_counter() - t0
-            rows.append({"tool": tool, "round": rnd, "read_bytes": _read_bytes() - before, "needed": needed,
+            after = _io()
+            rows.append({"tool": tool, "round": rnd, "read_bytes": after["read_bytes"] - before["read_bytes"],
+                         "rchar": after["rchar"] - before["rchar"], "needed": needed,
                          "planned": getattr(r, "last_stats", {}).get("data_bytes"), "seconds": seconds})
             crc = 0
             for v in dst.values():
@@ -274,7 +283,10 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
                     for k in rounds]
             planned = [sum(r["planned"] or 0 for pr in per_rank for r in pr["rows"] if r["tool"] == t
                            and r["round"] == k) for k in rounds]
+            rchar = [sum(r.get("rchar", 0) for pr in per_rank for r in pr["rows"] if r["tool"] == t
+                         and r["round"] == k) for k in rounds]
             s[t] = {"read_bytes": statistics.median(read), "seconds": statistics.median(secs),
+                    "rchar": statistics.median(rchar),
                     "planned": statistics.median(planned) if t == "pyfastensor" else None, "reads": read}
         needed = sum(pr["rows"][0]["needed"] for pr in per_rank)
         s["needed"] = needed
@@ -319,6 +331,8 @@ def format_report(result: dict[str, Any]) -> str:
                      f"FileSystemReader {r['filesystem']['read_bytes'] / 1e6:.1f} MB ({r['filesystem']['ratio']:.2f}x, "
                      f"rounds {r['filesystem']['spread']}) in {r['filesystem']['seconds']:.2f}s; "
                      f"same values: {'yes' if r['agree'] else 'NO'}")
+        lines.append(f"    read by the ranks' calls (rchar, page-cache hits included): pyfastensor "
+                     f"{r['pyfastensor']['rchar'] / n:.2f}x needed, FileSystemReader {r['filesystem']['rchar'] / n:.2f}x")
     lines.append("")
     lines.append("targets:")
     for t in s["targets"]:
