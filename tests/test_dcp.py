@@ -91,6 +91,20 @@ def test_round_trip_without_process_group(tmp_path):
     assert_loaded(got, sd)
 
 
+def test_async_save_without_process_group(tmp_path):
+    sd = state()
+    dcp.async_save(sd, storage_writer=Writer(tmp_path)).result()
+    got = blank(sd)
+    dcp.load(got, storage_reader=Reader(tmp_path))
+    assert_loaded(got, sd)
+
+
+def test_checkpoint_of_filesystemwriter_is_refused_by_name(tmp_path):
+    dcp.save({"w": torch.ones(3)}, storage_writer=dcp.FileSystemWriter(tmp_path))
+    with pytest.raises(CheckpointException, match="not a checkpoint of pyfastensor.dcp.Writer"):
+        dcp.load({"w": torch.zeros(3)}, storage_reader=Reader(tmp_path))
+
+
 def test_records_are_raw_aligned_and_checksummed(tmp_path):
     """Each item's bytes lie in the rank's data file as they are in memory, on a 4 KiB
     boundary, with the CRC-32 and page sums of exactly those bytes."""

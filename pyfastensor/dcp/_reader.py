@@ -138,6 +138,11 @@ class Reader(StorageReader):
         self.storage_data = metadata.storage_data
         if self.storage_data is None:
             raise errors.CorruptFileError(f"{self.path / METADATA}: no storage data")
+        foreign = next((r for r in self.storage_data.values() if not isinstance(r, Record)), None)
+        if foreign is not None:
+            raise errors.InvalidArgumentError(
+                f"{self.path}: not a checkpoint of pyfastensor.dcp.Writer (its items are "
+                f"{type(foreign).__name__}); read it with torch.distributed.checkpoint.FileSystemReader")
         self.rank = kwargs.get("rank")
         if self._shared is not None:
             self._shared.close()
