@@ -44,6 +44,7 @@ test-fuzz:
 	$(call fuzz,FuzzOpenArchiveMemory,checkpoint)
 	$(call fuzz,FuzzOpenArchive,checkpoint)
 	$(call fuzz,FuzzParseSafetensorsHeader,checkpoint)
+	$(call fuzz,FuzzReadDCP,checkpoint)
 	$(call fuzz,FuzzAllocator,hooks)
 	$(call fuzz,FuzzParseIndex,loader)
 	$(call fuzz,FuzzParseTrace,offload)

@@ -60,6 +60,8 @@ def __getattr__(name: str) -> object:
         return importlib.import_module(".offload", __name__)
     if name == "safetensors":  # pyfastensor.safetensors.save_file / load_file
         return importlib.import_module(".safetensors", __name__)
+    if name == "dcp":  # pyfastensor.dcp.Writer / Reader (imports torch.distributed)
+        return importlib.import_module(".dcp", __name__)
     if name == "data":  # pyfastensor.data.ChunkDataset
         return importlib.import_module(".data", __name__)
     if name == "plan":  # pyfastensor.plan.simulate, make_plan, Trace (no torch)

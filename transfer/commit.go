@@ -87,6 +87,11 @@ func currentFS() FS {
 	return OS
 }
 
+// CurrentFS is the FS a write given none goes through: OS, or what
+// SetDefaultFS installed. Steps around a commit (removing what it
+// replaced) take it, so that injected faults reach them too.
+func CurrentFS() FS { return currentFS() }
+
 type osFS struct{}
 
 func (osFS) Create(path string, perm os.FileMode) error {

@@ -41,8 +41,8 @@ type Extent struct {
 	// Sum asks for the CRC-32 of the extent's bytes (Result.CRC), computed
 	// alongside the transfer, piece by piece.
 	Sum bool
-	// Pages, for reads, receives the CRC-32 of every page of Data as it
-	// lands (Pages.Data must be Data, Off a page boundary).
+	// Pages receives the CRC-32 of every page of Data as it lands (reads)
+	// or leaves (writes) (Pages.Data must be Data, Off a page boundary).
 	Pages *PageSums
 	// Engine names the engine for this extent; "" leaves it to the chooser.
 	Engine string

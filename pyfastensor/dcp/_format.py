@@ -1,0 +1,57 @@
+"""What a pyfastensor DCP checkpoint holds, beside DCP's own metadata.
+
+A checkpoint directory holds one data file per rank and save,
+``__<rank>_<n>_<save id>.pfd`` (raw records, each on a 4 KiB boundary; see
+checkpoint/dcp.go), and ``.metadata``: DCP's :class:`Metadata`, pickled, whose
+``storage_data`` maps each item's :class:`MetadataIndex` to a :class:`Record`.
+Only Python reads ``.metadata`` (as DCP's FileSystemReader does: it is a
+pickle, to be loaded from trusted directories only).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: The metadata's file name (DCP's own).
+METADATA = ".metadata"
+
+#: Data files end with this (checkpoint.DataFileSuffix).
+SUFFIX = ".pfd"
+
+
+@dataclass(frozen=True)
+class Record:
+    """Where one item lies and how to check it.
+
+    Attributes:
+        relative_path: the data file, relative to the checkpoint directory.
+        offset: the record's file offset (a multiple of 4 KiB).
+        length: its bytes.
+        crc32: the CRC-32 (IEEE) of its bytes.
+        pages: the CRC-32 of each 4 KiB page of it, little-endian, 4 bytes each
+            (the last page partial when ``length`` is not a multiple of 4 KiB): what a
+            read of part of the record is checked against.
+        dtype: the tensor's dtype as ``str(torch.dtype)``, or ``"bytes"`` for an
+            item DCP serialized (WriteItemType.BYTE_IO).
+        shape: the saved chunk's shape (``()`` for bytes).
+    """
+
+    relative_path: str
+    offset: int
+    length: int
+    crc32: int
+    pages: bytes
+    dtype: str
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Prefix:
+    """A rank's share of a save, set by the coordinator (``SavePlan.storage_data``)."""
+
+    rank: int
+    save_id: str
+
+    def data_file(self, n: int = 0) -> str:
+        """The name of the rank's ``n``-th data file of this save."""
+        return f"__{self.rank}_{n}_{self.save_id}{SUFFIX}"

@@ -1,0 +1,86 @@
+"""Device tensors pass through pinned host memory on their way to and from files.
+
+Go moves bytes between files and host memory only (DESIGN.md: device-side work
+is torch's). A save copies each device tensor into a pinned host tensor with a
+non-blocking copy, waits once for all of them, then hands the host copies to
+Go; a load reads into pinned host tensors and copies them to the device,
+waiting once before the host memory is let go. The two hooks, allocation and
+waiting, are attributes so that tests fake them on machines without a GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+
+def _empty_pinned(shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype, pin_memory=True)
+
+
+def _synchronize() -> None:
+    torch.cuda.synchronize()
+
+
+class Staging:
+    """Host copies of device tensors for one save or one load.
+
+    Args:
+        empty_pinned: allocates a pinned host tensor (default: ``torch.empty(..., pin_memory=True)``).
+        synchronize: waits for the copies issued (default: ``torch.cuda.synchronize``).
+
+    Not thread-safe: one per ``write_data`` or ``read_data`` call.
+    """
+
+    def __init__(
+        self,
+        empty_pinned: Callable[[torch.Size, torch.dtype], torch.Tensor] = _empty_pinned,
+        synchronize: Callable[[], None] = _synchronize,
+    ) -> None:
+        self._empty = empty_pinned
+        self._sync = synchronize
+        self._pending = False
+        self._keep: list[Any] = []
+
+    def on_device(self, t: torch.Tensor) -> bool:
+        """Whether ``t`` lives off the host (and so passes through pinned memory)."""
+        return t.device.type not in ("cpu", "meta")
+
+    def to_host(self, t: torch.Tensor) -> torch.Tensor:
+        """A contiguous host tensor with ``t``'s values: ``t`` itself when it is one, a
+        contiguous copy of a host view, or a pinned copy of a device tensor (valid after
+        :meth:`wait`)."""
+        if t.device.type == "meta":
+            raise ValueError("cannot save a tensor on the meta device: it has no data")
+        if not self.on_device(t):
+            return t if t.is_contiguous() else t.contiguous()
+        host = self._empty(t.shape, t.dtype)
+        host.copy_(t, non_blocking=True)
+        self._pending = True
+        return host
+
+    def host_buffer(self, like: torch.Tensor, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+        """A host tensor to read into for a destination like ``like``: pinned when ``like``
+        is a device tensor."""
+        if self.on_device(like):
+            return self._empty(shape, dtype)
+        return torch.empty(shape, dtype=dtype)
+
+    def copy_to(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        """Copy host ``src`` into ``dst``; device copies are asynchronous until :meth:`wait`,
+        and ``src`` is kept alive until then."""
+        if self.on_device(dst):
+            dst.copy_(src, non_blocking=True)
+            self._keep.append(src)
+            self._pending = True
+        else:
+            dst.copy_(src)
+
+    def wait(self) -> None:
+        """Wait for every copy issued so far, then let the host memory of finished copies go."""
+        if self._pending:
+            self._sync()
+            self._pending = False
+        self._keep.clear()

@@ -1,0 +1,394 @@
+"""pyfastensor.dcp: torch.distributed.checkpoint storage through our engines.
+
+Single-process saves and loads (no process group) check the format, the
+checksums and the commit; spawned gloo groups of 2 and 4 ranks check
+resharding (save with 4, load with 2 into Shard(1)/Replicate, and with none
+into plain tensors), async_save, an optimizer through the state_dict
+helpers, and the shared dictionaries.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import pickle
+import random
+import signal
+import subprocess
+import sys
+import time
+import warnings
+import zlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from dcp_helpers import (
+    async_and_optimizer,
+    dictionaries,
+    full_state,
+    load_resharded,
+    save_sharded,
+    spawn,
+)
+from torch.distributed.checkpoint.api import CheckpointException
+
+from pyfastensor import CorruptFileError
+from pyfastensor.dcp import Reader, Record, Writer, _staging, _writer
+from pyfastensor.dcp._reader import byte_runs
+
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+
+
+def state() -> dict[str, Any]:
+    base = torch.arange(4000, dtype=torch.float32)
+    return {
+        "w": torch.randn(64, 33),
+        "bf": torch.randn(9, 7).to(torch.bfloat16),
+        "i64": torch.randint(-(2**50), 2**50, (77,), dtype=torch.int64),
+        "i8": torch.randint(-128, 127, (5000,), dtype=torch.int8),
+        "mask": torch.rand(100) > 0.5,
+        "t": torch.randn(30, 20).t(),        # not contiguous
+        "view": base[1000:1500],             # a view into a larger storage
+        "scalar": torch.tensor(2.5),
+        "empty": torch.empty(0, 3),
+        "meta": {"step": 11, "lr": [0.1, 0.01], "name": "run"},
+    }
+
+
+def blank(sd: dict[str, Any]) -> dict[str, Any]:
+    out = {k: torch.zeros_like(v.contiguous()) if isinstance(v, torch.Tensor) else None for k, v in sd.items()}
+    out["meta"] = {"step": 0, "lr": [], "name": ""}
+    return out
+
+
+def assert_loaded(got: dict[str, Any], sd: dict[str, Any]) -> None:
+    for k, v in sd.items():
+        if isinstance(v, torch.Tensor):
+            assert got[k].dtype == v.dtype, k
+            assert torch.equal(got[k], v), k
+        else:
+            assert got[k] == v, k
+
+
+def metadata(path: Path) -> Any:
+    with open(path / ".metadata", "rb") as f:
+        return pickle.load(f)
+
+
+def data_files(path: Path) -> list[str]:
+    return sorted(p.name for p in path.iterdir() if p.suffix == ".pfd")
+
+
+def test_round_trip_without_process_group(tmp_path):
+    sd = state()
+    dcp.save(sd, storage_writer=Writer(tmp_path))
+    got = blank(sd)
+    dcp.load(got, storage_reader=Reader(tmp_path))
+    assert_loaded(got, sd)
+
+
+def test_async_save_without_process_group(tmp_path):
+    sd = state()
+    dcp.async_save(sd, storage_writer=Writer(tmp_path)).result()
+    got = blank(sd)
+    dcp.load(got, storage_reader=Reader(tmp_path))
+    assert_loaded(got, sd)
+
+
+def test_checkpoint_of_filesystemwriter_is_refused_by_name(tmp_path):
+    dcp.save({"w": torch.ones(3)}, storage_writer=dcp.FileSystemWriter(tmp_path))
+    with pytest.raises(CheckpointException, match="not a checkpoint of pyfastensor.dcp.Writer"):
+        dcp.load({"w": torch.zeros(3)}, storage_reader=Reader(tmp_path))
+
+
+def test_records_are_raw_aligned_and_checksummed(tmp_path):
+    """Each item's bytes lie in the rank's data file as they are in memory, on a 4 KiB
+    boundary, with the CRC-32 and page sums of exactly those bytes."""
+    sd = state()
+    dcp.save(sd, storage_writer=Writer(tmp_path))
+    files = data_files(tmp_path)
+    assert len(files) == 1 and files[0].startswith("__0_0_")
+    raw = (tmp_path / files[0]).read_bytes()
+    md = metadata(tmp_path)
+    seen = set()
+    for index, rec in md.storage_data.items():
+        assert isinstance(rec, Record)
+        assert rec.relative_path == files[0]
+        assert rec.offset % 4096 == 0
+        data = raw[rec.offset:rec.offset + rec.length]
+        assert zlib.crc32(data) == rec.crc32, index.fqn
+        pages = np.frombuffer(rec.pages, dtype="<u4")
+        assert list(pages) == [zlib.crc32(data[k:k + 4096]) for k in range(0, len(data), 4096)]
+        if rec.dtype != "bytes":
+            t = sd[index.fqn].contiguous()
+            assert data == t.reshape(-1).view(torch.uint8).numpy().tobytes(), index.fqn
+            assert rec.dtype == str(t.dtype) and rec.shape == tuple(t.shape)
+        seen.add(index.fqn)
+    assert {"w", "bf", "t", "view", "meta.step", "meta.name"} <= seen
+
+
+def test_resave_replaces_the_data_files(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    dcp.save(state(), storage_writer=Writer(tmp_path))
+    first = data_files(tmp_path)
+    sd = state()
+    dcp.save(sd, storage_writer=Writer(tmp_path))
+    second = data_files(tmp_path)
+    assert len(second) == 1 and second != first
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+    got = blank(sd)
+    dcp.load(got, storage_reader=Reader(tmp_path))
+    assert_loaded(got, sd)
+
+
+def _flip(path: Path, offset: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)
+        f.seek(offset)
+        f.write(bytes([b[0] ^ 0x40]))
+
+
+def test_damaged_item_names_file_item_and_offset(tmp_path):
+    sd = state()
+    dcp.save(sd, storage_writer=Writer(tmp_path))
+    md = metadata(tmp_path)
+    rec = next(r for i, r in md.storage_data.items() if i.fqn == "w")
+    f = tmp_path / rec.relative_path
+    _flip(f, rec.offset + 5000)
+    with pytest.raises(CheckpointException) as ei:  # DCP's wrapper of each rank's exception
+        dcp.load(blank(sd), storage_reader=Reader(tmp_path))
+    msg = str(ei.value)
+    assert CorruptFileError.__name__ in msg
+    assert str(f) in msg and 'record "w' in msg and f"at offset {rec.offset}" in msg and "CRC-32" in msg
+    # Unchecked, the damaged bytes arrive as they are.
+    got = blank(sd)
+    dcp.load(got, storage_reader=Reader(tmp_path, verify=False))
+    assert not torch.equal(got["w"], sd["w"])
+    assert torch.equal(got["bf"], sd["bf"])
+
+
+def test_truncated_data_file(tmp_path):
+    sd = state()
+    dcp.save(sd, storage_writer=Writer(tmp_path))
+    f = tmp_path / data_files(tmp_path)[0]
+    with open(f, "r+b") as fh:
+        fh.truncate(8192)
+    with pytest.raises(CheckpointException, match="truncated"):
+        dcp.load(blank(sd), storage_reader=Reader(tmp_path))
+
+
+def test_missing_checkpoint_is_named(tmp_path):
+    with pytest.raises(CheckpointException, match=r"no checkpoint here \(no \.metadata"):
+        dcp.load({"w": torch.zeros(1)}, storage_reader=Reader(tmp_path))
+
+
+@pytest.mark.parametrize("shape,offsets,lengths", [
+    ((8, 6), (2, 0), (3, 6)),          # rows: one run
+    ((8, 6), (0, 2), (8, 3)),          # columns: one run per row
+    ((4, 5, 6), (1, 0, 0), (2, 5, 6)),
+    ((4, 5, 6), (1, 2, 0), (2, 3, 6)),  # a block of rows of the inner matrix per outer index
+    ((4, 5, 6), (0, 1, 2), (4, 3, 3)),
+    ((7,), (2,), (4,)),
+    ((), (), ()),
+    ((3, 4), (0, 0), (0, 4)),
+])
+def test_byte_runs_cover_exactly_the_box(shape, offsets, lengths):
+    t = torch.arange(int(np.prod(shape)) if shape else 1, dtype=torch.int32).reshape(shape)
+    raw = t.numpy().tobytes()
+    starts, run = byte_runs(shape, offsets, lengths, 4)
+    got = b"".join(raw[s:s + run] for s in starts)
+    box = t[tuple(slice(o, o + n) for o, n in zip(offsets, lengths, strict=True))] if shape else t
+    assert got == box.contiguous().numpy().tobytes()
+
+
+def test_byte_runs_join_whole_inner_dimensions():
+    starts, run = byte_runs((10, 4, 8), (3, 0, 0), (5, 4, 8), 2)
+    assert list(starts) == [3 * 4 * 8 * 2] and run == 5 * 4 * 8 * 2
+    starts, run = byte_runs((10, 8), (0, 4), (10, 4), 4)
+    assert len(starts) == 10 and run == 16
+
+
+@pytest.mark.parametrize("op,after,loads", [
+    ("reserve", 0, "old"),   # the data file cannot be made: disk full
+    ("rename", 0, "old"),    # the data file's rename
+    ("sync", 1, "old"),      # the metadata's fsync
+    ("rename", 1, "old"),    # the metadata's rename
+    ("syncdir", 1, "new"),   # renamed, the directory's fsync failed: the new one is in place
+])
+def test_injected_faults_leave_a_whole_checkpoint(tmp_path, inject, op, after, loads):
+    old = state()
+    dcp.save(old, storage_writer=Writer(tmp_path))
+    new = state()
+    inject(commit={"op": op, "errno": errno.ENOSPC if op == "reserve" else errno.EIO, "after": after})
+    with pytest.raises(CheckpointException) as ei:
+        dcp.save(new, storage_writer=Writer(tmp_path))
+    assert ("no space left" in str(ei.value) or "input/output error" in str(ei.value)), str(ei.value)
+    inject()
+    got = blank(old)
+    dcp.load(got, storage_reader=Reader(tmp_path))
+    assert_loaded(got, old if loads == "old" else new)
+    assert not [p for p in tmp_path.iterdir() if ".pyfastensor-tmp-" in p.name]
+
+
+CHILD = r"""
+import sys, warnings, torch, torch.distributed.checkpoint as dcp
+from pyfastensor.dcp import Writer
+warnings.simplefilter("ignore")
+path, v = sys.argv[1], int(sys.argv[2])
+print("ready", flush=True)
+while True:
+    v += 1
+    dcp.save({"w": torch.full((400_000,), float(v)), "i": torch.full((3000,), v), "v": v}, storage_writer=Writer(path))
+"""
+
+
+def test_sigkill_during_saves_leaves_a_whole_checkpoint(tmp_path):
+    """Kill a process saving checkpoints in a loop at random points: the directory
+    always loads as one whole version, and no newer save ever goes back."""
+    rng = random.Random(99)
+    dcp.save({"w": torch.zeros(400_000), "i": torch.zeros(3000, dtype=torch.int64), "v": 0},
+             storage_writer=Writer(tmp_path))
+    version, kills = 0, 0
+    deadline = time.monotonic() + 25
+    while kills < 6 and time.monotonic() < deadline:
+        p = subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path), str(version)], stdout=subprocess.PIPE,
+                             text=True)
+        assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+        time.sleep(rng.uniform(0.05, 0.8))
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        p.stdout.close()
+        kills += 1
+        got: dict[str, Any] = {"w": torch.empty(400_000), "i": torch.empty(3000, dtype=torch.int64), "v": -1}
+        dcp.load(got, storage_reader=Reader(tmp_path))
+        v = got["v"]
+        assert torch.equal(got["w"], torch.full((400_000,), float(v)))
+        assert torch.equal(got["i"], torch.full((3000,), v))
+        assert v >= version
+        version = v
+    assert kills >= 3
+    print(f"{kills} kills; version reached {version}")
+
+
+class FakeStaging(_staging.Staging):
+    """Staging that takes every tensor for a device tensor, with counted fakes for
+    pinned allocation and synchronization."""
+
+    allocs: list[tuple[tuple[int, ...], torch.dtype]] = []
+    syncs: list[int] = []
+
+    def __init__(self) -> None:
+        super().__init__(empty_pinned=self._alloc, synchronize=lambda: FakeStaging.syncs.append(1))
+
+    @staticmethod
+    def _alloc(shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+        FakeStaging.allocs.append((tuple(shape), dtype))
+        return torch.empty(shape, dtype=dtype)
+
+    def on_device(self, t: torch.Tensor) -> bool:
+        return True
+
+
+def test_device_tensors_pass_through_pinned_memory(tmp_path, monkeypatch):
+    from pyfastensor.dcp import _reader
+
+    monkeypatch.setattr(_writer, "Staging", FakeStaging)
+    monkeypatch.setattr(_reader, "Staging", FakeStaging)
+    FakeStaging.allocs, FakeStaging.syncs = [], []
+    sd = {"w": torch.randn(50, 20), "b": torch.arange(7), "t": torch.randn(6, 4).t()}
+    dcp.save(sd, storage_writer=Writer(tmp_path))
+    assert sorted(FakeStaging.allocs) == sorted((tuple(v.shape), v.dtype) for v in sd.values())
+    assert FakeStaging.syncs == [1], "one wait for all the copies of a save"
+    FakeStaging.allocs, FakeStaging.syncs = [], []
+    got = {k: torch.zeros_like(v) for k, v in sd.items()}
+    dcp.load(got, storage_reader=Reader(tmp_path))
+    assert_loaded(got, sd)
+    assert len(FakeStaging.allocs) == 3 and FakeStaging.syncs == [1]
+
+
+def test_staging_of_host_tensors_copies_only_views():
+    s = _staging.Staging(empty_pinned=lambda *a: pytest.fail("no pinned memory for host tensors"),
+                         synchronize=lambda: pytest.fail("nothing to wait for"))
+    t = torch.randn(4, 5)
+    assert s.to_host(t) is t
+    v = t.t()
+    h = s.to_host(v)
+    assert h.is_contiguous() and torch.equal(h, v)
+    s.wait()
+    with pytest.raises(ValueError, match="meta device"):
+        s.to_host(torch.empty(3, device="meta"))
+
+
+def test_engine_argument(tmp_path):
+    sd = state()
+    w = Writer(tmp_path, engine="posix")
+    dcp.save(sd, storage_writer=w)
+    assert w.engine_mode == "tool" and set(w.last_stats["engines"]) == {"posix"}
+    w = Writer(tmp_path, engine="dictionaries")
+    dcp.save(sd, storage_writer=w)
+    assert w.engine_mode == "own"
+    r = Reader(tmp_path, engine="dictionaries")
+    got = blank(sd)
+    dcp.load(got, storage_reader=r)
+    assert r.engine_mode == "own"
+    assert_loaded(got, sd)
+    with pytest.raises(TypeError, match="expected None, an engine name"):
+        Writer(tmp_path, engine=3)
+    with pytest.raises(TypeError, match="expected None, an engine name"):
+        Reader(tmp_path, engine=["posix"])
+
+
+def _ranks(out: Path, world: int) -> list[dict[str, Any]]:
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
+
+
+def test_save_with_4_ranks_load_with_2_resharded_and_with_none(tmp_path):
+    ck, out4, out2 = tmp_path / "ck", tmp_path / "o4", tmp_path / "o2"
+    out4.mkdir()
+    out2.mkdir()
+    spawn(save_sharded, 4, str(ck), str(out4), None)
+    assert len(data_files(ck)) == 4, "one data file per rank"
+    spawn(load_resharded, 2, str(ck), str(out2), None)
+    for r in _ranks(out2, 2):
+        assert all(r["same"].values()), r["same"]
+        assert all(r["local"].values()), r["local"]
+        assert r["step"] == 7 and r["names"] == ["a", "b"]
+        st = r["stats"]
+        # Shard(1) of row-major shards: one run per row, read as whole pages around them.
+        assert st["requested_bytes"] <= st["data_bytes"]
+    # No process group: plain full tensors.
+    full = full_state()
+    got: dict[str, Any] = {k: torch.zeros_like(v) for k, v in full.items()}
+    got["step"], got["names"] = 0, []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.load(got, storage_reader=Reader(ck))
+    for k, v in full.items():
+        assert torch.equal(got[k], v), k
+    assert got["step"] == 7
+
+
+def test_async_save_and_optimizer_state_with_2_ranks(tmp_path):
+    out = tmp_path / "o"
+    out.mkdir()
+    spawn(async_and_optimizer, 2, str(tmp_path / "ck"), str(out))
+    for r in _ranks(out, 2):
+        assert r["model"] and r["optim"], r
+        assert r["steps"] and all(s == 2.0 for s in r["steps"])
+
+
+@pytest.mark.parametrize("differ", [False, True])
+def test_dictionaries_are_broadcast_where_nodes_are_alike(tmp_path, differ):
+    out = tmp_path / "o"
+    out.mkdir()
+    spawn(dictionaries, 2, str(tmp_path / "ck"), str(out), differ)
+    modes = [r["engine_mode"] for r in _ranks(out, 2)]
+    if differ:
+        assert modes == ["per rank (nodes differ)"] * 2
+    else:
+        assert modes[0] == "broadcast from rank 0" and modes[1].startswith("broadcast from rank 0")
