@@ -12,9 +12,11 @@ import argparse
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     """Add each benchmark's subcommand to ``sub``."""
     from . import checkpoint, io, offload
+    from . import data as data_bench
     from . import dict as dict_bench
 
     io.add_parser(sub)
     offload.add_parser(sub)
     dict_bench.add_parser(sub)
     checkpoint.add_parser(sub)
+    data_bench.add_parser(sub)
