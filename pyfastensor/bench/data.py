@@ -934,7 +934,7 @@ def run_convergence(directory: str | os.PathLike[str], *, files: int = 6000, cla
                 loss = torch.nn.functional.cross_entropy(model(x), y)
                 loss.backward()
                 opt.step()
-                mine.append(float(loss))
+                mine.append(loss.item())
             if name == "chunk":
                 ds.close()
             losses += mine
