@@ -202,3 +202,36 @@ def test_help_explains(capsys):
     for word in ("RandomSampler", "Streaming", "WebDataset", "ChunkDataset", "drop_caches",
                  "memory.limit_in_bytes", "read_iops_device", "Spearman", "--convergence", "root"):
         assert word in text, word
+
+
+def test_cli_unknown_loader(tmp_path, capsys):
+    assert main(["bench", "data", "--dir", str(tmp_path), "--loaders", "floppy", "--no-plot"]) == 1
+    assert "unknown loader or setting floppy" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_reader_cgroups_hold_a_child_and_go(tmp_path):
+    """As root with cgroup v1: the child joins both cgroups, the counters read, the cgroups are removed."""
+    import subprocess
+    import sys
+
+    dev, _ = bd.block_device(tmp_path)
+    support = bd.cgroup_support(dev)
+    if support["memory"] or support["blkio"]:
+        pytest.skip(f"cgroups not usable here: {support['memory'] or support['blkio']}")
+    groups = bd.ReaderCgroups(f"pyfastensor-test-{tmp_path.name}", support, memory_limit=512 << 20,
+                              device=dev, iops=0 if support["throttle"] else 1000)
+    dirs = dict(groups.dirs)
+    try:
+        assert set(dirs) == {"memory", "blkio"}
+        assert int((dirs["memory"] / "memory.limit_in_bytes").read_text()) == 512 << 20
+        if not support["throttle"]:
+            assert f"{dev} 1000" in (dirs["blkio"] / "blkio.throttle.read_iops_device").read_text()
+        out = subprocess.run([sys.executable, "-c", "print(open('/proc/self/cgroup').read())"],
+                             capture_output=True, text=True, preexec_fn=groups.join, check=True).stdout
+        assert all(f"/{d.name}" in out for d in dirs.values()), out
+        assert groups.read_bytes() is not None and groups.peak_memory() > 0
+        assert groups.oom_kills() == 0
+    finally:
+        groups.remove()
+    assert not any(d.exists() for d in dirs.values())

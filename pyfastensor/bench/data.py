@@ -356,9 +356,16 @@ class ReaderCgroups:
             (d / "memory.max_usage_in_bytes").write_text("0")
 
     def oom_kills(self) -> int:
-        """Times the memory cgroup hit its limit and failed a charge (``memory.failcnt``)."""
+        """Processes the memory cgroup's OOM killer killed (``oom_kill`` of ``memory.oom_control``;
+        0 without a memory cgroup or on kernels without the counter)."""
         d = self.dirs.get("memory")
-        return int((d / "memory.failcnt").read_text()) if d else 0
+        if d is None:
+            return 0
+        for line in (d / "memory.oom_control").read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill":
+                return int(value)
+        return 0
 
     def read_bytes(self) -> int | None:
         """Bytes the reader read from the device (``blkio.throttle.io_service_bytes``), or None."""
@@ -414,7 +421,7 @@ def run_reader(loader: str, root: Path, *, batch_size: int, workers: int, seed: 
     env["PYTHONPATH"] = pkg_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.setdefault("PYTHONWARNINGS", "ignore")
     err_path = work / f"{loader}-{epoch}.stderr"
-    cache, before, after, peak, failcnt = "", None, None, None, 0
+    cache, before, after, peak, oom = "", None, None, None, 0
     cg_read: int | None = None
     cg_before: int | None = None
     try:
@@ -450,7 +457,7 @@ def run_reader(loader: str, root: Path, *, batch_size: int, workers: int, seed: 
                         f.close()
         after = diskstats_read_bytes(device)
         peak = groups.peak_memory()
-        failcnt = groups.oom_kills()
+        oom = groups.oom_kills()
         cg_after = groups.read_bytes()
         if cg_after is not None and cg_before is not None:
             cg_read = cg_after - cg_before
@@ -459,7 +466,7 @@ def run_reader(loader: str, root: Path, *, batch_size: int, workers: int, seed: 
     if proc.returncode != 0 or not out.exists():
         tail = err_path.read_text().strip().splitlines()[-3:]
         why = " | ".join(tail) or f"exit status {proc.returncode}"
-        if proc.returncode < 0 and failcnt:
+        if proc.returncode < 0 and oom:
             why = f"killed (signal {-proc.returncode}) at the memory cgroup's limit: raise --memory-limit"
         return {"loader": loader, "error": why}
     result = dlm.load_result(out)
@@ -471,7 +478,7 @@ def run_reader(loader: str, root: Path, *, batch_size: int, workers: int, seed: 
         result["device_read"], result["device_read_source"] = after - before, "/proc/diskstats (whole machine)"
     else:
         result["device_read"], result["device_read_source"] = None, "unknown"
-    result.update(peak_memory=peak, memory_failcnt=failcnt, cache=cache, error="")
+    result.update(peak_memory=peak, oom_kills=oom, cache=cache, error="")
     return result
 
 
@@ -669,7 +676,7 @@ def _run_entry(res: dict[str, Any], setting: str, rnd: int, layout: dict[str, An
         loader_read=st.get("bytes_read"),
         loader_wasted=(st["bytes_read"] / ds_bytes - 1) if st else None,
         peak_memory=res["peak_memory"], chunk_peak=st.get("peak_bytes"),
-        memory_failcnt=res.get("memory_failcnt", 0), workers=res["workers"], note=res["note"],
+        oom_kills=res.get("oom_kills", 0), workers=res["workers"], note=res["note"],
         mismatch=res["mismatch"], cache=res["cache"],
     )
     return e
