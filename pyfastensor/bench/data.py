@@ -369,11 +369,18 @@ class ReaderCgroups:
 
     def read_bytes(self) -> int | None:
         """Bytes the reader read from the device (``blkio.throttle.io_service_bytes``), or None."""
+        return self._blkio("blkio.throttle.io_service_bytes")
+
+    def read_ios(self) -> int | None:
+        """Read requests the reader sent to the device (``blkio.throttle.io_serviced``), or None."""
+        return self._blkio("blkio.throttle.io_serviced")
+
+    def _blkio(self, name: str) -> int | None:
         d = self.dirs.get("blkio")
         if d is None:
             return None
         total = 0
-        for line in (d / "blkio.throttle.io_service_bytes").read_text().splitlines():
+        for line in (d / name).read_text().splitlines():
             p = line.split()
             if len(p) == 3 and p[0] == self.device and p[1] == "Read":
                 total += int(p[2])
@@ -424,6 +431,8 @@ def run_reader(loader: str, root: Path, *, batch_size: int, workers: int, seed: 
     cache, before, after, peak, oom = "", None, None, None, 0
     cg_read: int | None = None
     cg_before: int | None = None
+    ios: int | None = None
+    ios_before: int | None = None
     try:
         with open(err_path, "w") as err:
             proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -442,6 +451,7 @@ def run_reader(loader: str, root: Path, *, batch_size: int, workers: int, seed: 
                         disk.cache_files(mapped_files(proc.pid, exclude=root))
                     groups.reset_peak()
                     cg_before = groups.read_bytes()
+                    ios_before = groups.read_ios()
                     before = diskstats_read_bytes(device)
                     assert proc.stdin is not None
                     proc.stdin.write("go\n")
@@ -461,6 +471,9 @@ def run_reader(loader: str, root: Path, *, batch_size: int, workers: int, seed: 
         cg_after = groups.read_bytes()
         if cg_after is not None and cg_before is not None:
             cg_read = cg_after - cg_before
+        ios_after = groups.read_ios()
+        if ios_after is not None and ios_before is not None:
+            ios = ios_after - ios_before
     finally:
         groups.remove()
     if proc.returncode != 0 or not out.exists():
@@ -478,7 +491,7 @@ def run_reader(loader: str, root: Path, *, batch_size: int, workers: int, seed: 
         result["device_read"], result["device_read_source"] = after - before, "/proc/diskstats (whole machine)"
     else:
         result["device_read"], result["device_read_source"] = None, "unknown"
-    result.update(peak_memory=peak, oom_kills=oom, cache=cache, error="")
+    result.update(peak_memory=peak, oom_kills=oom, cache=cache, error="", device_ios=ios)
     return result
 
 
@@ -671,7 +684,7 @@ def _run_entry(res: dict[str, Any], setting: str, rnd: int, layout: dict[str, An
     e.update(
         seconds=res["seconds"], samples=res["samples"],
         samples_per_s=res["samples"] / res["seconds"] if res["seconds"] > 0 else 0.0,
-        device_read=dev, device_read_source=res["device_read_source"],
+        device_read=dev, device_read_source=res["device_read_source"], device_ios=res.get("device_ios"),
         wasted=(dev / ds_bytes - 1) if dev is not None else None,
         loader_read=st.get("bytes_read"),
         loader_wasted=(st["bytes_read"] / ds_bytes - 1) if st else None,
@@ -716,7 +729,7 @@ def summarize(runs: Sequence[dict[str, Any]], loaders: Sequence[str], settings: 
             out[s][name] = {
                 "samples_per_s": _median(sps), "min": min(sps) if sps else None,
                 "max": max(sps) if sps else None, "rounds": sps,
-                "device_read": med("device_read"), "wasted": med("wasted"),
+                "device_read": med("device_read"), "device_ios": med("device_ios"), "wasted": med("wasted"),
                 "loader_wasted": med("loader_wasted"),
                 "peak_memory": max((r["peak_memory"] for r in ok if r.get("peak_memory") is not None),
                                    default=None),
@@ -807,7 +820,7 @@ def format_report(result: dict[str, Any]) -> str:
                  "(blkio.throttle.read_iops_device)")
         lines.append(f"{title}: samples/s median of {p['rounds']} round(s) [min-max]")
         lines.append(f"{'loader':<20}{'samples/s':>10}{'[min-max]':>16}{'vs DL':>7}{'read':>11}{'wasted':>9}"
-                     f"{'own count':>11}{'peak mem':>10}{'own peak':>10}")
+                     f"{'own count':>11}{'KiB/IO':>8}{'peak mem':>10}{'own peak':>10}")
         base = summ[s].get("dataloader", {}).get("samples_per_s")
         for name in p["loaders"]:
             e = summ[s][name]
@@ -818,14 +831,17 @@ def format_report(result: dict[str, Any]) -> str:
             spread = f"[{e['min']:.0f}-{e['max']:.0f}]"
             wasted = "-" if e["wasted"] is None else f"{e['wasted']:+.1%}"
             own = "-" if e["loader_wasted"] is None else f"{e['loader_wasted']:+.1%}"
+            per_io = (f"{e['device_read'] / e['device_ios'] / KiB:.0f}"
+                      if e.get("device_ios") and e["device_read"] is not None else "-")
             lines.append(f"{LOADER_NAMES[name]:<20}{e['samples_per_s']:>10.0f}{spread:>16}{ratio:>7}"
-                         f"{_mib(e['device_read']):>11}{wasted:>9}{own:>11}{_mib(e['peak_memory']):>10}"
+                         f"{_mib(e['device_read']):>11}{wasted:>9}{own:>11}{per_io:>8}{_mib(e['peak_memory']):>10}"
                          f"{_mib(e['chunk_peak']) if e['chunk_peak'] is not None else '-':>10}")
             for err in e["errors"]:
                 lines.append(f"  a round failed: {err}")
         lines.append("")
     lines.append("read: bytes the reader read from the device in the epoch; wasted: read / dataset - 1; "
-                 "own count: ChunkDataset's stats() (bytes_read / dataset - 1); peak mem: the memory "
+                 "own count: ChunkDataset's stats() (bytes_read / dataset - 1); KiB/IO: bytes per read request "
+                 "(blkio.throttle.io_serviced; the throttle counts requests); peak mem: the memory "
                  "cgroup's max usage (page cache included); own peak: stats()['peak_bytes']")
     lines.append("")
 
