@@ -92,7 +92,7 @@ def test_info_json_without_torch(no_torch_env, tmp_path):
 def test_every_subcommand_is_covered():
     names = {path[0] for path in ALL}
     assert names == set(SUBCOMMANDS)
-    assert {("bench", "io"), ("bench", "checkpoint"), ("bench", "offload"), ("bench", "dict"),
+    assert {("bench", "io"), ("bench", "checkpoint"), ("bench", "offload"), ("bench", "dict"), ("bench", "data"),
             ("ckpt", "ls"), ("ckpt", "verify"), ("data", "pack"), ("data", "verify")} <= set(ALL)
 
 
