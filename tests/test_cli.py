@@ -93,6 +93,7 @@ def test_every_subcommand_is_covered():
     names = {path[0] for path in ALL}
     assert names == set(SUBCOMMANDS)
     assert {("bench", "io"), ("bench", "checkpoint"), ("bench", "offload"), ("bench", "dict"), ("bench", "plan"),
+            ("bench", "data"), ("bench", "dcp"),
             ("ckpt", "ls"), ("ckpt", "verify"), ("data", "pack"), ("data", "verify")} <= set(ALL)
 
 

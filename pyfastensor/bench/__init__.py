@@ -12,6 +12,7 @@ import argparse
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     """Add each benchmark's subcommand to ``sub``."""
     from . import checkpoint, dcp, io, offload, plan
+    from . import data as data_bench
     from . import dict as dict_bench
 
     io.add_parser(sub)
@@ -20,3 +21,4 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     checkpoint.add_parser(sub)
     plan.add_parser(sub)
     dcp.add_parser(sub)
+    data_bench.add_parser(sub)
