@@ -78,3 +78,26 @@ func putHuge(b *hugeBuf) {
 		_ = unix.Munmap(b.raw)
 	}
 }
+
+// MapHuge returns n bytes of fresh memory outside the Go heap, aligned to
+// 2 MiB and advised MADV_HUGEPAGE (so an O_DIRECT read of several MiB into
+// it reaches the device as few large requests, not ~1 MiB ones cut at the
+// disk's segment limit), and the function that unmaps it. Not pooled: the
+// memory is the caller's only while it holds it (the loader's chunk reads,
+// which must stay within their budget). Where mapping fails it is Go heap
+// memory aligned to 4 KiB, and free does nothing.
+func MapHuge(n int) (b []byte, free func()) {
+	if n == 0 {
+		return []byte{}, func() {}
+	}
+	size := int(alignUp(int64(n), hugePage))
+	raw, err := unix.Mmap(-1, 0, size+hugePage, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		return alignedBuf(n, 4096), func() {}
+	}
+	lo := int(alignUp(int64(addrOf(raw)), hugePage) - int64(addrOf(raw)))
+	b = raw[lo : lo+n : lo+n]
+	_ = unix.Madvise(raw[lo:lo+size], unix.MADV_HUGEPAGE)
+	var once sync.Once
+	return b, func() { once.Do(func() { _ = unix.Munmap(raw) }) }
+}

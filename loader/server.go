@@ -399,18 +399,20 @@ func (s *Server) readFill(f *fill) {
 	var buf []byte
 	var err error
 	var bad map[int]error
+	free := func() {}
 	finished := false
 	defer func() {
 		s.mu.Lock()
 		if !finished {
 			buf, err = nil, fmt.Errorf("%w: loader: the read of %s failed", gds.ErrInternal, s.p.ChunkPath(f.chunk))
 		}
-		s.land(f, buf, err, bad)
+		s.land(f, buf, err, bad) // copies the samples out of buf
 		s.inflight -= size
 		s.mu.Unlock()
+		free()
 		s.sem.release(size)
 	}()
-	buf, err = readChunk(s.p, f.chunk, s.reads)
+	buf, free, err = readChunk(s.p, f.chunk, s.reads)
 	if err == nil {
 		for _, pos := range f.samples {
 			if e := checkSample(s.p, pos, buf); e != nil {

@@ -46,10 +46,11 @@ func VerifyPack(dir string, progress func(done, total int64)) error {
 
 // verifyChunk checks chunk c's file against the index.
 func verifyChunk(p *Packed, c int) error {
-	buf, err := readChunk(p, c, transfer.Options{})
+	buf, free, err := readChunk(p, c, transfer.Options{})
 	if err != nil {
 		return err
 	}
+	defer free()
 	ch := &p.Index.Chunks[c]
 	got := transfer.Checksum(buf)
 	if got == ch.CRC {
