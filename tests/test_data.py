@@ -309,8 +309,9 @@ def test_memory_peak_within_budget(packed, min_budget, factor):
 def test_lifetime(packed):
     before = _lib.handle_count() if _lib.loaded() else 0
     ds = ChunkDataset(packed, memory_budget=1 << 30, with_index=True)
-    assert ds._server is None  # nothing opened by the constructor
+    assert ds._server is not None and _lib.handle_count() == before + 1  # opened by the constructor
     copy = pickle.loads(pickle.dumps(ds))
+    assert copy._server is None and copy._address() != ds._address()  # its own, on first use
     data, label, index = ds[5]
     cdata, clabel, cindex = copy[5]  # a server of its own, at the same state: the same sample
     assert (clabel, cindex) == (label, index) and torch.equal(cdata, data)

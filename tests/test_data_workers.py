@@ -100,17 +100,31 @@ def _stats_in_worker(data: torch.Tensor) -> torch.Tensor:
     return data
 
 
-def test_worker_without_a_server(packed, monkeypatch):
-    """A sampler that never calls len(ds): the main process never opened the server."""
-    monkeypatch.setattr(_client, "CONNECT_TIMEOUT_S", 0.3)  # forked workers inherit it
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_any_sampler(packed, context):
+    """A sampler that never calls len(ds) (a list): the constructor opened the server."""
+    ds = ChunkDataset(packed, memory_budget=1 << 20, with_index=True)
+    order = list(range(N))[::-1]
+    dl = torch.utils.data.DataLoader(ds, batch_size=8, sampler=order, num_workers=2,
+                                     multiprocessing_context=context, collate_fn=keep)
+    got = [int(i) for batch in dl for _, _, i in batch]
+    assert sorted(got) == list(range(N))
+    ds.close()
+
+
+def test_worker_of_a_closed_dataset(packed, monkeypatch):
+    monkeypatch.setattr(_client, "CONNECT_TIMEOUT_S", 0.3)  # spawned workers do not see this: fork
     ds = ChunkDataset(packed, memory_budget=1 << 20)
     dl = torch.utils.data.DataLoader(ds, batch_size=4, sampler=[0, 1], num_workers=1,
                                      multiprocessing_context="fork", collate_fn=keep)
-    with pytest.raises(ServerUnavailableError) as e:
-        list(dl)
-    assert "no loader server listens at '@pyfastensor-loader-" in str(e.value)
-    assert "call len(dataset) in the main process" in str(e.value)
-    assert ds._server is None  # the worker did not open one
+    it = iter(dl)  # workers forked while the server listens
+    ds._server.close()  # the main process's server goes away under them
+    try:
+        with pytest.raises(ServerUnavailableError) as e:
+            next(it)
+    finally:
+        it._shutdown_workers()
+    assert "no loader server answers at '@pyfastensor-loader-" in str(e.value)
     ds.close()
 
 

@@ -76,7 +76,18 @@ class Client:
                         "The main process opens it on the dataset's first use there: call len(dataset) "
                         "in the main process before iterating a DataLoader with workers") from None
                 time.sleep(0.05)
-        self.info: dict[str, Any] = json.loads(self._call(HELLO, 0, 0, b"")[2])
+        # The hello gets what is left of the timeout: a forked worker holds a
+        # copy of the server's listening socket, so a connection can be
+        # queued on it after the main process closed it, with no one to answer.
+        self._sock.settimeout(max(deadline - time.monotonic(), 0.1))
+        try:
+            self.info: dict[str, Any] = json.loads(self._call(HELLO, 0, 0, b"")[2])
+        except errors.ServerUnavailableError:
+            self._sock.close()
+            raise errors.ServerUnavailableError(
+                f"{what}: no loader server answers at {address!r} after {timeout:.0f}s (closed in the main "
+                "process?)") from None
+        self._sock.settimeout(None)
         if self.info.get("protocol") != PROTOCOL:
             self._sock.close()
             raise errors.UnsupportedError(

@@ -51,15 +51,16 @@ class ChunkDataset(torch.utils.data.Dataset):
     ``DataLoader`` fetches a batch through :meth:`__getitems__`: one native
     call, the chunk reads of the batch running in parallel in Go.
 
-    Lifetime: the native server opens on first use (not in the constructor,
-    which loads nothing) and closes with :meth:`close`, the end of a ``with``
+    Lifetime: the constructor opens the native server (reading the pack's
+    index, so a missing or damaged pack fails there) and starts listening for
+    DataLoader workers; it closes with :meth:`close`, the end of a ``with``
     block, or when the dataset is collected. A pickled copy carries the
-    arguments only and opens a server of its own.
+    arguments only and opens a server of its own on first use in another
+    process (not in a DataLoader worker, which is a client).
 
     Processes: one server owns the memory budget and the epoch's record of
-    delivered samples: it runs in the process that uses the dataset first
-    (``len(dataset)``, which torch's samplers call when the DataLoader is
-    made), reading chunks on its own threads. DataLoader workers, forked or
+    delivered samples: it runs in the process that made the dataset, reading
+    chunks on its own threads. DataLoader workers, forked or
     spawned, are its clients over a Unix socket and never load the Go
     runtime; each batch's bytes are copied once, by the server, into one
     shared-memory storage the worker allocates, and the batch's tensors are
@@ -99,7 +100,11 @@ class ChunkDataset(torch.utils.data.Dataset):
 
     Raises:
         NotFoundError: ``root`` is not a directory.
-        InvalidArgumentError: ``memory_budget`` or ``seed`` is not a valid number.
+        InvalidArgumentError: ``memory_budget``, ``seed`` or ``overflow`` is not a valid
+            number, or the budget is below the pack's minimum (naming both).
+        CorruptFileError: the index is missing or damaged, or a chunk file is missing
+            or of another length than the index gives it (naming the file).
+        UnsupportedError: the pack is of a newer format version (naming the index).
 
     Example::
 
@@ -147,6 +152,8 @@ class ChunkDataset(torch.utils.data.Dataset):
         self._token = secrets.token_hex(8)
         self._client: _client.Client | None = None
         self._client_pid = 0
+        if not self._in_worker():
+            self._live()  # opened here, so a worker can reach it whatever the sampler calls
 
     # The server: opened on first use in the owning process; a worker's client.
 
@@ -168,9 +175,12 @@ class ChunkDataset(torch.utils.data.Dataset):
             if self._closed:
                 raise ValueError(f"ChunkDataset({self.root!r}) is closed")
             if self._server is None or os.getpid() != self._owner:
-                # First use, or a copy in another process (pickled, not a
-                # worker): this process serves its own.
-                self._server, self._owner, self._token = None, os.getpid(), secrets.token_hex(8)
+                if os.getpid() != self._owner:
+                    # A copy in another process (pickled, not a worker): it
+                    # serves its own, at an address of its own. The owner
+                    # keeps its address: forked workers already hold it.
+                    self._owner, self._token = os.getpid(), secrets.token_hex(8)
+                self._server = None
                 server = _native.Server(self.root, self.memory_budget, self.seed, self.overflow)
                 try:
                     server.listen(self._address())
@@ -212,6 +222,11 @@ class ChunkDataset(torch.utils.data.Dataset):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock = threading.Lock()
+        if self._owner == os.getpid():
+            # A copy in the owner's own process: a server of its own (on
+            # first use), at another address. Elsewhere the copy keeps the
+            # owner's: a spawned worker's.
+            self._token = secrets.token_hex(8)
 
     # What the pack holds.
 
