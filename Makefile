@@ -46,6 +46,7 @@ test-fuzz:
 	$(call fuzz,FuzzParseSafetensorsHeader,checkpoint)
 	$(call fuzz,FuzzAllocator,hooks)
 	$(call fuzz,FuzzParseIndex,loader)
+	$(call fuzz,FuzzFetch,loader/dist)
 	$(call fuzz,FuzzParseTrace,offload)
 
 test-py:
