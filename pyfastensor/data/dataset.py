@@ -15,15 +15,19 @@ import operator
 import os
 import secrets
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 import torch.utils.data
 
 from .. import config, errors
-from . import _client, _native
+from . import _client, _dist, _native
 from .pack import _check_seed
+
+# Distributed datasets made in this process, in order: the same count on
+# every rank names a dataset's keys in the job's store.
+_dist_datasets = 0
 
 
 class ChunkDataset(torch.utils.data.Dataset):
@@ -101,6 +105,35 @@ class ChunkDataset(torch.utils.data.Dataset):
         NotFoundError: ``root`` is not a directory.
         InvalidArgumentError: ``memory_budget`` or ``seed`` is not a valid number.
 
+        distributed: join the cluster of the job's ranks (Brand's distributed
+            protocol, ``loader/dist``): every rank's server owns the abstract chunks
+            ``g`` with ``g % world_size == rank`` (the layout is planned for the
+            cluster's memory, ``world_size * memory_budget``); a request for a slot
+            another rank owns goes to that rank over gRPC, which answers with the
+            slot's sample and with samples already in its memory for this rank's
+            upcoming requests (those of :meth:`sampler`), into slots free in this
+            rank's remote memory. Rendezvous through torch.distributed's store
+            (``init_process_group`` first: under torchrun nothing else is needed).
+            The collective steps (every rank calls them): the first use,
+            :meth:`set_epoch`, :meth:`state_dict`, :meth:`load_state_dict`.
+            Default: False, unless ``rank`` and ``world_size`` are given.
+        rank: this node's rank. Default: ``torch.distributed.get_rank()``.
+        world_size: the number of nodes. Default: ``torch.distributed.get_world_size()``.
+        store: a ``torch.distributed.Store`` every rank shares. Default: the
+            default process group's.
+        remote_memory: bytes (or a size) of this rank's remote abstract memory,
+            the prefetched samples of other ranks' slots it holds at most, on top
+            of ``memory_budget``. Default: a tenth of ``memory_budget`` (the paper's
+            best, section 5.4).
+        prefetch: owners prefetch along this rank's access sequence. Default: True.
+        timeout: seconds to wait for another rank (rendezvous, barriers, calls).
+            Default: 300.
+
+    Security (distributed): each rank's server listens on its interface that
+    routes to the store's host (``MASTER_ADDR``), not on every interface, and
+    refuses any call without the job's token (made by rank 0, shared through
+    the store). The traffic is not encrypted.
+
     Example::
 
         >>> ds = pyfastensor.data.ChunkDataset("packed", memory_budget=8 << 30,
@@ -121,6 +154,13 @@ class ChunkDataset(torch.utils.data.Dataset):
         transform: Callable[[torch.Tensor], Any] | None = None,
         with_index: bool = False,
         overflow: float | None = None,
+        distributed: bool = False,
+        rank: int | None = None,
+        world_size: int | None = None,
+        store: Any = None,
+        remote_memory: int | str | None = None,
+        prefetch: bool = True,
+        timeout: float = _dist.TIMEOUT_S,
     ) -> None:
         budget = config.parse_size(memory_budget) if isinstance(memory_budget, str) else memory_budget
         if isinstance(budget, bool) or not isinstance(budget, int) or not 0 < budget < 1 << 63:
@@ -138,6 +178,26 @@ class ChunkDataset(torch.utils.data.Dataset):
         self.transform = transform
         self.with_index = with_index
         self.overflow = overflow
+        self.distributed = bool(distributed) or rank is not None or world_size is not None
+        for what, v in (("rank", rank), ("world_size", world_size)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+                raise errors.InvalidArgumentError(f"{what}={v!r}: expected an integer >= 0")
+        if (rank is None) != (world_size is None) or (world_size is not None and rank is not None and not rank < world_size):
+            raise errors.InvalidArgumentError(f"rank={rank!r}, world_size={world_size!r}: give both, rank < world_size")
+        remote = budget // 10 if remote_memory is None else (
+            config.parse_size(remote_memory) if isinstance(remote_memory, str) else remote_memory)
+        if isinstance(remote, bool) or not isinstance(remote, int) or not 0 <= remote < 1 << 62:
+            raise errors.InvalidArgumentError(f"remote_memory={remote_memory!r}: expected a number of bytes >= 0")
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= 1e6:
+            raise errors.InvalidArgumentError(f"timeout={timeout!r}: expected seconds > 0")
+        self.rank, self.world_size = rank, world_size
+        self.remote_memory = remote
+        self.prefetch = bool(prefetch)
+        self.timeout = float(timeout)
+        self._store = store
+        self._rendezvous: _dist.Rendezvous | None = None
+        self._epoch = 0
+        self._resume: dict[int, int] = {}  # epoch -> requests of this rank's share issued before the state
         self._server: _native.Server | None = None
         self._closed = False
         self._lock = threading.Lock()
@@ -171,14 +231,69 @@ class ChunkDataset(torch.utils.data.Dataset):
                 # First use, or a copy in another process (pickled, not a
                 # worker): this process serves its own.
                 self._server, self._owner, self._token = None, os.getpid(), secrets.token_hex(8)
-                server = _native.Server(self.root, self.memory_budget, self.seed, self.overflow)
+                rank, world = self._share()
+                server = _native.Server(self.root, self.memory_budget, self.seed, self.overflow, rank, world)
                 try:
                     server.listen(self._address())
+                    if self.distributed:
+                        self._join(server, rank, world)
                 except BaseException:
                     server.close()
                     raise
                 self._server = server
             return self._server
+
+    def _share(self) -> tuple[int, int]:
+        """This node's rank and the world size (0 and 1 on one node)."""
+        if not self.distributed:
+            return 0, 1
+        if self.rank is None or self.world_size is None:
+            import torch.distributed as dist
+
+            _dist.default_store()  # raises, naming what to do, without a process group
+            self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        return self.rank, self.world_size
+
+    def _join(self, server: _native.Server, rank: int, world: int) -> None:
+        """Join the cluster: listen, share the address and token through the store, connect."""
+        global _dist_datasets
+        store = self._store if self._store is not None else _dist.default_store()
+        _dist_datasets += 1
+        rv = _dist.Rendezvous(store, f"ds{_dist_datasets}", rank, world, self.timeout)
+        token = rv.token()
+        host = _dist.local_address(_dist.store_host(store))
+        options = {"rank": rank, "world": world, "token": token, "remote_bytes": self.remote_memory,
+                   "no_prefetch": not self.prefetch, "timeout_s": self.timeout}
+        address = server.dist_listen(options, f"{host}:0")
+        try:
+            server.dist_connect(rv.exchange(address))
+        except errors.EngineUnavailableError as e:
+            raise errors.NodeFailedError(str(e)) from None
+        rv.barrier("every node to connect")
+        self._rendezvous = rv
+
+    def _barrier(self, what: str) -> None:
+        if self._rendezvous is not None:
+            self._rendezvous.barrier(what)
+
+    def _node_failed(self, e: errors.EngineUnavailableError) -> Exception:
+        """A node's failure as NodeFailedError (Go's dist.ErrNodeFailed crosses as engine-unavailable)."""
+        return errors.NodeFailedError(str(e)) if self.distributed else e
+
+    def sampler(self, shuffle: bool = True, seed: int | None = None) -> ChunkSampler:
+        """A sampler asking for this rank's share of each epoch's permutation, which it tells the
+        loader (owners prefetch along it); it resumes after :meth:`load_state_dict`.
+
+        Give it to ``DataLoader(sampler=...)`` in place of ``DistributedSampler``:
+        rank ``r`` of ``w`` asks for ``perm[r::w]`` of the epoch's permutation,
+        without the padding ``DistributedSampler`` adds (ranks may differ by one
+        request), so the epoch's requests are a permutation.
+
+        Args:
+            shuffle: a random permutation per epoch (else ``range(len(dataset))``). Default: True.
+            seed: the permutation's seed, with the epoch. Default: the dataset's seed.
+        """
+        return ChunkSampler(self, shuffle, self.seed if seed is None else seed)
 
     def _worker_client(self) -> _client.Client:
         if self._closed:
@@ -207,6 +322,7 @@ class ChunkDataset(torch.utils.data.Dataset):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_server"], state["_lock"], state["_client"] = None, None, None
+        state["_store"], state["_rendezvous"] = None, None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -291,6 +407,8 @@ class ChunkDataset(torch.utils.data.Dataset):
                 raise IndexError(f"index {i} is outside ChunkDataset({self.root!r}) of {n} samples")
         try:
             meta, ticket = server.get(idx)
+        except errors.EngineUnavailableError as e:
+            raise self._node_failed(e) from None
         except errors.InvalidArgumentError as e:
             st = server.stats()
             if st["served"] == n and idx:
@@ -314,7 +432,10 @@ class ChunkDataset(torch.utils.data.Dataset):
         for i in idx:
             if not 0 <= i < n:
                 raise IndexError(f"index {i} is outside ChunkDataset({self.root!r}) of {n} samples")
-        meta, ticket = client.get(idx)
+        try:
+            meta, ticket = client.get(idx)
+        except errors.EngineUnavailableError as e:
+            raise self._node_failed(e) from None
         f = _native.META_FIELDS
         lengths = [meta[k * f + 3] for k in range(len(idx))]
         total = sum(lengths)
@@ -364,7 +485,12 @@ class ChunkDataset(torch.utils.data.Dataset):
         """
         if isinstance(epoch, bool) or not isinstance(epoch, int) or not 0 <= epoch < 1 << 64:
             raise errors.InvalidArgumentError(f"epoch={epoch!r}: expected an integer >= 0")
-        self._live().set_epoch(epoch)
+        server = self._live()
+        self._barrier(f"every node to finish its epoch before set_epoch({epoch})")
+        server.set_epoch(epoch)
+        self._epoch = epoch
+        self._resume.pop(epoch, None)
+        self._barrier(f"every node to set_epoch({epoch})")
 
     def state_dict(self) -> dict[str, Any]:
         """The server's state: epoch, samples read and delivered, the tie-break position.
@@ -384,7 +510,17 @@ class ChunkDataset(torch.utils.data.Dataset):
 
             >>> torch.save({"model": model.state_dict(), "data": ds.state_dict()}, "ckpt.pt")
         """
-        return self._live().state()
+        server = self._live()
+        if not self.distributed:
+            return server.state()
+        try:
+            server.dist_drop()
+        except errors.EngineUnavailableError as e:
+            raise self._node_failed(e) from None
+        self._barrier("every node to give its prefetched samples back before state_dict")
+        state = server.state()
+        self._barrier("every node to take its state_dict")
+        return state
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Resume from a :meth:`state_dict` (the dataset's seed becomes the state's).
@@ -405,6 +541,9 @@ class ChunkDataset(torch.utils.data.Dataset):
             raise errors.InvalidArgumentError(f"state_dict: not a ChunkDataset state ({e})") from None
         self._live().restore(state)
         self.seed = int(state.get("seed", self.seed))
+        self._epoch = int(state.get("epoch", 0))
+        self._resume = {self._epoch: int(state.get("issued", 0))}
+        self._barrier("every node to load its state_dict")
 
     def stats(self) -> dict[str, Any]:
         """The server's counters: this epoch's ``served``, ``chunk_reads``, ``bytes_read``,
@@ -414,8 +553,50 @@ class ChunkDataset(torch.utils.data.Dataset):
         return self._live().stats()
 
     def __repr__(self) -> str:
+        dist = f", rank={self.rank}, world_size={self.world_size}" if self.distributed else ""
         return (f"ChunkDataset({self.root!r}, memory_budget={self.memory_budget}, seed={self.seed}, "
-                f"with_index={self.with_index}, overflow={self.overflow})")
+                f"with_index={self.with_index}, overflow={self.overflow}{dist})")
+
+
+class ChunkSampler(torch.utils.data.Sampler[int]):
+    """This rank's share of each epoch's permutation of a :class:`ChunkDataset` (:meth:`ChunkDataset.sampler`).
+
+    Rank ``r`` of ``w`` asks for ``perm[r::w]``, ``perm`` the epoch's permutation
+    (seeded by ``seed + epoch``, the epoch the dataset's :meth:`~ChunkDataset.set_epoch`
+    set). Each iteration tells a distributed dataset the positions it will ask
+    for, in order: the owners of other ranks' slots prefetch along them. After
+    :meth:`~ChunkDataset.load_state_dict` the first iteration of the state's epoch
+    skips the requests made before the state was taken.
+    """
+
+    def __init__(self, dataset: ChunkDataset, shuffle: bool = True, seed: int = 0) -> None:
+        self.dataset = dataset
+        self.shuffle = shuffle
+        self.seed = seed
+
+    def _order(self) -> tuple[int, list[int]]:
+        ds = self.dataset
+        n = len(ds)
+        rank, world = ds._share()
+        epoch = ds._epoch
+        if self.shuffle:
+            g = torch.Generator()
+            g.manual_seed((self.seed + epoch) % (1 << 63))
+            perm = torch.randperm(n, generator=g)
+        else:
+            perm = torch.arange(n)
+        return epoch, perm[rank::world].tolist()[ds._resume.get(epoch, 0):]
+
+    def __len__(self) -> int:
+        return len(self._order()[1])
+
+    def __iter__(self) -> Iterator[int]:
+        epoch, order = self._order()
+        ds = self.dataset
+        ds._resume.pop(epoch, None)
+        if ds.distributed:
+            ds._live().dist_sequence(epoch, order)
+        return iter(order)
 
 
 def _shared_fd(storage: torch.UntypedStorage) -> tuple[int, bool]:
