@@ -235,7 +235,7 @@ def two_namespaces():
             ip("-n", ns[k], "addr", "add", f"10.231.0.{k + 1}/24", "dev", veth[k])
             ip("-n", ns[k], "link", "set", veth[k], "up")
             ip("-n", ns[k], "link", "set", "lo", "up")
-        yield list(zip(ns, veth))
+        yield list(zip(ns, veth, strict=True))
     finally:
         for n in ns:
             subprocess.run(["ip", "netns", "del", n], capture_output=True)
@@ -243,7 +243,7 @@ def two_namespaces():
 
 def test_nodes_in_network_namespaces_over_veth(packed, files, budget, tmp_path, two_namespaces):
     cfgs = _cluster(packed, budget, 2, host="127.0.0.1")
-    for c, (_, veth) in zip(cfgs, two_namespaces):
+    for c, (_, veth) in zip(cfgs, two_namespaces, strict=True):
         # gloo picks its interface from the hostname, which no namespace resolves: name it
         c.update(master_addr="10.231.0.1", env={"GLOO_SOCKET_IFNAME": veth})
     results = _run(tmp_path, cfgs, prefix=[["ip", "netns", "exec", ns] for ns, _ in two_namespaces], timeout=90)
