@@ -44,6 +44,25 @@ func TestShareSplitsAbstractChunks(t *testing.T) {
 	require.ErrorContains(t, err, "rank 3 of a world of 3")
 }
 
+// In a cluster the overflow share gives way until every server owns an
+// abstract chunk, where the budget without it allows that many.
+func TestShareGivesEveryServerAnAbstractChunk(t *testing.T) {
+	_, p := newPack(t, datasetOpts{n: 480, classes: 3, maxSize: 2000, seed: 73}, 8)
+	budget := minBudget(p) // per node
+	none, err := NewServer(p, ServerOptions{Budget: 4 * budget})
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, none.Layout().AbstractChunks, 4, "the budget without overflow allows it")
+	one, err := NewServer(p, ServerOptions{Budget: 4 * budget, Overflow: DefaultOverflow})
+	require.NoError(t, err)
+	require.Less(t, one.Layout().AbstractChunks, 4, "one node keeps the default's spares")
+	for r := range 4 {
+		s, err := NewServer(p, ServerOptions{Budget: budget, Overflow: DefaultOverflow, Rank: r, World: 4})
+		require.NoError(t, err)
+		require.NotEmpty(t, s.Layout().Owned, "rank %d", r)
+		require.LessOrEqual(t, s.Layout().OverflowBytes, one.Layout().OverflowBytes)
+	}
+}
+
 // Prefetch delivers only samples already in memory (reading no chunk),
 // within its byte limit, each delivered once: with the requests it
 // answered left out, the rest of the epoch delivers every other sample.

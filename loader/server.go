@@ -147,11 +147,21 @@ func NewServer(p *Packed, o ServerOptions) (*Server, error) {
 	// The overflow share, down to what leaves the slots and reads their
 	// least: a budget that serves the pack at all takes any overflow.
 	over := min(int64(float64(budget)*o.Overflow), budget-lay.MinBudget)
-	if over > 0 {
-		if lay, err = PlanLayout(p.Index, budget-over); err != nil {
+	for over > 0 {
+		plan, err := PlanLayout(p.Index, budget-over)
+		if err != nil {
 			return nil, err
 		}
-		lay.Budget, lay.OverflowBytes = budget, over
+		// In a cluster, the overflow share gives way (halving) until every
+		// server owns an abstract chunk, where the budget allows.
+		if plan.AbstractChunks >= min(world, lay.AbstractChunks) {
+			lay = plan
+			lay.Budget, lay.OverflowBytes = budget, over
+			break
+		}
+		if over /= 2; over < 1024 {
+			break // no overflow: the most abstract chunks
+		}
 	}
 	readBytes := lay.ReadBytes
 	if world > 1 {

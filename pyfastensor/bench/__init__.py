@@ -11,7 +11,7 @@ import argparse
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     """Add each benchmark's subcommand to ``sub``."""
-    from . import checkpoint, io, offload, plan
+    from . import checkpoint, data_nodes, io, offload, plan
     from . import dict as dict_bench
 
     io.add_parser(sub)
@@ -19,3 +19,4 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     dict_bench.add_parser(sub)
     checkpoint.add_parser(sub)
     plan.add_parser(sub)
+    data_nodes.add_parser(sub)
