@@ -264,3 +264,12 @@ def test_bench_data_nodes_prints_both_variants(tmp_path):
     assert rows[1]["remote_hits"] == 0 and rows[2]["remote_hits"] == rows[2]["prefetched"] > 0
     assert rows[2]["remote_peak_bytes"] <= rows[2]["remote_limit"]
     assert "2 nodes: owner-prefetch cuts remote misses by" in proc.stdout
+
+
+def test_a_ranks_state_does_not_load_into_one_node(packed, budget):
+    with ChunkDataset(packed, memory_budget=budget, overflow=OVERFLOW) as ds:
+        state = dict(ds.state_dict(), rank=1, world=2, issued=0)
+        with pytest.raises(errors.InvalidArgumentError, match=r"the state of rank 1 of a cluster of 2 node\(s\); "
+                           r"this ChunkDataset is rank 0 of 1"):
+            ds.load_state_dict(state)
+        ds.load_state_dict(ds.state_dict())  # its own loads

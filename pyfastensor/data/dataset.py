@@ -130,9 +130,10 @@ class ChunkDataset(torch.utils.data.Dataset):
             Default: 300.
 
     Security (distributed): each rank's server listens on its interface that
-    routes to the store's host (``MASTER_ADDR``), not on every interface, and
-    refuses any call without the job's token (made by rank 0, shared through
-    the store). The traffic is not encrypted.
+    routes to the store's host (``MASTER_ADDR``; ``PYFASTENSOR_DATA_HOST``
+    names another), not on every interface, and refuses any call without the
+    job's token (made by rank 0, shared through the store, which is no more
+    protected than the process group's own). The traffic is not encrypted.
 
     Example::
 
@@ -261,7 +262,7 @@ class ChunkDataset(torch.utils.data.Dataset):
         _dist_datasets += 1
         rv = _dist.Rendezvous(store, f"ds{_dist_datasets}", rank, world, self.timeout)
         token = rv.token()
-        host = _dist.local_address(_dist.store_host(store))
+        host = config.data_host() or _dist.local_address(_dist.store_host(store))
         options = {"rank": rank, "world": world, "token": token, "remote_bytes": self.remote_memory,
                    "no_prefetch": not self.prefetch, "timeout_s": self.timeout}
         address = server.dist_listen(options, f"{host}:0")
@@ -476,6 +477,9 @@ class ChunkDataset(torch.utils.data.Dataset):
 
         Call it before each epoch's first request (as with ``DistributedSampler``):
         requests after every sample of the epoch was delivered are refused.
+        Distributed, every rank calls it: it waits for every rank to finish the
+        epoch before, and for every rank to set the new one (an owner refuses
+        requests of another epoch than its own).
 
         Args:
             epoch: the epoch, an integer >= 0.
@@ -502,6 +506,16 @@ class ChunkDataset(torch.utils.data.Dataset):
         and the same samples this dataset would have. The sampler's position
         is not in it: resume the sampler so that it asks for the rest of its
         epoch's permutation.
+
+        Distributed, every rank calls it at the same step: each gives the
+        samples prefetched into its remote memory back to their owners, waits
+        for the others, takes its server's state (the samples it owns; those
+        given back are in it, read again on resume) and waits again. Each
+        rank's state is its own: load it into the same rank of a cluster of
+        the same size and budget. The state also holds how many requests of
+        :meth:`sampler`'s share were made (``issued``): the sampler resumes
+        after them. With ``num_workers=0`` that count is exact; with workers
+        the batches they prefetched count as made.
 
         Returns:
             A dict of str, int and base64 str values (``torch.save`` and JSON both keep it).
@@ -531,7 +545,8 @@ class ChunkDataset(torch.utils.data.Dataset):
         Raises:
             TypeError: ``state_dict`` is not a mapping.
             InvalidArgumentError: the state is of another pack, of a budget giving
-                another layout, or inconsistent (the message says what differs).
+                another layout, of another rank or cluster size, or inconsistent (the
+                message says what differs).
         """
         if not isinstance(state_dict, Mapping):
             raise TypeError(f"state_dict: expected a mapping from ChunkDataset.state_dict(), got {type(state_dict).__name__}")
@@ -539,7 +554,12 @@ class ChunkDataset(torch.utils.data.Dataset):
             state = json.loads(json.dumps(dict(state_dict)))
         except (TypeError, ValueError) as e:
             raise errors.InvalidArgumentError(f"state_dict: not a ChunkDataset state ({e})") from None
-        self._live().restore(state)
+        world = int(state.get("world", 1) or 1)
+        if world != self._share()[1] or (world > 1 and int(state.get("rank", -1)) != self._share()[0]):
+            raise errors.InvalidArgumentError(
+                f"state_dict: the state of rank {state.get('rank', 0)} of a cluster of {world} node(s); this "
+                f"ChunkDataset is rank {self._share()[0]} of {self._share()[1]}: load each rank's state into that rank")
+        self._live().restore(state)  # distributed: every rank loads its own, then waits for the others
         self.seed = int(state.get("seed", self.seed))
         self._epoch = int(state.get("epoch", 0))
         self._resume = {self._epoch: int(state.get("issued", 0))}
@@ -549,7 +569,12 @@ class ChunkDataset(torch.utils.data.Dataset):
         """The server's counters: this epoch's ``served``, ``chunk_reads``, ``bytes_read``,
         ``wasted_bytes``, ``bytes_delivered``; memory now (``held_bytes``,
         ``in_flight_bytes``) and at most (``peak_bytes``, over the server's life),
-        against ``budget``."""
+        against ``budget``. Distributed, ``served`` counts the samples of this rank's
+        slots, to any rank, and ``dist`` this node's: ``local_requests``,
+        ``remote_hits`` (served from prefetched samples), ``remote_misses`` (asked
+        of their owner), ``remote_requests`` (calls to owners), ``prefetched``,
+        ``served_remote`` and ``prefetch_sent`` (as owner), ``remote_held_bytes``,
+        ``remote_peak_bytes`` against ``remote_limit``."""
         return self._live().stats()
 
     def __repr__(self) -> str:
