@@ -17,8 +17,12 @@ import traceback
 
 def main() -> None:
     cfg = json.loads(sys.argv[1])
-    os.environ["MASTER_ADDR"] = cfg["master_addr"]
-    os.environ["MASTER_PORT"] = str(cfg["port"])
+    if cfg.get("torchrun"):  # launched by torchrun: everything from its environment
+        cfg.update(rank=int(os.environ["RANK"]), world=int(os.environ["WORLD_SIZE"]))
+        cfg["out"] = f"{cfg['out']}.{cfg['rank']}"
+    else:
+        os.environ["MASTER_ADDR"] = cfg["master_addr"]
+        os.environ["MASTER_PORT"] = str(cfg["port"])
     os.environ.update(cfg.get("env", {}))
     import torch
     import torch.distributed as dist
@@ -29,8 +33,11 @@ def main() -> None:
 
     result: dict = {"rank": cfg["rank"], "items": []}
     try:
-        dist.init_process_group("gloo", init_method=f"tcp://{cfg['master_addr']}:{cfg['port']}", rank=cfg["rank"],
-                                world_size=cfg["world"], timeout=datetime.timedelta(seconds=60))
+        if cfg.get("torchrun"):
+            dist.init_process_group("gloo")
+        else:
+            dist.init_process_group("gloo", init_method=f"tcp://{cfg['master_addr']}:{cfg['port']}", rank=cfg["rank"],
+                                    world_size=cfg["world"], timeout=datetime.timedelta(seconds=60))
         ds = ChunkDataset(cfg["pack"], memory_budget=cfg["budget"], distributed=True, with_index=True,
                           overflow=cfg.get("overflow"), prefetch=cfg.get("prefetch", True),
                           remote_memory=cfg.get("remote"), timeout=cfg.get("timeout", 60.0))

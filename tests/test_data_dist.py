@@ -169,6 +169,19 @@ def test_cluster_resumes_after_every_node_restarts(packed, files, budget, tmp_pa
     _require_exactly_once([*first, *second], files)
 
 
+def test_torchrun_needs_no_configuration(packed, files, budget, tmp_path):
+    out = tmp_path / "torchrun.json"
+    cfg = {"pack": str(packed), "budget": budget, "overflow": OVERFLOW, "torchrun": True, "out": str(out)}
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(WORKER.parent)]))
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
+                           "127.0.0.1", "--master-port", str(_free_port()), str(WORKER), json.dumps(cfg)],
+                          env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    results = [json.loads(Path(f"{out}.{r}").read_text()) for r in range(2)]
+    _require_exactly_once(results, files)
+    assert all(a.startswith("127.0.0.1:") for a in results[0]["addresses"])
+
+
 def test_killed_node_makes_the_others_fail_clearly(packed, budget, tmp_path):
     ready, killed = str(tmp_path / "ready"), str(tmp_path / "killed")
     cfgs = _cluster(packed, budget, 2, timeout=20.0)

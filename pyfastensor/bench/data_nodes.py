@@ -127,14 +127,14 @@ def _node(cfg: dict[str, Any]) -> dict[str, Any]:
     dl = torch.utils.data.DataLoader(ds, batch_size=cfg["batch"], sampler=ds.sampler(), collate_fn=list)
     if world > 1:
         dist.barrier()
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     n = sum(len(b) for b in dl)
-    seconds = time.perf_counter() - t0
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     stats = ds.stats()
     if world > 1:
         dist.barrier()  # serve the others until every node is done
     ds.close()
-    return {"rank": cfg["rank"], "samples": n, "seconds": seconds, "stats": stats}
+    return {"rank": cfg["rank"], "samples": n, "seconds": seconds, "cpu_s": cpu, "stats": stats}
 
 
 def _run_variant(pack: Path, world: int, prefetch: bool, o: argparse.Namespace, budget: int) -> dict[str, Any]:
@@ -158,6 +158,7 @@ def _run_variant(pack: Path, world: int, prefetch: bool, o: argparse.Namespace, 
 
     return {
         "nodes": world, "prefetch": prefetch, "epoch_s": max(n["seconds"] for n in nodes),
+        "node_cpu_s": max(n["cpu_s"] for n in nodes),
         "samples": sum(n["samples"] for n in nodes),
         "remote_misses": total("remote_misses"), "remote_requests": total("remote_requests"),
         "remote_hits": total("remote_hits"), "prefetched": total("prefetched"),
@@ -193,19 +194,21 @@ def run_nodes(args: argparse.Namespace) -> int:
 def format_report(rows: list[dict[str, Any]]) -> str:
     """Tables 4 and 5 remade: epoch time, remote misses and requests per variant, and the targets."""
     single = next(r for r in rows if r["nodes"] == 1)
-    head = (f"{'variant':<28}{'epoch s':>9}{'vs 1 node':>10}{'to others':>11}{'remote misses':>15}"
+    head = (f"{'variant':<28}{'epoch s':>9}{'vs 1 node':>10}{'node CPU s':>11}{'to others':>11}{'remote misses':>15}"
             f"{'hits':>7}{'calls':>7}{'chunk reads':>13}{'remote peak/limit':>20}")
     lines = [head, "-" * len(head)]
     for r in rows:
         name = "single-node loader" if r["nodes"] == 1 else (
             f"{r['nodes']} nodes, " + ("owner-prefetch" if r["prefetch"] else "no prefetch"))
         peak = f"{r['remote_peak_bytes'] / 2**10:.0f}/{r['remote_limit'] / 2**10:.0f} KiB" if r["nodes"] > 1 else "-"
-        lines.append(f"{name:<28}{r['epoch_s']:>9.2f}{r['epoch_s'] / single['epoch_s']:>9.2f}x"
+        lines.append(f"{name:<28}{r['epoch_s']:>9.2f}{r['epoch_s'] / single['epoch_s']:>9.2f}x{r['node_cpu_s']:>11.2f}"
                      f"{r['remote_hits'] + r['remote_misses']:>11}{r['remote_misses']:>15}{r['remote_hits']:>7}"
                      f"{r['remote_requests']:>7}{r['chunk_reads']:>13}{peak:>20}")
     lines += ["", "to others: requests for other nodes' slots; remote misses: those not in the remote memory, "
               "asked of their owner (the paper's remote data requests); hits: served from prefetched samples; "
-              "calls: gRPC calls to owners (a batch's misses, one per owner)."]
+              "calls: gRPC calls to owners (a batch's misses, one per owner); node CPU s: the busiest node's process CPU "
+              "time over its epoch (its Go threads included): what a node of its own would spend, where the wall time "
+              "here has every node sharing this machine's cores."]
     lines.append("")
     for k in sorted({r["nodes"] for r in rows if r["nodes"] > 1}):
         off = next(r for r in rows if r["nodes"] == k and not r["prefetch"])
@@ -213,9 +216,12 @@ def format_report(rows: list[dict[str, Any]]) -> str:
         cut = 1 - on["remote_misses"] / max(off["remote_misses"], 1)
         ok_cut = "met" if cut >= 0.5 else "MISSED"
         ok_time = "met" if on["epoch_s"] <= single["epoch_s"] else "MISSED"
+        ok_cpu = "met" if on["node_cpu_s"] <= single["node_cpu_s"] else "MISSED"
         lines.append(f"{k} nodes: owner-prefetch cuts remote misses by {cut:.0%} (target >= 50%: {ok_cut}); "
-                     f"epoch {on['epoch_s']:.2f}s against the single-node loader's {single['epoch_s']:.2f}s "
-                     f"(target no slower: {ok_time})")
+                     f"epoch {on['epoch_s']:.2f}s wall against the single-node loader's {single['epoch_s']:.2f}s "
+                     f"(no slower, all {k} nodes on this machine's {os.cpu_count()} cores: {ok_time}); per node "
+                     f"{on['node_cpu_s']:.2f} CPU s against the single node's {single['node_cpu_s']:.2f} "
+                     f"(no more: {ok_cpu}; per sample {on['node_cpu_s'] * k / max(single['node_cpu_s'], 1e-9):.2f}x)")
     return "\n".join(lines)
 
 
