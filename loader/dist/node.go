@@ -66,6 +66,12 @@ const DefaultTimeout = 120 * time.Second
 // prefetched ones (at most the remote memory limit).
 const maxMessage = 1 << 30
 
+// flowWindow is each HTTP/2 stream's and connection's flow-control
+// window: an answer of a batch and its prefetch (hundreds of KiB) then
+// crosses without waiting for window updates (gRPC's default starts at
+// 64 KiB and grows with its estimate of the link).
+const flowWindow = 16 << 20
+
 // ErrNodeFailed: another node did not answer (killed, unreachable, timed
 // out) or refused the call. The message names the node and its address.
 var ErrNodeFailed = gds.Named(gds.ErrUnavailable, "a node of the loader cluster failed")
@@ -222,7 +228,8 @@ func (n *Node) Listen(addr string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("loader/dist: node %d: listen on %s: %w", n.o.Rank, addr, err)
 	}
-	gs := grpc.NewServer(grpc.UnaryInterceptor(n.auth), grpc.MaxRecvMsgSize(maxMessage), grpc.MaxSendMsgSize(maxMessage))
+	gs := grpc.NewServer(grpc.UnaryInterceptor(n.auth), grpc.MaxRecvMsgSize(maxMessage), grpc.MaxSendMsgSize(maxMessage),
+		grpc.InitialWindowSize(flowWindow), grpc.InitialConnWindowSize(flowWindow))
 	distpb.RegisterBrandServer(gs, n)
 	n.mu.Lock()
 	if n.gs != nil || n.closed {
@@ -249,6 +256,7 @@ func (n *Node) Connect(addrs []string) error {
 			continue
 		}
 		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithInitialWindowSize(flowWindow), grpc.WithInitialConnWindowSize(flowWindow),
 			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxMessage), grpc.MaxCallSendMsgSize(maxMessage)))
 		if err != nil {
 			return fmt.Errorf("loader/dist: node %d (%s): %w: %w", r, addr, ErrNodeFailed, err)
