@@ -272,10 +272,11 @@ def test_bench_data_nodes_prints_both_variants(tmp_path):
                           env=dict(os.environ, PYTHONPATH=str(ROOT)), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     rows = json.loads(out.read_text())
-    assert [(r["nodes"], r["prefetch"]) for r in rows] == [(1, False), (2, False), (2, True)]
+    assert [(r["nodes"], r["mode"], r["prefetch"]) for r in rows] == [
+        (1, "single", False), (2, "alone", False), (2, "dist", False), (2, "dist", True)]
     assert all(r["samples"] == 600 for r in rows), "each variant reads one whole epoch"
-    assert rows[1]["remote_hits"] == 0 and rows[2]["remote_hits"] == rows[2]["prefetched"] > 0
-    assert rows[2]["remote_peak_bytes"] <= rows[2]["remote_limit"]
+    assert rows[2]["remote_hits"] == 0 and rows[3]["remote_hits"] == rows[3]["prefetched"] > 0
+    assert rows[3]["remote_peak_bytes"] <= rows[3]["remote_limit"]
     assert "2 nodes: owner-prefetch cuts remote misses by" in proc.stdout
 
 
