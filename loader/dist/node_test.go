@@ -3,6 +3,7 @@ package dist
 import (
 	"context"
 	"errors"
+	"os"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -291,4 +292,30 @@ func TestReturnedBatchGoesBackToItsOwners(t *testing.T) {
 	require.Equal(t, before-int64(len(lost)), served(), "undelivered again at their owners")
 	rest := serveShares(t, nodes, [][]int{seqs[0][24:], seqs[1][24:]}, 8, 2)
 	requireExactlyOnce(t, tp, [][]loader.Sample{first[0], first[1], rest[0], rest[1]})
+}
+
+// A damaged chunk at the owner fails the requester's batch with the
+// owner's CorruptError message (the chunk file), through the call.
+func TestOwnersCorruptChunkReachesTheRequester(t *testing.T) {
+	tp := newTestPack(t, 240, 8, 300, 14)
+	nodes := cluster(t, tp, 2, tp.minBudget(2)+2*tp.dataBytes(), Options{})
+	for c := range tp.p.Index.Chunks {
+		if nodes[0].owner(c*8) == 1 {
+			path := tp.p.ChunkPath(c)
+			info, err := os.Stat(path)
+			require.NoError(t, err)
+			require.NoError(t, os.WriteFile(path, make([]byte, info.Size()), 0o644))
+		}
+	}
+	var remote []int
+	for i := range 240 {
+		if nodes[0].owner(i) == 1 && len(remote) < 16 {
+			remote = append(remote, i)
+		}
+	}
+	_, err := nodes[0].GetBatch(remote)
+	require.ErrorIs(t, err, loader.ErrCorrupt)
+	require.ErrorContains(t, err, "to node 1 (")
+	require.ErrorContains(t, err, "is corrupt")
+	require.ErrorContains(t, err, tp.p.Dir)
 }
