@@ -69,8 +69,8 @@ def main() -> None:
         if "error" not in result:
             if cfg.get("state_out"):
                 torch.save(ds.state_dict(), cfg["state_out"])
-            result["stats"] = ds.stats()
             dist.barrier()  # a node serves the others' requests until every node is done
+            result["stats"] = ds.stats()  # then its counters as owner are final too
     except Exception as e:  # reported to the test, which fails with it
         result["error"], result["error_type"] = f"{e}\n{traceback.format_exc()}", type(e).__name__
     with open(cfg["out"], "w") as f:
