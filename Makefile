@@ -47,7 +47,22 @@ test-fuzz:
 	$(call fuzz,FuzzReadDCP,checkpoint)
 	$(call fuzz,FuzzAllocator,hooks)
 	$(call fuzz,FuzzParseIndex,loader)
+	$(call fuzz,FuzzFetch,loader/dist)
 	$(call fuzz,FuzzParseTrace,offload)
 
 test-py:
 	$(PY) -m pytest -q
+
+# The distributed loader's protobuf messages and gRPC stubs (checked in).
+# protoc 3.21 (apt's protobuf-compiler), protoc-gen-go at the protobuf
+# version go.mod has, protoc-gen-go-grpc v1.5.1.
+PROTOC_GEN_GO ?= google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
+PROTOC_GEN_GO_GRPC ?= google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.5.1
+.PHONY: proto
+proto:
+	go install $(PROTOC_GEN_GO)
+	go install $(PROTOC_GEN_GO_GRPC)
+	PATH="$$(go env GOPATH)/bin:$$PATH" protoc -I loader/dist/distpb \
+		--go_out=loader/dist/distpb --go_opt=paths=source_relative \
+		--go-grpc_out=loader/dist/distpb --go-grpc_opt=paths=source_relative \
+		loader/dist/distpb/brand.proto

@@ -10,10 +10,12 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/pyfastensor/pyfastensor/gds"
 	"github.com/pyfastensor/pyfastensor/loader"
+	"github.com/pyfastensor/pyfastensor/loader/dist"
 )
 
 // The training-data loader (loader/, Brand) behind pyfastensor.data: pack
@@ -141,8 +143,36 @@ type loaderServer struct {
 	local *loader.Local // the endpoint for workers, once listening
 
 	mu      sync.Mutex
+	node    *dist.Node // a node of a cluster (pft_loader_dist_listen), or nil
 	next    uint64
 	tickets map[uint64][]loader.Sample
+}
+
+// backend is what serves requests: the node of a cluster, or the server.
+func (ls *loaderServer) backend() loader.Backend {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if ls.node != nil {
+		return ls.node
+	}
+	return ls.srv
+}
+
+// The handle is the workers' endpoint's backend, so that a server that
+// joins a cluster after listening serves them as a node.
+func (ls *loaderServer) Len() int                                   { return ls.srv.Len() }
+func (ls *loaderServer) Epoch() uint64                              { return ls.srv.Epoch() }
+func (ls *loaderServer) GetBatch(is []int) ([]loader.Sample, error) { return ls.backend().GetBatch(is) }
+func (ls *loaderServer) Return(samples []loader.Sample)             { ls.backend().Return(samples) }
+
+// distNode is the handle's node, or an error saying it has none.
+func (ls *loaderServer) distNode() (*dist.Node, error) {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if ls.node == nil {
+		return nil, fmt.Errorf("%w: loader: the server is not a node of a cluster (pft_loader_dist_listen first)", gds.ErrInvalid)
+	}
+	return ls.node, nil
 }
 
 // pft_loader_open opens the pack in dir (loader.OpenPack) and a server of
@@ -187,6 +217,9 @@ func pft_loader_set_epoch(h C.uint64_t, e C.uint64_t, errbuf *C.char, errlen C.s
 		if err != nil {
 			return err
 		}
+		if n, _ := ls.distNode(); n != nil {
+			return n.SetEpoch(uint64(e))
+		}
 		return ls.srv.SetEpoch(uint64(e))
 	})
 }
@@ -216,7 +249,7 @@ func pft_loader_get(h C.uint64_t, n C.int64_t, indices *C.int64_t, meta *C.int64
 		for k, v := range unsafe.Slice(indices, n) {
 			is[k] = int(v)
 		}
-		batch, err := ls.srv.GetBatch(is)
+		batch, err := ls.GetBatch(is)
 		if err != nil {
 			return err
 		}
@@ -255,7 +288,7 @@ func pft_loader_take(h C.uint64_t, ticket C.uint64_t, n C.int64_t, addrs *unsafe
 		case !ok:
 			return fmt.Errorf("%w: loader: no batch of ticket %d (taken already?)", gds.ErrInvalid, uint64(ticket))
 		case addrs == nil:
-			ls.srv.Return(batch)
+			ls.Return(batch)
 			return nil
 		case int(n) != len(batch):
 			return fmt.Errorf("%w: loader: %d addresses for the %d samples of ticket %d", gds.ErrInvalid, n, len(batch), uint64(ticket))
@@ -288,7 +321,7 @@ func pft_loader_listen(h C.uint64_t, addr *C.char, errbuf *C.char, errlen C.size
 		if ls.local != nil {
 			return fmt.Errorf("%w: loader: the server listens on %s already", gds.ErrInvalid, ls.local.Addr())
 		}
-		l, err := loader.ServeLocal(ls.srv, C.GoString(addr), loader.LocalOptions{Status: func(err error) int32 { return int32(statusOf(err)) }})
+		l, err := loader.ServeLocal(ls, C.GoString(addr), loader.LocalOptions{Status: func(err error) int32 { return int32(statusOf(err)) }})
 		if err != nil {
 			return err
 		}
@@ -306,6 +339,13 @@ func pft_loader_state(h C.uint64_t, out **C.char, errbuf *C.char, errlen C.size_
 		ls, err := lookup[*loaderServer](h)
 		if err != nil {
 			return err
+		}
+		if n, _ := ls.distNode(); n != nil {
+			st, err := n.State()
+			if err != nil {
+				return err
+			}
+			return putJSON(out, st)
 		}
 		st, err := ls.srv.State()
 		if err != nil {
@@ -328,6 +368,13 @@ func pft_loader_restore(h C.uint64_t, state *C.char, errbuf *C.char, errlen C.si
 		if state == nil {
 			return fmt.Errorf("%w: loader: no state", gds.ErrInvalid)
 		}
+		if n, _ := ls.distNode(); n != nil {
+			var st dist.State
+			if err := parseJSON(state, &st); err != nil {
+				return err
+			}
+			return n.Restore(st)
+		}
 		var st loader.State
 		if err := parseJSON(state, &st); err != nil {
 			return err
@@ -346,7 +393,16 @@ func pft_loader_stats(h C.uint64_t, out **C.char, errbuf *C.char, errlen C.size_
 		if err != nil {
 			return err
 		}
-		return putJSON(out, ls.srv.Stats())
+		type stats struct {
+			loader.Stats
+			Dist *dist.Stats `json:"dist,omitempty"` // a node's
+		}
+		st := stats{Stats: ls.srv.Stats()}
+		if n, _ := ls.distNode(); n != nil {
+			d := n.Stats()
+			st.Dist = &d
+		}
+		return putJSON(out, st)
 	})
 }
 
@@ -361,13 +417,140 @@ func pft_loader_close(h C.uint64_t, errbuf *C.char, errlen C.size_t) C.int {
 			return err
 		}
 		ls.mu.Lock()
-		local := ls.local
+		local, node := ls.local, ls.node
 		ls.mu.Unlock()
 		if local != nil {
 			if err := local.Close(); err != nil {
 				return err
 			}
 		}
+		if node != nil {
+			_ = node.Close()
+		}
 		return ls.srv.Close()
+	})
+}
+
+// distOptions are pft_loader_dist_listen's options: dist.Options with the
+// timeout in seconds.
+type distOptions struct {
+	dist.Options
+	TimeoutS float64 `json:"timeout_s"`
+}
+
+// pft_loader_dist_listen makes the server, opened with the options' rank
+// and world (pft_loader_open), a node of a cluster (dist.NewNode with the
+// options, JSON: rank, world, token, remote_bytes, window, no_prefetch,
+// timeout_s) serving the other nodes over gRPC on addr ("host:port", port
+// 0 picks one). out: {"address": the address it listens on}, JSON.
+//
+//export pft_loader_dist_listen
+func pft_loader_dist_listen(h C.uint64_t, options, addr *C.char, out **C.char, errbuf *C.char, errlen C.size_t) C.int {
+	return call(errbuf, errlen, func() error {
+		ls, err := lookup[*loaderServer](h)
+		if err != nil {
+			return err
+		}
+		if options == nil || addr == nil {
+			return fmt.Errorf("%w: loader: dist listen without options or address", gds.ErrInvalid)
+		}
+		var o distOptions
+		if err := parseJSON(options, &o); err != nil {
+			return err
+		}
+		if o.TimeoutS < 0 || o.TimeoutS > 1e6 {
+			return fmt.Errorf("%w: loader: a timeout of %v s", gds.ErrInvalid, o.TimeoutS)
+		}
+		o.Timeout = time.Duration(o.TimeoutS * float64(time.Second))
+		ls.mu.Lock()
+		defer ls.mu.Unlock()
+		if ls.node != nil {
+			return fmt.Errorf("%w: loader: the server is a node of a cluster already", gds.ErrInvalid)
+		}
+		n, err := dist.NewNode(ls.srv, o.Options)
+		if err != nil {
+			return err
+		}
+		at, err := n.Listen(C.GoString(addr))
+		if err != nil {
+			_ = n.Close()
+			return err
+		}
+		if err := putJSON(out, map[string]string{"address": at}); err != nil {
+			_ = n.Close()
+			return err
+		}
+		ls.node = n
+		return nil
+	})
+}
+
+// pft_loader_dist_connect connects the node to the others, at addrs (JSON:
+// a list of "host:port" by rank), checking that each serves the same pack
+// and layout (dist.Node.Connect).
+//
+//export pft_loader_dist_connect
+func pft_loader_dist_connect(h C.uint64_t, addrs *C.char, errbuf *C.char, errlen C.size_t) C.int {
+	return call(errbuf, errlen, func() error {
+		ls, err := lookup[*loaderServer](h)
+		if err != nil {
+			return err
+		}
+		n, err := ls.distNode()
+		if err != nil {
+			return err
+		}
+		var list []string
+		if addrs == nil {
+			return fmt.Errorf("%w: loader: no addresses", gds.ErrInvalid)
+		}
+		if err := parseJSON(addrs, &list); err != nil {
+			return err
+		}
+		return n.Connect(list)
+	})
+}
+
+// pft_loader_dist_sequence gives the node the n positions its sampler
+// asks for in epoch, in order (dist.Node.SetSequence): owners prefetch
+// along it.
+//
+//export pft_loader_dist_sequence
+func pft_loader_dist_sequence(h C.uint64_t, epoch C.uint64_t, n C.int64_t, positions *C.int64_t, errbuf *C.char, errlen C.size_t) C.int {
+	return call(errbuf, errlen, func() error {
+		ls, err := lookup[*loaderServer](h)
+		if err != nil {
+			return err
+		}
+		node, err := ls.distNode()
+		if err != nil {
+			return err
+		}
+		if n < 0 || (n > 0 && positions == nil) {
+			return fmt.Errorf("%w: loader: a sequence of %d positions without them", gds.ErrInvalid, n)
+		}
+		seq := make([]int, n)
+		for k, v := range unsafe.Slice(positions, n) {
+			seq[k] = int(v)
+		}
+		return node.SetSequence(uint64(epoch), seq)
+	})
+}
+
+// pft_loader_dist_drop gives the node's prefetched samples back to their
+// owners (dist.Node.Drop): on every node before any takes its state.
+//
+//export pft_loader_dist_drop
+func pft_loader_dist_drop(h C.uint64_t, errbuf *C.char, errlen C.size_t) C.int {
+	return call(errbuf, errlen, func() error {
+		ls, err := lookup[*loaderServer](h)
+		if err != nil {
+			return err
+		}
+		n, err := ls.distNode()
+		if err != nil {
+			return err
+		}
+		return n.Drop()
 	})
 }

@@ -36,7 +36,7 @@ var (
 	// starts the next one.
 	ErrEpochDone = gds.Named(gds.ErrInvalid, "epoch complete: every sample was delivered")
 	// ErrNotOwned: a request maps to an abstract chunk another server owns
-	// (the distributed protocol, not in this build).
+	// (loader/dist sends such requests to their owner).
 	ErrNotOwned = gds.Named(gds.ErrInvalid, "abstract chunk not owned by this server")
 	// ErrState: a saved state that does not fit this server (another
 	// pack, another layout, inconsistent contents).

@@ -77,9 +77,18 @@ type LocalOptions struct {
 	Status func(error) int32
 }
 
+// Backend is what a Local endpoint serves: a Server, or a node of a
+// cluster of servers (loader/dist) with the same semantics.
+type Backend interface {
+	Len() int
+	Epoch() uint64
+	GetBatch(is []int) ([]Sample, error)
+	Return(samples []Sample)
+}
+
 // Local is a Server's endpoint for the processes of its node.
 type Local struct {
-	srv    *Server
+	srv    Backend
 	ln     *net.UnixListener
 	status func(error) int32
 
@@ -92,7 +101,7 @@ type Local struct {
 // ServeLocal listens on the Unix socket addr ("@name" for Linux's
 // abstract namespace, which needs no file and leaves none) and serves srv
 // to its clients until Close.
-func ServeLocal(srv *Server, addr string, o LocalOptions) (*Local, error) {
+func ServeLocal(srv Backend, addr string, o LocalOptions) (*Local, error) {
 	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: addr, Net: "unix"})
 	if err != nil {
 		return nil, fmt.Errorf("loader: listen on %s: %w", addr, err)

@@ -32,6 +32,13 @@ type ServerOptions struct {
 	// MinBudget (the share shrinks to leave it). DefaultOverflow is what
 	// pyfastensor uses.
 	Overflow float64 `json:"overflow"`
+	// Rank and World share the abstract memory among the World servers
+	// of a cluster (loader/dist): the layout is planned for the cluster's
+	// memory, World times Budget, and this server owns abstract chunk g
+	// when g % World == Rank (Layout.Owned), its reads and overflow shares
+	// a World-th of the cluster's. World 0 or 1: one node, owning all.
+	Rank  int `json:"rank"`
+	World int `json:"world"`
 }
 
 // DefaultOverflow is the overflow share pyfastensor's datasets use
@@ -128,18 +135,43 @@ func NewServer(p *Packed, o ServerOptions) (*Server, error) {
 	if !(o.Overflow >= 0 && o.Overflow <= 0.9) {
 		return nil, fmt.Errorf("%w: overflow %v outside 0..0.9", ErrInvalid, o.Overflow)
 	}
-	lay, err := PlanLayout(p.Index, o.Budget)
+	world := max(o.World, 1)
+	if o.Rank < 0 || o.Rank >= world || o.Budget > (1<<62)/int64(world) {
+		return nil, fmt.Errorf("%w: rank %d of a world of %d with a budget of %d bytes each", ErrInvalid, o.Rank, o.World, o.Budget)
+	}
+	budget := o.Budget * int64(world) // the cluster's
+	lay, err := PlanLayout(p.Index, budget)
 	if err != nil {
 		return nil, err
 	}
 	// The overflow share, down to what leaves the slots and reads their
 	// least: a budget that serves the pack at all takes any overflow.
-	over := min(int64(float64(o.Budget)*o.Overflow), o.Budget-lay.MinBudget)
-	if over > 0 {
-		if lay, err = PlanLayout(p.Index, o.Budget-over); err != nil {
+	over := min(int64(float64(budget)*o.Overflow), budget-lay.MinBudget)
+	for over > 0 {
+		plan, err := PlanLayout(p.Index, budget-over)
+		if err != nil {
 			return nil, err
 		}
-		lay.Budget, lay.OverflowBytes = o.Budget, over
+		// In a cluster, the overflow share gives way (halving) until every
+		// server owns an abstract chunk, where the budget allows.
+		if plan.AbstractChunks >= min(world, lay.AbstractChunks) {
+			lay = plan
+			lay.Budget, lay.OverflowBytes = budget, over
+			break
+		}
+		if over /= 2; over < 1024 {
+			break // no overflow: the most abstract chunks
+		}
+	}
+	readBytes := lay.ReadBytes
+	if world > 1 {
+		lay.Owned = lay.Owned[:0]
+		for g := range lay.AbstractChunks {
+			if g%world == o.Rank {
+				lay.Owned = append(lay.Owned, g)
+			}
+		}
+		readBytes = max(lay.ReadBytes/int64(world), lay.MaxChunkBytes)
 	}
 	chooser := o.Chooser
 	if chooser == nil {
@@ -147,8 +179,8 @@ func NewServer(p *Packed, o ServerOptions) (*Server, error) {
 	}
 	n, w := lay.ChunkSize, (lay.ChunkSize+63)/64
 	s := &Server{p: p, ix: p.Index, lay: lay, seed: o.Seed, reads: transfer.Options{Chooser: chooser}, noAhead: o.NoReadAhead,
-		overflowCap: lay.OverflowBytes,
-		sem:         newByteSem(lay.ReadBytes), owned: make([]bool, lay.AbstractChunks), words: w,
+		overflowCap: lay.OverflowBytes / int64(world),
+		sem:         newByteSem(readBytes), owned: make([]bool, lay.AbstractChunks), words: w,
 		unfilled: make(bitset, lay.Chunks*w), empty: make(bitset, lay.AbstractChunks*w),
 		slotChunk: make([]int, lay.AbstractChunks*n), slotFill: make([]*fill, lay.AbstractChunks*n),
 		slotData: make([][]byte, lay.AbstractChunks*n), left: make([]int, lay.AbstractChunks*n),

@@ -11,6 +11,7 @@ naming the variable and what it accepts.
 ``PYFASTENSOR_PROGRESS``       ``0`` turns progress bars off
 ``PYFASTENSOR_CACHE_DIR``      where adaptive dictionaries are kept
 ``PYFASTENSOR_LIB``            path of the native library (development)
+``PYFASTENSOR_DATA_HOST``      address a distributed ChunkDataset listens on
 =============================  ==========================================
 """
 
@@ -93,6 +94,18 @@ def cache_dir() -> Path:
         return Path(raw)
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "pyfastensor"
+
+
+def data_host() -> str | None:
+    """``PYFASTENSOR_DATA_HOST``: the address this rank's distributed ``ChunkDataset`` server
+    listens on and publishes, for a node where the store's host resolves to a loopback
+    address (a hostname in /etc/hosts as 127.0.1.1); None: the interface that routes to it."""
+    raw = os.environ.get("PYFASTENSOR_DATA_HOST", "").strip()
+    if not raw:
+        return None
+    if any(c.isspace() for c in raw) or ":" in raw.strip("[]") and not raw.startswith("["):
+        raise ValueError(f"PYFASTENSOR_DATA_HOST={raw!r}: expected a host address (an IPv6 one in brackets)")
+    return raw
 
 
 def cufile_candidates() -> list[str]:

@@ -78,3 +78,14 @@ class ServerUnavailableError(FastensorError, ConnectionError):
     stops when the dataset closes; a worker waits for it a while, then raises
     this naming the dataset and the address.
     """
+
+
+class NodeFailedError(ServerUnavailableError):
+    """Another node of a distributed ``ChunkDataset`` failed, or refused this node's call.
+
+    Raised on the nodes that ask a failed node (killed, unreachable, timed
+    out, or refusing a call without the job's token) for samples of its
+    slots, or that wait for it at a collective step (``set_epoch``,
+    ``state_dict``, ``load_state_dict``); the message names the node and its
+    address. The epoch cannot go on: restart the job from a ``state_dict``.
+    """

@@ -11,7 +11,7 @@ import argparse
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     """Add each benchmark's subcommand to ``sub``."""
-    from . import checkpoint, dcp, io, offload, plan
+    from . import checkpoint, data_nodes, dcp, io, offload, plan
     from . import data as data_bench
     from . import dict as dict_bench
 
@@ -22,3 +22,4 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     plan.add_parser(sub)
     dcp.add_parser(sub)
     data_bench.add_parser(sub)
+    data_nodes.add_parser(sub)

@@ -9,17 +9,19 @@ The Go core (``loader/``) does the work; this package lists the files and
 hands out tensors.
 
 :func:`pack` and :func:`verify` do not import torch; :class:`ChunkDataset`
-(which does) loads on first use.
+(which does) loads on first use. ``ChunkDataset(..., distributed=True)`` makes
+the ranks of a torch.distributed job one cluster (Brand's distributed
+protocol), read with :class:`ChunkSampler` (``dataset.sampler()``).
 """
 
 from .pack import pack, verify
 
-__all__ = ["ChunkDataset", "pack", "verify"]
+__all__ = ["ChunkDataset", "ChunkSampler", "pack", "verify"]
 
 
 def __getattr__(name: str) -> object:
-    if name == "ChunkDataset":  # imports torch: on first use, as pyfastensor's own lazy names
-        from .dataset import ChunkDataset
+    if name in ("ChunkDataset", "ChunkSampler"):  # import torch: on first use, as pyfastensor's own lazy names
+        from . import dataset
 
-        return ChunkDataset
+        return getattr(dataset, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -29,6 +29,10 @@ _lib.register({
     "pft_loader_restore": [_lib.u64, _lib.c_char_p],
     "pft_loader_stats": [_lib.u64, _P(_lib.c_void_p)],
     "pft_loader_close": [_lib.u64],
+    "pft_loader_dist_listen": [_lib.u64, _lib.c_char_p, _lib.c_char_p, _P(_lib.c_void_p)],
+    "pft_loader_dist_connect": [_lib.u64, _lib.c_char_p],
+    "pft_loader_dist_sequence": [_lib.u64, _lib.u64, _lib.i64, _P(_lib.i64)],
+    "pft_loader_dist_drop": [_lib.u64],
 })
 
 #: int64s pft_loader_get writes per sample: position, source, label, length.
@@ -61,11 +65,12 @@ class Server(_lib.Handle):
 
     _close_fn = "pft_loader_close"
 
-    def __init__(self, path: str | os.PathLike[str], budget: int, seed: int, overflow: float | None = None) -> None:
+    def __init__(self, path: str | os.PathLike[str], budget: int, seed: int, overflow: float | None = None,
+                 rank: int = 0, world: int = 1) -> None:
         super().__init__()
         h = _lib.u64()
         out = ctypes.c_void_p()
-        options: dict[str, Any] = {"budget": budget, "seed": seed}
+        options: dict[str, Any] = {"budget": budget, "seed": seed, "rank": rank, "world": world}
         if overflow is not None:
             options["overflow"] = overflow  # else Go's loader.DefaultOverflow
         _lib.call("pft_loader_open", _lib.cstr(path), json.dumps(options).encode(), ctypes.byref(h), ctypes.byref(out))
@@ -111,3 +116,25 @@ class Server(_lib.Handle):
         out = ctypes.c_void_p()
         _lib.call("pft_loader_stats", self._live(), ctypes.byref(out))
         return json.loads(_lib.take_string(out))
+
+    # A node of a cluster (loader/dist): rank and world given to the constructor.
+
+    def dist_listen(self, options: dict[str, Any], address: str) -> str:
+        """Serve the other nodes over gRPC at ``address`` ("host:0" picks a port); return the address bound."""
+        out = ctypes.c_void_p()
+        _lib.call("pft_loader_dist_listen", self._live(), json.dumps(options).encode(), address.encode(), ctypes.byref(out))
+        return str(json.loads(_lib.take_string(out))["address"])
+
+    def dist_connect(self, addresses: Sequence[str]) -> None:
+        """Connect to the other nodes, ``addresses`` by rank (this node's own included)."""
+        _lib.call("pft_loader_dist_connect", self._live(), json.dumps(list(addresses)).encode())
+
+    def dist_sequence(self, epoch: int, positions: Sequence[int]) -> None:
+        """Give the node its sampler's positions of ``epoch``, in order (owners prefetch along them)."""
+        n = len(positions)
+        arr = (ctypes.c_int64 * n)(*positions)
+        _lib.call("pft_loader_dist_sequence", self._live(), epoch, n, arr)
+
+    def dist_drop(self) -> None:
+        """Give the prefetched samples back to their owners (before a state is taken)."""
+        _lib.call("pft_loader_dist_drop", self._live())

@@ -15,15 +15,19 @@ import operator
 import os
 import secrets
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 import torch.utils.data
 
 from .. import config, errors
-from . import _client, _native
+from . import _client, _dist, _native
 from .pack import _check_seed
+
+# Distributed datasets made in this process, in order: the same count on
+# every rank names a dataset's keys in the job's store.
+_dist_datasets = 0
 
 
 class ChunkDataset(torch.utils.data.Dataset):
@@ -106,6 +110,36 @@ class ChunkDataset(torch.utils.data.Dataset):
             or of another length than the index gives it (naming the file).
         UnsupportedError: the pack is of a newer format version (naming the index).
 
+        distributed: join the cluster of the job's ranks (Brand's distributed
+            protocol, ``loader/dist``): every rank's server owns the abstract chunks
+            ``g`` with ``g % world_size == rank`` (the layout is planned for the
+            cluster's memory, ``world_size * memory_budget``); a request for a slot
+            another rank owns goes to that rank over gRPC, which answers with the
+            slot's sample and with samples already in its memory for this rank's
+            upcoming requests (those of :meth:`sampler`), into slots free in this
+            rank's remote memory. Rendezvous through torch.distributed's store
+            (``init_process_group`` first: under torchrun nothing else is needed).
+            The collective steps (every rank calls them): the first use,
+            :meth:`set_epoch`, :meth:`state_dict`, :meth:`load_state_dict`.
+            Default: False, unless ``rank`` and ``world_size`` are given.
+        rank: this node's rank. Default: ``torch.distributed.get_rank()``.
+        world_size: the number of nodes. Default: ``torch.distributed.get_world_size()``.
+        store: a ``torch.distributed.Store`` every rank shares. Default: the
+            default process group's.
+        remote_memory: bytes (or a size) of this rank's remote abstract memory,
+            the prefetched samples of other ranks' slots it holds at most, on top
+            of ``memory_budget``. Default: a tenth of ``memory_budget`` (the paper's
+            best, section 5.4).
+        prefetch: owners prefetch along this rank's access sequence. Default: True.
+        timeout: seconds to wait for another rank (rendezvous, barriers, calls).
+            Default: 300.
+
+    Security (distributed): each rank's server listens on its interface that
+    routes to the store's host (``MASTER_ADDR``; ``PYFASTENSOR_DATA_HOST``
+    names another), not on every interface, and refuses any call without the
+    job's token (made by rank 0, shared through the store, which is no more
+    protected than the process group's own). The traffic is not encrypted.
+
     Example::
 
         >>> ds = pyfastensor.data.ChunkDataset("packed", memory_budget=8 << 30,
@@ -126,6 +160,13 @@ class ChunkDataset(torch.utils.data.Dataset):
         transform: Callable[[torch.Tensor], Any] | None = None,
         with_index: bool = False,
         overflow: float | None = None,
+        distributed: bool = False,
+        rank: int | None = None,
+        world_size: int | None = None,
+        store: Any = None,
+        remote_memory: int | str | None = None,
+        prefetch: bool = True,
+        timeout: float = _dist.TIMEOUT_S,
     ) -> None:
         budget = config.parse_size(memory_budget) if isinstance(memory_budget, str) else memory_budget
         if isinstance(budget, bool) or not isinstance(budget, int) or not 0 < budget < 1 << 63:
@@ -143,6 +184,26 @@ class ChunkDataset(torch.utils.data.Dataset):
         self.transform = transform
         self.with_index = with_index
         self.overflow = overflow
+        self.distributed = bool(distributed) or rank is not None or world_size is not None
+        for what, v in (("rank", rank), ("world_size", world_size)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+                raise errors.InvalidArgumentError(f"{what}={v!r}: expected an integer >= 0")
+        if (rank is None) != (world_size is None) or (world_size is not None and rank is not None and not rank < world_size):
+            raise errors.InvalidArgumentError(f"rank={rank!r}, world_size={world_size!r}: give both, rank < world_size")
+        remote = budget // 10 if remote_memory is None else (
+            config.parse_size(remote_memory) if isinstance(remote_memory, str) else remote_memory)
+        if isinstance(remote, bool) or not isinstance(remote, int) or not 0 <= remote < 1 << 62:
+            raise errors.InvalidArgumentError(f"remote_memory={remote_memory!r}: expected a number of bytes >= 0")
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= 1e6:
+            raise errors.InvalidArgumentError(f"timeout={timeout!r}: expected seconds > 0")
+        self.rank, self.world_size = rank, world_size
+        self.remote_memory = remote
+        self.prefetch = bool(prefetch)
+        self.timeout = float(timeout)
+        self._store = store
+        self._rendezvous: _dist.Rendezvous | None = None
+        self._epoch = 0
+        self._resume: dict[int, int] = {}  # epoch -> requests of this rank's share issued before the state
         self._server: _native.Server | None = None
         self._closed = False
         self._lock = threading.Lock()
@@ -181,14 +242,69 @@ class ChunkDataset(torch.utils.data.Dataset):
                     # keeps its address: forked workers already hold it.
                     self._owner, self._token = os.getpid(), secrets.token_hex(8)
                 self._server = None
-                server = _native.Server(self.root, self.memory_budget, self.seed, self.overflow)
+                rank, world = self._share()
+                server = _native.Server(self.root, self.memory_budget, self.seed, self.overflow, rank, world)
                 try:
                     server.listen(self._address())
+                    if self.distributed:
+                        self._join(server, rank, world)
                 except BaseException:
                     server.close()
                     raise
                 self._server = server
             return self._server
+
+    def _share(self) -> tuple[int, int]:
+        """This node's rank and the world size (0 and 1 on one node)."""
+        if not self.distributed:
+            return 0, 1
+        if self.rank is None or self.world_size is None:
+            import torch.distributed as dist
+
+            _dist.default_store()  # raises, naming what to do, without a process group
+            self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        return self.rank, self.world_size
+
+    def _join(self, server: _native.Server, rank: int, world: int) -> None:
+        """Join the cluster: listen, share the address and token through the store, connect."""
+        global _dist_datasets
+        store = self._store if self._store is not None else _dist.default_store()
+        _dist_datasets += 1
+        rv = _dist.Rendezvous(store, f"ds{_dist_datasets}", rank, world, self.timeout)
+        token = rv.token()
+        host = config.data_host() or _dist.local_address(_dist.store_host(store))
+        options = {"rank": rank, "world": world, "token": token, "remote_bytes": self.remote_memory,
+                   "no_prefetch": not self.prefetch, "timeout_s": self.timeout}
+        address = server.dist_listen(options, f"{host}:0")
+        try:
+            server.dist_connect(rv.exchange(address))
+        except errors.EngineUnavailableError as e:
+            raise errors.NodeFailedError(str(e)) from None
+        rv.barrier("every node to connect")
+        self._rendezvous = rv
+
+    def _barrier(self, what: str) -> None:
+        if self._rendezvous is not None:
+            self._rendezvous.barrier(what)
+
+    def _node_failed(self, e: errors.EngineUnavailableError) -> Exception:
+        """A node's failure as NodeFailedError (Go's dist.ErrNodeFailed crosses as engine-unavailable)."""
+        return errors.NodeFailedError(str(e)) if self.distributed else e
+
+    def sampler(self, shuffle: bool = True, seed: int | None = None) -> ChunkSampler:
+        """A sampler asking for this rank's share of each epoch's permutation, which it tells the
+        loader (owners prefetch along it); it resumes after :meth:`load_state_dict`.
+
+        Give it to ``DataLoader(sampler=...)`` in place of ``DistributedSampler``:
+        rank ``r`` of ``w`` asks for ``perm[r::w]`` of the epoch's permutation,
+        without the padding ``DistributedSampler`` adds (ranks may differ by one
+        request), so the epoch's requests are a permutation.
+
+        Args:
+            shuffle: a random permutation per epoch (else ``range(len(dataset))``). Default: True.
+            seed: the permutation's seed, with the epoch. Default: the dataset's seed.
+        """
+        return ChunkSampler(self, shuffle, self.seed if seed is None else seed)
 
     def _worker_client(self) -> _client.Client:
         if self._closed:
@@ -217,6 +333,7 @@ class ChunkDataset(torch.utils.data.Dataset):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_server"], state["_lock"], state["_client"] = None, None, None
+        state["_store"], state["_rendezvous"] = None, None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -306,6 +423,8 @@ class ChunkDataset(torch.utils.data.Dataset):
                 raise IndexError(f"index {i} is outside ChunkDataset({self.root!r}) of {n} samples")
         try:
             meta, ticket = server.get(idx)
+        except errors.EngineUnavailableError as e:
+            raise self._node_failed(e) from None
         except errors.InvalidArgumentError as e:
             st = server.stats()
             if st["served"] == n and idx:
@@ -329,7 +448,10 @@ class ChunkDataset(torch.utils.data.Dataset):
         for i in idx:
             if not 0 <= i < n:
                 raise IndexError(f"index {i} is outside ChunkDataset({self.root!r}) of {n} samples")
-        meta, ticket = client.get(idx)
+        try:
+            meta, ticket = client.get(idx)
+        except errors.EngineUnavailableError as e:
+            raise self._node_failed(e) from None
         f = _native.META_FIELDS
         lengths = [meta[k * f + 3] for k in range(len(idx))]
         total = sum(lengths)
@@ -370,6 +492,9 @@ class ChunkDataset(torch.utils.data.Dataset):
 
         Call it before each epoch's first request (as with ``DistributedSampler``):
         requests after every sample of the epoch was delivered are refused.
+        Distributed, every rank calls it: it waits for every rank to finish the
+        epoch before, and for every rank to set the new one (an owner refuses
+        requests of another epoch than its own).
 
         Args:
             epoch: the epoch, an integer >= 0.
@@ -379,7 +504,12 @@ class ChunkDataset(torch.utils.data.Dataset):
         """
         if isinstance(epoch, bool) or not isinstance(epoch, int) or not 0 <= epoch < 1 << 64:
             raise errors.InvalidArgumentError(f"epoch={epoch!r}: expected an integer >= 0")
-        self._live().set_epoch(epoch)
+        server = self._live()
+        self._barrier(f"every node to finish its epoch before set_epoch({epoch})")
+        server.set_epoch(epoch)
+        self._epoch = epoch
+        self._resume.pop(epoch, None)
+        self._barrier(f"every node to set_epoch({epoch})")
 
     def state_dict(self) -> dict[str, Any]:
         """The server's state: epoch, samples read and delivered, the tie-break position.
@@ -392,6 +522,16 @@ class ChunkDataset(torch.utils.data.Dataset):
         is not in it: resume the sampler so that it asks for the rest of its
         epoch's permutation.
 
+        Distributed, every rank calls it at the same step: each gives the
+        samples prefetched into its remote memory back to their owners, waits
+        for the others, takes its server's state (the samples it owns; those
+        given back are in it, read again on resume) and waits again. Each
+        rank's state is its own: load it into the same rank of a cluster of
+        the same size and budget. The state also holds how many requests of
+        :meth:`sampler`'s share were made (``issued``): the sampler resumes
+        after them. With ``num_workers=0`` that count is exact; with workers
+        the batches they prefetched count as made.
+
         Returns:
             A dict of str, int and base64 str values (``torch.save`` and JSON both keep it).
 
@@ -399,7 +539,17 @@ class ChunkDataset(torch.utils.data.Dataset):
 
             >>> torch.save({"model": model.state_dict(), "data": ds.state_dict()}, "ckpt.pt")
         """
-        return self._live().state()
+        server = self._live()
+        if not self.distributed:
+            return server.state()
+        try:
+            server.dist_drop()
+        except errors.EngineUnavailableError as e:
+            raise self._node_failed(e) from None
+        self._barrier("every node to give its prefetched samples back before state_dict")
+        state = server.state()
+        self._barrier("every node to take its state_dict")
+        return state
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Resume from a :meth:`state_dict` (the dataset's seed becomes the state's).
@@ -410,7 +560,8 @@ class ChunkDataset(torch.utils.data.Dataset):
         Raises:
             TypeError: ``state_dict`` is not a mapping.
             InvalidArgumentError: the state is of another pack, of a budget giving
-                another layout, or inconsistent (the message says what differs).
+                another layout, of another rank or cluster size, or inconsistent (the
+                message says what differs).
         """
         if not isinstance(state_dict, Mapping):
             raise TypeError(f"state_dict: expected a mapping from ChunkDataset.state_dict(), got {type(state_dict).__name__}")
@@ -418,19 +569,74 @@ class ChunkDataset(torch.utils.data.Dataset):
             state = json.loads(json.dumps(dict(state_dict)))
         except (TypeError, ValueError) as e:
             raise errors.InvalidArgumentError(f"state_dict: not a ChunkDataset state ({e})") from None
-        self._live().restore(state)
+        world = int(state.get("world", 1) or 1)
+        if world != self._share()[1] or (world > 1 and int(state.get("rank", -1)) != self._share()[0]):
+            raise errors.InvalidArgumentError(
+                f"state_dict: the state of rank {state.get('rank', 0)} of a cluster of {world} node(s); this "
+                f"ChunkDataset is rank {self._share()[0]} of {self._share()[1]}: load each rank's state into that rank")
+        self._live().restore(state)  # distributed: every rank loads its own, then waits for the others
         self.seed = int(state.get("seed", self.seed))
+        self._epoch = int(state.get("epoch", 0))
+        self._resume = {self._epoch: int(state.get("issued", 0))}
+        self._barrier("every node to load its state_dict")
 
     def stats(self) -> dict[str, Any]:
         """The server's counters: this epoch's ``served``, ``chunk_reads``, ``bytes_read``,
         ``wasted_bytes``, ``bytes_delivered``; memory now (``held_bytes``,
         ``in_flight_bytes``) and at most (``peak_bytes``, over the server's life),
-        against ``budget``."""
+        against ``budget``. Distributed, ``served`` counts the samples of this rank's
+        slots, to any rank, and ``dist`` this node's: ``local_requests``,
+        ``remote_hits`` (served from prefetched samples), ``remote_misses`` (asked
+        of their owner), ``remote_requests`` (calls to owners), ``prefetched``,
+        ``served_remote`` and ``prefetch_sent`` (as owner), ``remote_held_bytes``,
+        ``remote_peak_bytes`` against ``remote_limit``."""
         return self._live().stats()
 
     def __repr__(self) -> str:
+        dist = f", rank={self.rank}, world_size={self.world_size}" if self.distributed else ""
         return (f"ChunkDataset({self.root!r}, memory_budget={self.memory_budget}, seed={self.seed}, "
-                f"with_index={self.with_index}, overflow={self.overflow})")
+                f"with_index={self.with_index}, overflow={self.overflow}{dist})")
+
+
+class ChunkSampler(torch.utils.data.Sampler[int]):
+    """This rank's share of each epoch's permutation of a :class:`ChunkDataset` (:meth:`ChunkDataset.sampler`).
+
+    Rank ``r`` of ``w`` asks for ``perm[r::w]``, ``perm`` the epoch's permutation
+    (seeded by ``seed + epoch``, the epoch the dataset's :meth:`~ChunkDataset.set_epoch`
+    set). Each iteration tells a distributed dataset the positions it will ask
+    for, in order: the owners of other ranks' slots prefetch along them. After
+    :meth:`~ChunkDataset.load_state_dict` the first iteration of the state's epoch
+    skips the requests made before the state was taken.
+    """
+
+    def __init__(self, dataset: ChunkDataset, shuffle: bool = True, seed: int = 0) -> None:
+        self.dataset = dataset
+        self.shuffle = shuffle
+        self.seed = seed
+
+    def _order(self) -> tuple[int, list[int]]:
+        ds = self.dataset
+        n = len(ds)
+        rank, world = ds._share()
+        epoch = ds._epoch
+        if self.shuffle:
+            g = torch.Generator()
+            g.manual_seed((self.seed + epoch) % (1 << 63))
+            perm = torch.randperm(n, generator=g)
+        else:
+            perm = torch.arange(n)
+        return epoch, perm[rank::world].tolist()[ds._resume.get(epoch, 0):]
+
+    def __len__(self) -> int:
+        return len(self._order()[1])
+
+    def __iter__(self) -> Iterator[int]:
+        epoch, order = self._order()
+        ds = self.dataset
+        ds._resume.pop(epoch, None)
+        if ds.distributed:
+            ds._live().dist_sequence(epoch, order)
+        return iter(order)
 
 
 def _shared_fd(storage: torch.UntypedStorage) -> tuple[int, bool]:
