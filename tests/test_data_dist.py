@@ -26,7 +26,7 @@ import pytest
 import torch.distributed as dist
 from data_helpers import CHUNK, CLASSES, PER_CLASS, make_folder
 
-from pyfastensor import errors
+from pyfastensor import _lib, errors
 from pyfastensor.data import ChunkDataset, _native, dataset, pack
 
 N = len(CLASSES) * PER_CLASS
@@ -204,13 +204,13 @@ def test_node_without_the_job_token_is_refused(packed, budget, monkeypatch):
         prefix = f"pyfastensor/data/ds{dataset._dist_datasets + 1}/"
         store.set(prefix + "addr/1", addr1)
         store.set(prefix + "barrier/1/1", "1")
-        ds = ChunkDataset(packed, memory_budget=budget, overflow=OVERFLOW, rank=0, world_size=2, store=store, timeout=5)
+        before = _lib.handle_count()
         with pytest.raises(errors.NodeFailedError, match=f"hello to node 1 \\({addr1}\\) failed.*node 1 refuses "
                            r"/pyfastensor.loader.dist.Brand/Hello: the call carries another token than this job's"):
-            len(ds)
+            ChunkDataset(packed, memory_budget=budget, overflow=OVERFLOW, rank=0, world_size=2, store=store, timeout=5)
+        assert _lib.handle_count() == before, "the refused node's server is closed"
         addr0 = bytes(store.get(prefix + "addr/0")).decode()
         assert addr0.startswith("127.0.0.1:"), f"rank 0 listens on {addr0}, not the store's interface"
-        ds.close()
     finally:
         rogue.close()
 

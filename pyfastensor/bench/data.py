@@ -1123,11 +1123,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "needs matplotlib)")
     p.add_argument("--no-plot", action="store_true", help="do not draw the plot")
     p.add_argument("--json", default=None, metavar="PATH", help="write the raw results as JSON")
+    p.add_argument("--nodes", default=None, metavar="K[,K...]",
+                   help="instead: Brand's distributed protocol on K simulated nodes, with and without "
+                        "owner-prefetch (`bench data-nodes` with its defaults; see its --help for its options)")
     p.set_defaults(func=_cmd_data)
 
 
 def _cmd_data(args: argparse.Namespace) -> int:
     from ..errors import FastensorError
+
+    if args.nodes is not None:
+        from . import data_nodes
+
+        nodes_parser = argparse.ArgumentParser()
+        data_nodes.add_nodes_options(nodes_parser)
+        return data_nodes.run_nodes(nodes_parser.parse_args(["--nodes", args.nodes]))
 
     settings = [s.strip() for s in args.settings.split(",") if s.strip()]
     loaders = [x.strip() for x in args.loaders.split(",") if x.strip()]
