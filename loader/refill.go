@@ -44,10 +44,12 @@ type ticket struct {
 }
 
 // spare is an undelivered sample of a slot held outside it: one a
-// requester gave back without taking it (Return: data, ready), or, after
+// requester gave back without taking it (Return: data, ready), one a
+// refill kept in the overflow share (extra), or, after
 // Restore, a second filled sample of one slot (f: its fill, read when a
-// request takes it). A request is served from its slot's spares first,
-// oldest first, before the slot.
+// request takes it). A request is served from its slot's spares first, in
+// their queue's order (given-back samples at its head, kept ones in the
+// order refills kept them), before the slot.
 type spare struct {
 	pos   int
 	f     *fill
@@ -117,7 +119,7 @@ func (s *Server) deliver(x, pos int) {
 }
 
 // giveBack undoes deliver for a sample its requester did not take: it
-// becomes a spare of its slot, with its bytes.
+// becomes its slot's first spare, with its bytes.
 func (s *Server) giveBack(smp Sample) {
 	n := s.lay.ChunkSize
 	pos := smp.Position
@@ -126,7 +128,8 @@ func (s *Server) giveBack(smp Sample) {
 	if data == nil {
 		data = []byte{}
 	}
-	s.spares[x] = append(s.spares[x], spare{pos: pos, data: data, ready: true})
+	// First in its slot's queue: asked again, the request that got it gets it.
+	s.spares[x] = append([]spare{{pos: pos, data: data, ready: true}}, s.spares[x]...)
 	s.delivered.unset(pos)
 	s.nDelivered--
 	s.left[x]++

@@ -11,8 +11,10 @@ import (
 // delivers every sample once.
 func TestReturnServesTheSamplesAgain(t *testing.T) {
 	ds, p := newPack(t, datasetOpts{n: 60, classes: 3, maxSize: 300, seed: 61}, 6)
-	for _, budget := range []int64{minBudget(p), 2 * minBudget(p), maxBudget(p)} {
-		s := newServer(t, p, budget, 3)
+	for k, budget := range []int64{minBudget(p), 2 * minBudget(p), maxBudget(p), 3 * minBudget(p)} {
+		over := []float64{0, 0, 0, DefaultOverflow}[k] // and with spares kept already
+		s, err := NewServer(p, ServerOptions{Budget: budget, Seed: 3, Overflow: over})
+		require.NoError(t, err)
 		reqs := perm(60, 7)
 		got := serveAll(t, s, ds, reqs[:20], 5)
 		lost, err := s.GetBatch(reqs[20:28])

@@ -56,8 +56,8 @@ def min_budget(packed) -> int:
 @pytest.fixture(scope="module")
 def small(min_budget) -> int:
     """A budget giving several abstract chunks of several chunks each (1 < G < chunks): the
-    default overflow share (0.75) leaves the slots and reads 1.5 times the pack's minimum."""
-    return min_budget * 6
+    default overflow share (0.9) leaves the slots and reads 1.5 times the pack's minimum."""
+    return min_budget * 15
 
 
 @pytest.fixture
@@ -361,7 +361,7 @@ def test_overflow_share(packed, min_budget):
             st, layout = ds.stats(), ds.layout
         assert sorted(p for p, _, _ in got) == list(range(N))
         assert st["peak_bytes"] <= budget
-        # the default share (0.75 of the budget) shrinks to leave the slots and reads their least
+        # the default share (0.9 of the budget) shrinks to leave the slots and reads their least
         assert layout["overflow_bytes"] == (0 if overflow == 0 else budget - min_budget)
         reads[overflow] = st["chunk_reads"]
     assert reads[None] < reads[0] / 2, reads

@@ -15,7 +15,7 @@ import (
 
 const testToken = "job-secret"
 
-// testOverflow is the servers' overflow share: below the default (0.75),
+// testOverflow is the servers' overflow share: below the default (0.9),
 // which at these small budgets leaves the slots one or two abstract
 // chunks, fewer than the nodes.
 const testOverflow = 0.3

@@ -99,7 +99,7 @@ class ChunkDataset(torch.utils.data.Dataset):
             paper's policy, which with a random sampler and a budget below the data
             reads each chunk 5 to 7 times (85 to 88% of the bytes read wasted,
             ``loader/overflow_test.go``); the default, ``loader.DefaultOverflow``
-            (0.75), reads each chunk once from a budget of about a quarter of the
+            (0.9), reads each chunk once from a budget of about a tenth of the
             data. The slots and reads keep at least the pack's minimum.
 
     Raises:
