@@ -151,6 +151,7 @@ def test_cli_tiny_run(tmp_path, capsys):
     if doc["settings"]["chunk_workers"] == 0:
         assert "ChunkDataset ran with num_workers=0, not 2" in text
     assert "randomness of the order" in text and "targets (issue 15):" in text
+    assert "disk limit (" in text and doc["settings"]["limit_read_mbps"] > 0  # measured in the same run
     assert {t["met"] for t in doc["targets"]} <= {True, False, None}
     assert not list((tmp_path / "d").glob(".pyfastensor-bench-data-*"))  # work files removed
 

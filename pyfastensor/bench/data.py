@@ -592,6 +592,9 @@ def run_bench(
                                 shard_bytes=shard_size, chunk_size=chunk_size, seed=seed,
                                 formats=tuple(active), say=say)
     dataset_bytes = layout["dataset_bytes"]
+    # The disk's own limit in the same run, beside which the loaders' plain-disk figures stand.
+    say("measuring the disk's limit ...")
+    limit = disk.measure_limit(root, size=min(256 * MiB, max(dataset_bytes, 16 * MiB)))
     device, dev_name = block_device(root)
     support = cgroup_support(device)
     min_budget = 0
@@ -656,6 +659,7 @@ def run_bench(
         "memory_limit": memory_limit, "iops": iops, "rounds": rounds, "seed": seed,
         "device": device, "device_name": dev_name if device else "", "device_note": "" if device else dev_name,
         "cgroups": support, "cold_method": disk.cold_cache_method(),
+        "limit": limit.describe(), "limit_read_mbps": limit.read_mbps,
         "settings": list(eff_settings), "loaders": list(active),
     }
     result = {"settings": params, "skipped": skipped, "runs": runs, "order": order,
@@ -801,6 +805,7 @@ def format_report(result: dict[str, Any]) -> str:
         f"{p['chunk_size']}, budget {_mib(p['budget'])} (pack minimum {_mib(p['min_budget'])}); "
         f"MDS and tar shards of {_mib(p['shard_size'])} ({p['per_shard']} samples)",
         "cold: " + p["cold_method"],
+        p["limit"] + " (sequential O_DIRECT; the plain disk's 'of disk' column is a loader's MB/s of its read)",
         "memory cgroup: " + (f"limit {_mib(p['memory_limit'])} on the reader's memory and page cache"
                              if not cg["memory"] else f"not used ({cg['memory']})"),
         "device: " + (f"{p['device_name']} ({p['device']}); reads counted by "
@@ -819,8 +824,8 @@ def format_report(result: dict[str, Any]) -> str:
         title = ("plain disk" if s == "plain" else f"disk throttled to {p['iops']} read IOPS "
                  "(blkio.throttle.read_iops_device)")
         lines.append(f"{title}: samples/s median of {p['rounds']} round(s) [min-max]")
-        lines.append(f"{'loader':<20}{'samples/s':>10}{'[min-max]':>16}{'vs DL':>7}{'read':>11}{'wasted':>9}"
-                     f"{'own count':>11}{'KiB/IO':>8}{'peak mem':>10}{'own peak':>10}")
+        lines.append(f"{'loader':<20}{'samples/s':>10}{'[min-max]':>16}{'vs DL':>7}{'of disk':>8}{'read':>11}"
+                     f"{'wasted':>9}{'own count':>11}{'KiB/IO':>8}{'peak mem':>10}{'own peak':>10}")
         base = summ[s].get("dataloader", {}).get("samples_per_s")
         for name in p["loaders"]:
             e = summ[s][name]
@@ -833,7 +838,9 @@ def format_report(result: dict[str, Any]) -> str:
             own = "-" if e["loader_wasted"] is None else f"{e['loader_wasted']:+.1%}"
             per_io = (f"{e['device_read'] / e['device_ios'] / KiB:.0f}"
                       if e.get("device_ios") and e["device_read"] is not None else "-")
-            lines.append(f"{LOADER_NAMES[name]:<20}{e['samples_per_s']:>10.0f}{spread:>16}{ratio:>7}"
+            of_disk = (f"{e['samples_per_s'] * p['dataset_bytes'] / p['files'] / 1e6 / p['limit_read_mbps']:.0%}"
+                       if s == "plain" and p.get("limit_read_mbps") else "-")
+            lines.append(f"{LOADER_NAMES[name]:<20}{e['samples_per_s']:>10.0f}{spread:>16}{ratio:>7}{of_disk:>8}"
                          f"{_mib(e['device_read']):>11}{wasted:>9}{own:>11}{per_io:>8}{_mib(e['peak_memory']):>10}"
                          f"{_mib(e['chunk_peak']) if e['chunk_peak'] is not None else '-':>10}")
             for err in e["errors"]:
