@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .. import _lib
+from . import _client
 
 _P = ctypes.POINTER
 _lib.register({
@@ -35,8 +36,9 @@ _lib.register({
     "pft_loader_dist_drop": [_lib.u64],
 })
 
-#: int64s pft_loader_get writes per sample: position, source, label, length.
-META_FIELDS = 4
+#: int64s pft_loader_get writes per sample: position, source, label, length
+#: (the local protocol's too: one constant, loader.LocalMetaFields in Go).
+META_FIELDS = _client.META_FIELDS
 
 #: A progress pair the native call keeps at (done, total).
 Progress = ctypes.c_int64 * 2

@@ -418,9 +418,7 @@ class ChunkDataset(torch.utils.data.Dataset):
             return self._items(*self._fetch_in_worker(idx))
         server = self._live()
         n = int(server.summary["samples"])
-        for i in idx:
-            if not 0 <= i < n:
-                raise IndexError(f"index {i} is outside ChunkDataset({self.root!r}) of {n} samples")
+        self._check_indices(idx, n)
         try:
             meta, ticket = server.get(idx)
         except errors.EngineUnavailableError as e:
@@ -441,13 +439,15 @@ class ChunkDataset(torch.utils.data.Dataset):
         server.take(ticket, [d.data_ptr() for d in datas])
         return self._items(meta, datas)
 
-    def _fetch_in_worker(self, idx: list[int]) -> tuple[list[int], list[torch.Tensor]]:
-        """A worker's batch: the server's answer, its bytes in one shared-memory storage."""
-        client = self._worker_client()
-        n = int(client.info["samples"])
+    def _check_indices(self, idx: list[int], n: int) -> None:
         for i in idx:
             if not 0 <= i < n:
                 raise IndexError(f"index {i} is outside ChunkDataset({self.root!r}) of {n} samples")
+
+    def _fetch_in_worker(self, idx: list[int]) -> tuple[list[int], list[torch.Tensor]]:
+        """A worker's batch: the server's answer, its bytes in one shared-memory storage."""
+        client = self._worker_client()
+        self._check_indices(idx, int(client.info["samples"]))
         try:
             meta, ticket = client.get(idx)
         except errors.EngineUnavailableError as e:
