@@ -94,28 +94,21 @@ func checkNames(recs []Record) error {
 
 // write moves everything: first the extents (records of
 // transfer.ExtentMin and up, straight from their memory through their
-// chosen engine, each piece checksummed as it is written) while the small
-// records are checksummed, then the runs of headers, small records and
-// descriptors between extents (composed one task at a time, written
-// through the page cache), and last the central directory.
+// chosen engine, each piece checksummed as it is written), then the runs
+// of headers, small records and descriptors between extents (composed one
+// task at a time in aligned memory, each small record summed right after
+// it is copied, while it is in the CPU's cache, and written through the
+// engine the chooser gives their size), and last the central directory,
+// which needs every record's CRC-32.
 func write(w *transfer.Writer, l *layout) error {
 	recs := l.recs
 	var large []transfer.Extent
-	var largeAt, small []int
+	var largeAt []int
 	for i := range recs {
 		if recs[i].size() >= transfer.ExtentMin {
 			large = append(large, transfer.Extent{Off: recs[i].dataOff, Data: recs[i].Data, Sum: true})
 			largeAt = append(largeAt, i)
-		} else if recs[i].size() > 0 {
-			small = append(small, i)
 		}
-	}
-	err := transfer.Run(len(small), transfer.CachedReadWorkers(), func(k int) error {
-		recs[small[k]].crc = transfer.Checksum(recs[small[k]].Data)
-		return nil
-	})
-	if err != nil {
-		return err
 	}
 	res, err := w.Write(large)
 	if err != nil {
@@ -125,27 +118,24 @@ func write(w *transfer.Writer, l *layout) error {
 		}
 		return err
 	}
+	inExtent := make([]bool, len(recs))
 	for k, i := range largeAt {
 		recs[i].crc = res[k].CRC
-	}
-	inExtent := make([]bool, len(recs))
-	for _, i := range largeAt {
 		inExtent[i] = true
 	}
 	var rest []transfer.Extent
 	for _, r := range runs(l, inExtent) {
-		rest = append(rest, transfer.Extent{Off: r.off, Len: r.n, Engine: "posix",
-			Build: func() ([]byte, int64) { return r.compose(recs) }})
+		rest = append(rest, transfer.Extent{Off: r.off, Len: r.n,
+			Build: func(p []byte) int64 { return r.compose(recs, p) }})
+	}
+	if _, err := w.Write(rest); err != nil {
+		return err
 	}
 	cd := central(l)
-	rest = append(rest, transfer.Extent{Off: l.cdOff, Len: int64(len(cd)), Engine: "posix",
-		Build: func() ([]byte, int64) { return cd, 0 }}) // not data: no progress
-	if _, err := w.Write(rest); err != nil {
-		var ee *transfer.ExtentError
-		if errors.As(err, &ee) && ee.Ext == len(rest)-1 {
-			return fmt.Errorf("central directory: %w", ee.Err)
-		}
-		return err
+	_, err = w.Write([]transfer.Extent{{Off: l.cdOff, Len: int64(len(cd)), Engine: "posix",
+		Build: func(p []byte) int64 { copy(p, cd); return 0 }}}) // not data: no progress
+	if err != nil {
+		return fmt.Errorf("central directory: %w", err)
 	}
 	return nil
 }
@@ -163,7 +153,12 @@ type run struct {
 }
 
 // runs groups everything before the central directory that is not an
-// extent into runs of at most about transfer.RunMax bytes.
+// extent into runs of about transfer.RunMax bytes. A full run ends before
+// the data of a record aligned to transfer.Alignment, so runs meet on block
+// boundaries and a direct write of one needs no read-modify-write of a
+// block its neighbour writes (a run of unaligned records ends before a
+// header at twice the size). A record's descriptor is always in the run of
+// its data, which computes the CRC-32 it holds.
 func runs(l *layout, inExtent []bool) []run {
 	var out []run
 	var cur *run
@@ -171,7 +166,9 @@ func runs(l *layout, inExtent []bool) []run {
 		if n == 0 {
 			return
 		}
-		if cur == nil || cur.off+cur.n != off || cur.n+n > transfer.RunMax {
+		full := cur != nil && cur.n+n > transfer.RunMax &&
+			(s.kind == 'd' && off%transfer.Alignment == 0 || s.kind == 'h' && cur.n+n > 2*transfer.RunMax)
+		if cur == nil || cur.off+cur.n != off || full {
 			out = append(out, run{off: off})
 			cur = &out[len(out)-1]
 		}
@@ -188,24 +185,29 @@ func runs(l *layout, inExtent []bool) []run {
 	return out
 }
 
-// compose builds a run's bytes; it returns them and how many are record
-// data.
-func (r run) compose(recs []placed) ([]byte, int64) {
-	buf := make([]byte, 0, r.n)
+// compose writes a run's bytes into buf (r.n long), summing each record's
+// data just after copying it, and returns how many bytes are record data.
+func (r run) compose(recs []placed, buf []byte) int64 {
+	at := 0
 	var data int64
 	for _, s := range r.spans {
 		p := &recs[s.rec]
 		switch s.kind {
 		case 'h':
-			buf = append(buf, localHeader(p.Name, p.hdrOff, p.size(), p.pad)...)
+			at += copy(buf[at:], localHeader(p.Name, p.hdrOff, p.size(), p.pad))
 		case 'd':
-			buf = append(buf, p.Data...)
+			n := copy(buf[at:], p.Data)
+			p.crc = transfer.Checksum(buf[at : at+n])
+			at += n
 			data += p.size()
 		case 'x':
-			buf = append(buf, descriptor(p.hdrOff, p.size(), p.crc)...)
+			at += copy(buf[at:], descriptor(p.hdrOff, p.size(), p.crc))
 		}
 	}
-	return buf, data
+	if at != len(buf) { // the layout and its encoders disagree: a bug
+		panic(fmt.Sprintf("checkpoint: run at %d composed %d bytes, planned %d", r.off, at, len(buf)))
+	}
+	return data
 }
 
 // central encodes the central directory, the end records and the comment

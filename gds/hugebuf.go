@@ -79,6 +79,16 @@ func putHuge(b *hugeBuf) {
 	}
 }
 
+// Borrow returns n bytes of pooled memory aligned to 2 MiB (so O_DIRECT
+// moves it in place, in large requests), and the function that gives it
+// back. Sizes are rounded up to whole huge pages, so buffers of nearby sizes
+// (the runs a save composes) reuse one another. The contents are whatever
+// the last borrower left.
+func Borrow(n int) (b []byte, giveBack func()) {
+	h := getHuge(int(alignUp(int64(max(n, 1)), hugePage)))
+	return h.b[:n], func() { putHuge(h) }
+}
+
 // MapHuge returns n bytes of fresh memory outside the Go heap, aligned to
 // 2 MiB and advised MADV_HUGEPAGE (so an O_DIRECT read of several MiB into
 // it reaches the device as few large requests, not ~1 MiB ones cut at the

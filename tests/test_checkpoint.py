@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import io
 import os
 import pickle
@@ -84,6 +86,47 @@ def test_round_trip_matches_torch(tmp_path, make, weights_only):
     ):
         assert_same(got, reference)
         assert sharing(got) == sharing(reference)
+
+
+class Tagged(torch.Tensor):
+    """A tensor subclass: pickled by torch's own reduction, with its type."""
+
+
+def fast_path_edges() -> dict:
+    hooked = torch.ones(3, requires_grad=True)
+    hooked.register_hook(lambda g: g)  # torch warns that hooks are not saved
+    attributed = torch.ones(2)
+    attributed.note = "kept"  # Python state: torch pickles it with _rebuild_from_type_v2
+    return {
+        "conj": torch.randn(3, dtype=torch.complex64).conj(), "neg": torch.randn(3, dtype=torch.complex64).conj().imag,
+        "v3": torch.ones(3, dtype=torch.uint16), "hooked": hooked, "attributed": attributed,
+        "subclass": torch.ones(2).as_subclass(Tagged), "hooks_dict": collections.OrderedDict(),
+        "full_odict": collections.OrderedDict(a=torch.ones(1)), "meta_free": torch.zeros(0),
+    }
+
+
+@pytest.mark.parametrize("make", [training_state, odd_tensors, fast_path_edges])
+def test_pickle_is_torchs_byte_for_byte(tmp_path, make):
+    # save pickles plain tensors and empty OrderedDicts without torch's
+    # reduction (checkpoint/_skeleton.py); every tensor still pickles to the
+    # bytes torch.save writes, and the rest falls back to torch's own.
+    obj = make()
+    ours, theirs = tmp_path / "ours.pt", tmp_path / "theirs.pt"
+    with pytest.warns() if make is fast_path_edges else contextlib.nullcontext():
+        pyfastensor.save(obj, ours)
+    torch.save(obj, theirs)
+    with zipfile.ZipFile(ours) as a, zipfile.ZipFile(theirs) as b:
+        pkl = [next(n for n in z.namelist() if n.endswith("/data.pkl")) for z in (a, b)]
+        assert a.read(pkl[0]) == b.read(pkl[1])
+    got, reference = pyfastensor.load(ours, weights_only=False), torch.load(theirs, weights_only=False)
+    if make is not fast_path_edges:
+        assert_same(got, reference)
+        return
+    for k, want in reference.items():
+        if isinstance(want, torch.Tensor):
+            assert (got[k].is_conj(), got[k].is_neg()) == (want.is_conj(), want.is_neg()), k
+            assert torch.equal(got[k].resolve_conj().resolve_neg(), want.resolve_conj().resolve_neg()), k
+    assert type(got["subclass"]) is Tagged and got["attributed"].note == "kept"
 
 
 def test_views_share_storage_after_load(tmp_path):

@@ -32,11 +32,13 @@ type Extent struct {
 	// only. The caller keeps it alive and, for reads, untouched until the
 	// call returns.
 	Data []byte
-	// Build, for writes, makes the extent's bytes when its task runs,
-	// instead of Data (a run of small records composed with their headers:
-	// the memory is taken one task at a time). It returns the bytes, which
-	// must be Len long, and how many of them to report as progress.
-	Build func() (p []byte, counted int64)
+	// Build, for writes, fills p (Len bytes) with the extent's bytes when
+	// its task runs, instead of Data (a run of small records composed with
+	// their headers), and returns how many of them to report as progress.
+	// p is borrowed for the task from the engines' pool of aligned buffers
+	// (gds.Borrow), so a direct write moves it in place and a save's runs
+	// reuse the same memory.
+	Build func(p []byte) (counted int64)
 	Len   int64
 	// Sum asks for the CRC-32 of the extent's bytes (Result.CRC), computed
 	// alongside the transfer, piece by piece.
@@ -180,10 +182,10 @@ func run(files *Files, exts []Extent, engines []string, op Op, workers int, o Op
 		var p []byte
 		counted := pc.Hi - pc.Lo
 		if e.Build != nil {
-			p, counted = e.Build()
-			if int64(len(p)) != e.Len { // the layout and its encoder disagree: a bug
-				return fmt.Errorf("%w: extent at %d built %d bytes, planned %d", gds.ErrInternal, e.Off, len(p), e.Len)
-			}
+			var giveBack func()
+			p, giveBack = gds.Borrow(int(e.Len))
+			defer giveBack()
+			counted = e.Build(p)
 		} else {
 			p = e.Data[pc.Lo:pc.Hi]
 		}

@@ -11,7 +11,7 @@ import ctypes
 import json
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from .. import _lib, config
@@ -47,14 +47,22 @@ def data_align() -> int:
     return int(_lib.settings()["alignment"])
 
 
-@dataclass(frozen=True)
-class Record:
-    """One record to write: its full name, the address and length of its bytes, its alignment."""
+@dataclass
+class Records:
+    """Records to write, as parallel lists: full names, the addresses and lengths of their
+    bytes, their alignments (0: the format's default)."""
 
-    name: str
-    addr: int
-    nbytes: int
-    align: int = 0
+    names: list[str] = field(default_factory=list)
+    addrs: list[int] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)
+    aligns: list[int] = field(default_factory=list)
+
+    def add(self, name: str, addr: int, nbytes: int, align: int = 0) -> None:
+        """Append one record."""
+        self.names.append(name)
+        self.addrs.append(addr)
+        self.sizes.append(nbytes)
+        self.aligns.append(align)
 
 
 class Entry(NamedTuple):
@@ -97,21 +105,22 @@ def _engine(engine: Any) -> bytes | None:
 
 def write_archive(
     path: str,
-    records: Sequence[Record],
+    records: Records,
     *,
     durable: bool,
     engine: str | None,
     counter: ctypes.c_int64 | None = None,
 ) -> dict[str, Any]:
     """Write ``records`` as a zip archive at ``path`` (see checkpoint/zipwrite.go); return stats."""
-    names = "\n".join(r.name for r in records)
-    if any("\n" in r.name for r in records):
+    names = "\n".join(records.names)
+    if names.count("\n") != max(len(records.names) - 1, 0):
         raise ValueError("record names cannot contain a newline")
-    addrs, sizes = _arrays([r.addr for r in records], [r.nbytes for r in records])
-    aligns = (ctypes.c_int64 * len(records))(*[r.align for r in records])
+    n = len(records.names)
+    addrs, sizes = _arrays(records.addrs, records.sizes)
+    aligns = (ctypes.c_int64 * n)(*records.aligns)
     out = ctypes.c_void_p()
     _lib.call(
-        "pft_ckpt_save", _lib.cstr(path), len(records), names.encode(), addrs, sizes, aligns,
+        "pft_ckpt_save", _lib.cstr(path), n, names.encode(), addrs, sizes, aligns,
         int(durable), _engine(engine), config.threads(), config.task_size(), 0,
         ctypes.byref(counter) if counter is not None else None, ctypes.byref(out),
     )

@@ -5,6 +5,15 @@ persistent id ``("storage", storage_type, key, location, numel)`` and its
 bytes become the record ``data/<key>``. This mirrors ``torch.serialization._save``
 (same keys in the same order, same dtype checks, same location tags), so the
 pickle bytes match torch's and stock :func:`torch.load` reads our files.
+
+Plain tensors (exactly :class:`torch.Tensor`, strided, on the CPU or CUDA,
+without hooks, Python attributes, conjugate or negative bits, of a
+dtype torch pickles through a typed storage) are reduced here to the same
+``_rebuild_tensor_v2`` call torch's ``Tensor.__reduce_ex__`` builds, without
+its checks for every other kind of tensor; so is the empty ``OrderedDict``
+of its arguments. Together they were half the pickling time of a state
+dict of 10,000 small tensors. Any other object goes through torch's
+own reduction.
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch._utils import _rebuild_tensor_v2
 from torch.serialization import location_tag, normalize_storage_type
 
 #: Types whose objects are never storages (exact types: a subclass could be anything).
@@ -43,6 +53,7 @@ def pickle_skeleton(obj: Any, pickle_module: Any = pickle, pickle_protocol: int 
     storages: dict[str, torch.UntypedStorage] = {}
     id_map: dict[int, str] = {}
     storage_dtypes: dict[int, torch.dtype] = {}
+    locations: dict[torch.device, str] = {}
 
     def persistent_id(obj: Any) -> tuple | None:
         if not (isinstance(obj, torch.storage.TypedStorage) or torch.is_storage(obj)):
@@ -51,7 +62,7 @@ def pickle_skeleton(obj: Any, pickle_module: Any = pickle, pickle_protocol: int 
             storage = obj._untyped_storage
             storage_dtype = obj.dtype
             storage_type = getattr(torch, obj._pickle_storage_type())
-            numel = obj._size()
+            numel = storage.nbytes() // storage_dtype.itemsize  # obj._size(), without its lookups
         else:
             storage = obj
             storage_dtype = torch.uint8
@@ -67,7 +78,10 @@ def pickle_skeleton(obj: Any, pickle_module: Any = pickle, pickle_protocol: int 
         if getattr(obj, "_fake_device", None) is not None:
             location = str(obj._fake_device)
         else:
-            location = location_tag(storage)
+            device = storage.device
+            location = locations.get(device)
+            if location is None:
+                location = locations[device] = location_tag(storage)
         storages[key] = storage
         return ("storage", storage_type, key, location, numel)
 
@@ -79,6 +93,37 @@ def pickle_skeleton(obj: Any, pickle_module: Any = pickle, pickle_protocol: int 
                 return None
             return persistent_id(obj)
 
+        def reducer_override(self, obj: Any) -> Any:
+            if type(obj) is torch.Tensor and _plain(obj):
+                return _reduce_plain(obj)
+            if type(obj) is collections.OrderedDict and not obj:
+                # Each plain tensor's backward_hooks. OrderedDict's own reduction
+                # asks copyreg for its slot names every time (a builtin type
+                # cannot cache them): 12 us a tensor. Same reduction, same bytes.
+                return collections.OrderedDict, (), None, None, iter(())
+            return NotImplemented
+
     buf = io.BytesIO()
     Pickler(buf, protocol=pickle_protocol).dump(obj)
     return Skeleton(buf.getvalue(), storages)
+
+
+#: Dtypes torch pickles through an untyped storage (``_rebuild_tensor_v3``): left to torch.
+_V3_DTYPES = frozenset(torch.storage._new_dtypes())
+
+
+def _plain(t: torch.Tensor) -> bool:
+    """Whether torch's ``Tensor.__reduce_ex__`` would reduce ``t`` to ``_rebuild_tensor_v2``
+    with no more than :func:`_reduce_plain` gives (see the module's docstring)."""
+    return (
+        t.layout == torch.strided and t.device.type in ("cpu", "cuda") and not t.is_quantized
+        and t.dtype not in _V3_DTYPES and not t.is_conj() and not t.is_neg()
+        and t._backward_hooks is None and not t.__dict__ and not torch._C._get_tensor_metadata(t)
+    )
+
+
+def _reduce_plain(t: torch.Tensor) -> tuple[Any, tuple[Any, ...]]:
+    """``t``'s reduction, as torch's ``Tensor._reduce_ex_internal`` builds it for a plain tensor."""
+    storage = torch.storage.TypedStorage(wrap_storage=t.untyped_storage(), dtype=t.dtype, _internal=True)
+    return _rebuild_tensor_v2, (storage, t.storage_offset(), tuple(t.size()), t.stride(), t.requires_grad,
+                                collections.OrderedDict())

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 from .._buffers import address_of
 from . import _progress
-from ._native import Record, data_align, write_archive
+from ._native import Records, data_align, write_archive
 from ._skeleton import Skeleton, pickle_skeleton
 
 #: Name of the directory every record lives under, as torch names it for buffers.
@@ -128,35 +128,38 @@ def write_skeleton(
 ) -> None:
     """Write a pickled skeleton and its storages' bytes as a torch zip archive at ``path``."""
     keep: list[Any] = []  # owners of every address below, alive until the native call returns
+    records = Records()
 
-    def meta(name: str, data: bytes, align: int = 0) -> Record:
+    def meta(name: str, data: bytes) -> None:
         addr, n, owner = address_of(data, writable=False) if data else (0, 0, None)
         keep.append(owner)
-        return Record(f"{ARCHIVE}/{name}", addr, n, align)
+        records.add(f"{ARCHIVE}/{name}", addr, n)
 
     align = data_align()
-    records = [
-        meta("data.pkl", skel.data),
-        meta(".format_version", b"1"),
-        meta(".storage_alignment", str(align).encode()),
-    ]
+    meta("data.pkl", skel.data)
+    meta(".format_version", b"1")
+    meta(".storage_alignment", str(align).encode())
     if not disable_byteorder:
-        records.append(meta("byteorder", sys.byteorder.encode()))
+        meta("byteorder", sys.byteorder.encode())
+    kinds: dict[torch.device, str] = {}  # device -> its type: one lookup per device, not per storage
     total = 0
     for key, storage in skel.storages.items():
-        if storage.device.type == "meta":
-            raise ValueError(
-                f"storage {key} is on the meta device and has no data to save; use "
-                "torch.serialization.skip_data() with torch.save to write metadata only"
-            )
-        if storage.device.type != "cpu":
+        device = storage.device
+        kind = kinds.get(device) or kinds.setdefault(device, device.type)
+        if kind != "cpu":
+            if kind == "meta":
+                raise ValueError(
+                    f"storage {key} is on the meta device and has no data to save; use "
+                    "torch.serialization.skip_data() with torch.save to write metadata only"
+                )
             storage = storage.cpu()  # device-to-host staging, as torch.save does
         keep.append(storage)
-        records.append(Record(f"{ARCHIVE}/data/{key}", storage.data_ptr(), storage.nbytes(), align))
-        total += storage.nbytes()
-    records.append(meta("version", b"3\n"))
+        n = storage.nbytes()
+        records.add(f"{ARCHIVE}/data/{key}", storage.data_ptr(), n, align)
+        total += n
+    meta("version", b"3\n")
     serialization_id = "".join(str(secrets.randbelow(10)) for _ in range(40))
-    records.append(meta(".data/serialization_id", serialization_id.encode()))
+    meta(".data/serialization_id", serialization_id.encode())
 
     _progress.run(
         lambda counter: write_archive(path, records, durable=durable, engine=engine, counter=counter),
