@@ -2,11 +2,14 @@ package main
 
 /*
 #include <stddef.h>
+#include <stdint.h>
 */
 import "C"
 
 import (
+	"fmt"
 	"runtime"
+	"time"
 
 	"github.com/klauspost/cpuid/v2"
 	"github.com/pyfastensor/pyfastensor/gds"
@@ -68,6 +71,21 @@ func pft_settings(overrides *C.char, out **C.char, errbuf *C.char, errlen C.size
 			}
 		}
 		return putJSON(out, transfer.Settings())
+	})
+}
+
+// pft_crc_speed measures the CRC-32 every record is checked with, on one
+// thread, for about millis milliseconds (transfer.CRCSpeed): *out is bytes
+// per second over a block of block bytes summed again and again.
+//
+//export pft_crc_speed
+func pft_crc_speed(block C.int64_t, millis C.int, out *C.double, errbuf *C.char, errlen C.size_t) C.int {
+	return call(errbuf, errlen, func() error {
+		if block <= 0 || block > 1<<32 || millis <= 0 {
+			return fmt.Errorf("%w: crc speed: block %d bytes, %d ms: both must be positive", gds.ErrInvalid, block, millis)
+		}
+		*out = C.double(transfer.CRCSpeed(int(block), time.Duration(millis)*time.Millisecond))
+		return nil
 	})
 }
 

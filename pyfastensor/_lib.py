@@ -105,6 +105,7 @@ _PROTOTYPES: dict[str, list[Any]] = {
     "pft_debug_inject": [c_char_p],  # test-only: tests/conftest.py's inject fixture
     "pft_configure": [c_char_p],
     "pft_settings": [c_char_p, ctypes.POINTER(c_void_p)],
+    "pft_crc_speed": [i64, c_int, ctypes.POINTER(ctypes.c_double)],
 }
 
 
@@ -164,6 +165,15 @@ def _configure(cdll: ctypes.CDLL) -> None:
 
 
 _settings: dict[str, Any] | None = None
+
+
+def crc_speed(block: int, millis: int = 200) -> float:
+    """Bytes per second of the CRC-32 every record is checked with, on one thread, over a
+    block of ``block`` bytes summed again and again for about ``millis`` ms (the Go core's
+    ``transfer.CRCSpeed``)."""
+    out = ctypes.c_double()
+    call("pft_crc_speed", block, millis, ctypes.byref(out))
+    return out.value
 
 
 def settings(**overrides: int) -> dict[str, Any]:

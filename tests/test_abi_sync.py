@@ -39,6 +39,7 @@ _CTYPES = {
     "**C.char": ctypes.POINTER(ctypes.c_void_p),
     "*unsafe.Pointer": ctypes.POINTER(ctypes.c_void_p),
     "*C.int": ctypes.POINTER(ctypes.c_int),
+    "*C.double": ctypes.POINTER(ctypes.c_double),
     "*C.int64_t": ctypes.POINTER(ctypes.c_int64),
     "*C.uint64_t": ctypes.POINTER(ctypes.c_uint64),
     "*C.size_t": ctypes.POINTER(ctypes.c_size_t),

@@ -135,6 +135,10 @@ def test_cli_smoke(tmp_path, capsys, limit_args):
             ("read", 4096), ("read", 65536)}
     assert set(doc["summary"]) == set(available)
 
+    assert sorted(int(b) for b in doc["crc_mbps"]) == [4096, 65536]
+    assert all(v > 0 for v in doc["crc_mbps"].values())
+    assert sum(1 for ln in lines if ln.startswith("crc32, 1 core ")) >= 2  # beside the engines in each table
+
     assert list(work.iterdir()) == []  # nothing left behind
 
 

@@ -204,3 +204,8 @@ func TestWriteErrorNamesTheExtentAndLeavesNoTemp(t *testing.T) {
 	var ee *ExtentError
 	require.True(t, errors.As(err, &ee))
 }
+
+func TestCRCSpeedMeasures(t *testing.T) {
+	s := CRCSpeed(64<<10, 20*time.Millisecond)
+	assert.Greater(t, s, 50e6, "CRC-32 of a cached block at %.0f B/s", s)
+}

@@ -257,8 +257,18 @@ def run_sweep(
         "limit": asdict(limit),
         "results": rows,
         "summary": summarize(rows, measured, asdict(limit)),
+        "crc_mbps": crc_speeds(sizes),
         "elapsed_seconds": time.perf_counter() - t0,
     }
+
+
+def crc_speeds(sizes: Sequence[int], millis: int = 100) -> dict[int, float]:
+    """MB/s of the CRC-32 every transfer sums, on one core, over a block of each size
+    (summed again and again: from 4 KiB to the CPU's cache size, the cost of summing
+    bytes as they move; beyond it, of a pass over memory)."""
+    from .._lib import crc_speed
+
+    return {b: crc_speed(min(b, 512 * MiB), millis) / 1e6 for b in sizes}
 
 
 def _measure(
@@ -352,6 +362,8 @@ def format_report(result: dict[str, Any]) -> str:
         + (f"; every figure best of {s['repeat']} runs" if s["repeat"] > 1 else ""),
         "engines: " + (", ".join(e + (" (read only)" if e in READ_ONLY else "") for e in measured)
                        or "none available"),
+        "crc32, 1 core: the CRC-32 every transfer sums, on one core, over a block of the column's size "
+        "(above the cache's size, up to 512 MiB: a pass over memory)",
     ]
     for name, why in result["skipped"].items():
         lines.append(f"  skipped {name}: {why}")
@@ -373,6 +385,10 @@ def format_report(result: dict[str, Any]) -> str:
         lines.append(head)
         lim_mbps = lim[f"{lim_key}_mbps"]
         lines.append(f"{'disk limit':<{label_w}}" + " " * 8 * len(sizes) + f"{lim_mbps:>12.0f}{'100%':>7}")
+        crc = {int(b): v for b, v in result.get("crc_mbps", {}).items()}
+        if crc:
+            lines.append(f"{'crc32, 1 core':<{label_w}}" + "".join(
+                f"{crc[b]:>8.0f}" if b in crc else f"{'-':>8}" for b in sizes))
         for name in measured:
             if op == "write" and name in READ_ONLY:
                 lines.append(f"{name:<{label_w}}" + "".join(f"{'-':>8}" for _ in sizes) + "   read only")
