@@ -122,11 +122,15 @@ func (p *PieceCRCs) Total() uint32 {
 // CRC-32 of p when sum is set. On error it returns the bytes moved before
 // it.
 //
-// Writes go in SumChunk steps, each summed just before it leaves, while
-// the bytes are in the CPU cache. Reads go in one request: the device
-// needs large requests queued to reach its bandwidth (1 MiB reads measured
-// 1.5 GB/s where 8 MiB ones reached the disk's 2.1), and the data a direct
-// read lands in memory is not in the cache anyway; the sum follows.
+// Page-cache writes go in SumChunk steps, each summed just before the
+// kernel copies it, while the bytes are in the CPU cache. Other writes
+// (direct, io_uring, GDS: the device's DMA reads memory, not the cache)
+// are summed first and go in one request, as reads do: the device needs
+// large requests queued to reach its bandwidth (1 MiB reads measured 1.5
+// GB/s where 8 MiB ones reached the disk's 2.1; a durable ResNet-50 save's
+// writes took 63 ms in 8 MiB requests against 72 in 1 MiB ones). Reads go
+// in one request and the data a direct read lands in memory is not in the
+// cache anyway; the sum follows.
 func MoveSummed(f gds.File, write bool, p []byte, off int64, sum bool) (uint32, int, error) {
 	if !write {
 		n, err := f.ReadAt(p, off)
@@ -137,8 +141,12 @@ func MoveSummed(f gds.File, write bool, p []byte, off int64, sum bool) (uint32, 
 	}
 	var crc uint32
 	done := 0
+	step := SumChunk
+	if f.Engine() != "posix" {
+		step = len(p)
+	}
 	for done < len(p) {
-		q := p[done:min(done+SumChunk, len(p))]
+		q := p[done:min(done+step, len(p))]
 		if sum {
 			crc = crc32.Update(crc, crc32.IEEETable, q)
 		}
