@@ -55,7 +55,9 @@ def test_limit_targets_are_reported(tmp_path):
     assert "limit" in result
     r = result["workloads"]["resnet50"]["rows"]["pyfastensor"]
     assert r["save_frac"] > 0 and r["cold_frac"] > 0
-    assert any("write limit" in t["what"] for t in result["targets"])
+    saves = [t for t in result["targets"] if "write limit" in t["what"]]
+    assert saves and "of the limit for a file of its size" in saves[0]["figures"]
+    assert result["workloads"]["resnet50"]["rows"]["pyfastensor"]["rounds"][0]["sized_write_mbps"] > 0
     assert "MET" in bench.format_report(result) or "MISSED" in bench.format_report(result)
     assert list(tmp_path.iterdir()) == []
 
@@ -128,7 +130,7 @@ def test_ratios_and_fractions_pair_rounds():
 def test_each_round_starts_with_another_tool(tmp_path, monkeypatch):
     calls = []
 
-    def fake_round(tool, w, directory, *, check=False):
+    def fake_round(tool, w, directory, *, check=False, sized_limit=False):
         calls.append(tool)
         return {"save_s": 1.0, "cold_s": 1.0, "warm_s": 1.0} | ({"newmem_s": 1.0} if tool == "pyfastensor" else {})
 
