@@ -92,49 +92,57 @@ func checkNames(recs []Record) error {
 	return nil
 }
 
-// write moves everything: first the extents (records of
-// transfer.ExtentMin and up, straight from their memory through their
-// chosen engine, each piece checksummed as it is written), then the runs
-// of headers, small records and descriptors between extents (composed one
-// task at a time in aligned memory, each small record summed right after
-// it is copied, while it is in the CPU's cache, and written through the
-// engine the chooser gives their size), and last the central directory,
-// which needs every record's CRC-32.
+// write moves everything in two transfers. First, in one queue, the
+// extents (records of transfer.ExtentMin and up, straight from their
+// memory through their chosen engine, each piece summed as it is written)
+// and the runs of headers, small records and their descriptors between
+// them (composed one task at a time in aligned memory, each small record
+// summed right after it is copied, while it is in the CPU's cache, and
+// written through the engine the chooser gives their size): the device's
+// queue stays full from the first byte to the last. Then what needs the
+// extents' CRC-32s: their descriptors and the central directory, through
+// the page cache (a few bytes each, after the direct writes of the blocks
+// they share have landed).
 func write(w *transfer.Writer, l *layout) error {
 	recs := l.recs
-	var large []transfer.Extent
+	var exts []transfer.Extent
 	var largeAt []int
+	inExtent := make([]bool, len(recs))
 	for i := range recs {
 		if recs[i].size() >= transfer.ExtentMin {
-			large = append(large, transfer.Extent{Off: recs[i].dataOff, Data: recs[i].Data, Sum: true})
+			exts = append(exts, transfer.Extent{Off: recs[i].dataOff, Data: recs[i].Data, Sum: true})
 			largeAt = append(largeAt, i)
+			inExtent[i] = true
 		}
 	}
-	res, err := w.Write(large)
+	for _, r := range runs(l, inExtent) {
+		exts = append(exts, transfer.Extent{Off: r.off, Len: r.n,
+			Build: func(p []byte) int64 { return r.compose(recs, p) }})
+	}
+	res, err := w.Write(exts)
 	if err != nil {
 		var ee *transfer.ExtentError
-		if errors.As(err, &ee) {
+		if errors.As(err, &ee) && ee.Ext < len(largeAt) {
 			return fmt.Errorf("record %q: %w", recs[largeAt[ee.Ext]].Name, ee.Err)
 		}
 		return err
 	}
-	inExtent := make([]bool, len(recs))
+	var last []transfer.Extent
 	for k, i := range largeAt {
-		recs[i].crc = res[k].CRC
-		inExtent[i] = true
-	}
-	var rest []transfer.Extent
-	for _, r := range runs(l, inExtent) {
-		rest = append(rest, transfer.Extent{Off: r.off, Len: r.n,
-			Build: func(p []byte) int64 { return r.compose(recs, p) }})
-	}
-	if _, err := w.Write(rest); err != nil {
-		return err
+		p := &recs[i]
+		p.crc = res[k].CRC
+		d := descriptor(p.hdrOff, p.size(), p.crc)
+		last = append(last, transfer.Extent{Off: p.descOff, Len: int64(len(d)), Engine: "posix",
+			Build: func(b []byte) int64 { copy(b, d); return 0 }}) // not data: no progress
 	}
 	cd := central(l)
-	_, err = w.Write([]transfer.Extent{{Off: l.cdOff, Len: int64(len(cd)), Engine: "posix",
-		Build: func(p []byte) int64 { copy(p, cd); return 0 }}}) // not data: no progress
-	if err != nil {
+	last = append(last, transfer.Extent{Off: l.cdOff, Len: int64(len(cd)), Engine: "posix",
+		Build: func(p []byte) int64 { copy(p, cd); return 0 }})
+	if _, err = w.Write(last); err != nil {
+		var ee *transfer.ExtentError
+		if errors.As(err, &ee) && ee.Ext < len(largeAt) {
+			return fmt.Errorf("record %q: descriptor: %w", recs[largeAt[ee.Ext]].Name, ee.Err)
+		}
 		return fmt.Errorf("central directory: %w", err)
 	}
 	return nil
@@ -158,7 +166,7 @@ type run struct {
 // boundaries and a direct write of one needs no read-modify-write of a
 // block its neighbour writes (a run of unaligned records ends before a
 // header at twice the size). A record's descriptor is always in the run of
-// its data, which computes the CRC-32 it holds.
+// its data, which computes the CRC-32 it holds; an extent's is not in any.
 func runs(l *layout, inExtent []bool) []run {
 	var out []run
 	var cur *run
@@ -177,10 +185,10 @@ func runs(l *layout, inExtent []bool) []run {
 	}
 	for i, r := range l.recs {
 		add(r.hdrOff, r.dataOff-r.hdrOff, span{i, 'h'})
-		if !inExtent[i] {
+		if !inExtent[i] { // an extent's descriptor waits for its CRC-32 (write)
 			add(r.dataOff, r.size(), span{i, 'd'})
+			add(r.descOff, r.end-r.descOff, span{i, 'x'})
 		}
-		add(r.descOff, r.end-r.descOff, span{i, 'x'})
 	}
 	return out
 }
