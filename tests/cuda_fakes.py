@@ -37,14 +37,17 @@ ROOT = Path(__file__).resolve().parent.parent
 class FakeStream:
     def __init__(self, backend: FakeCuda, name: str) -> None:
         self.backend, self.name = backend, name
-        self.ops: list[Callable[[], None]] = []
+        self.ops: list[Callable[[], None] | None] = []
         self.done = 0  # ops run so far
+        self.lock = threading.Lock()  # the store's thread waits for events too
 
     def run_until(self, n: int) -> None:
-        while self.done < n:
-            op = self.ops[self.done]
-            self.done += 1
-            op()
+        with self.lock:
+            while self.done < n:
+                op, self.ops[self.done] = self.ops[self.done], None  # ran: let its tensors go
+                self.done += 1
+                assert op is not None
+                op()
 
     def wait_stream(self, other: FakeStream) -> None:
         self.backend.log.append(("wait", self.name, other.name))
@@ -65,7 +68,9 @@ class FakeEvent:
         self.stream, self.at = stream, len(stream.ops)
         self.backend.log.append(("event", stream.name))
 
-    def query(self) -> bool:
+    def query(self) -> bool:  # done once the stream has run past it (a wait_stream runs it)
+        if not self.completed and self.backend.gate.is_set() and self.stream is not None:
+            self.completed = self.stream.done >= self.at
         return self.completed
 
     def synchronize(self) -> None:

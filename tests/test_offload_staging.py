@@ -75,6 +75,9 @@ class FakeBackend:
     def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
         dst.copy_(src)
 
+    def empty(self, nbytes: int, device: torch.device) -> torch.Tensor:
+        return torch.empty(nbytes, dtype=torch.uint8)
+
 
 def test_to_host_copies_on_the_side_stream_after_compute():
     b = FakeBackend()

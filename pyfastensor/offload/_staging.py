@@ -73,6 +73,9 @@ class HostBackend:
     def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
         dst.copy_(src)
 
+    def empty(self, nbytes: int, device: torch.device) -> torch.Tensor:
+        return torch.empty(nbytes, dtype=torch.uint8)
+
 
 class Staging:
     """Device-to-host and host-to-device copies of payloads for one offload context.
@@ -124,8 +127,9 @@ class Staging:
         """Copy ``host`` (pinned, filled) to ``device`` on the side stream; the compute stream waits for it."""
         self._reap()
         side = self._side(device)
-        with self.backend.use(side):
-            out = host.to(device, non_blocking=True)
+        with self.backend.use(side):  # after the side stream's copy into ``host``, if still in flight
+            out = self.backend.empty(host.numel() * host.element_size(), device).view(host.dtype)
+            self.backend.copy(out, host)
             done = self.backend.event()
             done.record(side)
         current = self.backend.current_stream(device)
