@@ -128,24 +128,48 @@ class PinnedSlab:
     @contextlib.contextmanager
     def hold(self) -> Iterator[torch.Tensor]:
         """The slab, for the block's duration; other users wait until it ends."""
-        with self._hold:
+        buf = self.acquire()
+        try:
+            yield buf
+        finally:
+            self.release()
+
+    def acquire(self) -> torch.Tensor:
+        """The slab, once no other user holds it; give it back with :meth:`release` (from any thread)."""
+        self._hold.acquire()
+        try:
             if self._buf is None:
                 b = self._backend or backend()
                 self._buf = b.pinned(self.nbytes)
                 self.allocations += 1
-            yield self._buf
+        except BaseException:
+            self._hold.release()
+            raise
+        return self._buf
+
+    def release(self) -> None:
+        """Give the slab back (see :meth:`acquire`)."""
+        self._hold.release()
+
+    @property
+    def held(self) -> bool:
+        """Whether a user holds the slab now."""
+        return self._hold.locked()
 
 
-_slabs: weakref.WeakKeyDictionary[Any, PinnedSlab] = weakref.WeakKeyDictionary()
+_slabs: weakref.WeakKeyDictionary[Any, dict[str, PinnedSlab]] = weakref.WeakKeyDictionary()
 
 
-def slab(b: Backend | None = None) -> PinnedSlab:
-    """The process's :class:`PinnedSlab` for backend ``b`` (default: :func:`backend`)."""
+def slab(b: Backend | None = None, purpose: str = "load") -> PinnedSlab:
+    """The process's :class:`PinnedSlab` for backend ``b`` (default: :func:`backend`) and
+    ``purpose``: ``"load"`` (CUDA loads) or ``"save"`` (``async_save`` snapshots, held until
+    their write ends), one each, so a load never waits for a background save's write."""
     b = b or backend()
     with _lock:
-        s = _slabs.get(b)
+        by_purpose = _slabs.setdefault(b, {})
+        s = by_purpose.get(purpose)
         if s is None:
-            s = _slabs[b] = PinnedSlab(backend=b)
+            s = by_purpose[purpose] = PinnedSlab(backend=b)
         return s
 
 
