@@ -15,7 +15,7 @@ bounded by ``PYFASTENSOR_PINNED_POOL`` (:func:`pyfastensor.config.pinned_pool`):
   out over one has been freed (offloaded activations, whose sizes repeat
   from step to step).
 
-What has run on a GPU: see tests/gpu/README in the repository.
+What has run on a GPU: see tests/gpu/README.md.
 """
 
 from __future__ import annotations
