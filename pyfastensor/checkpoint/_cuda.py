@@ -7,7 +7,9 @@ are then moved by one of two routes, decided once per load
 (``PYFASTENSOR_CUDA_LOAD``, :func:`pyfastensor.config.cuda_load`):
 
 - ``cufile``: GPUDirect Storage reads each record straight into its device
-  memory (the Go core's cufile engine; libcufile loaded at run time). Taken
+  memory (the Go core's cufile engine, every record in one parallel call;
+  libcufile loaded at run time; destinations are not registered with
+  ``cuFileBufRegister``, which pays only for buffers reused many times). Taken
   where cuFile can open the file; where it cannot (no libcufile, no NVIDIA
   driver, nvidia-fs missing...), the load falls back to the pinned ring and
   :data:`last_route` says why. CRC-32s are checked by reading each record
@@ -202,10 +204,9 @@ def fill(archive: Archive, records: list[tuple[int, torch.Tensor]], *, verify: b
     with _device.slab(backend).hold() as buf:
         ring = _device.Ring(buf, config.PINNED_RING_SLOTS, align=_ALIGN)
         if cufile is not None:
-            with cufile:
-                for i, t in records:
-                    if t.numel():
-                        cufile.read_into(t, archive.entries[i].offset)
+            cufile.close()  # it answered the probe: the reads go in one parallel native call
+            reads = [(i, t.data_ptr(), t.numel()) for i, t in records if t.numel()]
+            archive.read(reads, verify=False, engine="cufile")  # the Go core never touches device memory
             if verify:
                 _read_back(archive, records, ring, backend)
         else:
