@@ -90,7 +90,9 @@ def load(
         f: a path, or a readable, seekable binary file-like object (spooled to
             a temporary file first).
         map_location: where to put the storages, as in :func:`torch.load`.
-            Default: where they were saved from.
+            Default: where they were saved from. A CUDA device (or a dict
+            mapping to one) reads records straight into device memory,
+            through cuFile or pinned buffers (``checkpoint/_cuda.py``).
         pickle_module: unpickling module, only with ``weights_only=False``.
         weights_only: restrict unpickling to tensors, primitive types, dicts
             and allowlisted globals (``torch.serialization.add_safe_globals``).
