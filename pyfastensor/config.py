@@ -140,9 +140,10 @@ PINNED_RING_SLOTS = 4
 
 
 def pinned_pool() -> int:
-    """``PYFASTENSOR_PINNED_POOL``: bytes of pinned host memory CUDA loads, CUDA
-    ``async_save`` snapshots and CUDA offload stage through, allocated once per
-    process (default 64M; at least 1M)."""
+    """``PYFASTENSOR_PINNED_POOL``: bytes of pinned host memory each CUDA path may stage
+    through, allocated once per process and reused (default 64M; at least 1M): CUDA
+    loads (a ring of :data:`PINNED_RING_SLOTS` slots), CUDA ``async_save`` snapshots
+    (waves past it) and CUDA offload (buffers past it come from torch's allocator)."""
     raw = os.environ.get("PYFASTENSOR_PINNED_POOL")
     if not raw:
         return PINNED_POOL_DEFAULT
