@@ -8,7 +8,6 @@ as skipped (``-rs`` prints why).
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,6 @@ import torch
 # Bit-exact gradients need deterministic kernels (cuBLAS's workspace config must be set
 # before CUDA starts).
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # offload_models, beside this directory
 
 HERE = Path(__file__).resolve().parent
 NO_GPU = "no CUDA device (torch.cuda.is_available() is False): tests/gpu runs on a GPU machine, see tests/gpu/run.sh"
