@@ -14,16 +14,19 @@ are then moved by one of two routes, decided once per load
   driver, nvidia-fs missing...), the load falls back to the pinned ring and
   :data:`last_route` says why. CRC-32s are checked by reading each record
   back through the pinned ring (a device-to-host copy at PCIe speed, well
-  above any disk's) and summing it on the host; ``verify=False`` skips that.
+  above any disk's) and summing it on the host (zlib, about 4 GB/s per
+  core, the GIL released); ``verify=False`` skips that. (Summing on the
+  device with torch ops would save the copy back but needs a CRC kernel
+  torch does not have.)
 - ``pinned``: a ring of :data:`~pyfastensor.config.PINNED_RING_SLOTS` pinned
   host buffers (``PYFASTENSOR_PINNED_POOL`` bytes in all, allocated once per
   process): the Go core reads into one slot, summing CRC-32s as the bytes
   land, while the previous slots' host-to-device copies run on a side
   stream; a slot is read into again only once its copy's event has
   completed. Small records share a slot (one native read of many records);
-  records larger than a slot go in slot-sized pieces, their CRC-32 summed
-  on the host piece after piece (zlib, about 4 GB/s per core, the GIL
-  released).
+  records larger than a slot go in slot-sized pieces, the Go core summing
+  each piece as it lands onto the sum of the pieces before it, and checking
+  the total at the last one.
 
 Either way the bytes are the file's, checked against its CRC-32s, so the
 result is bit-identical to ``torch.load(f, map_location=...)``: the same
@@ -43,6 +46,7 @@ the cuFile route with the fake libcufile of gds/testdata.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import pickle
 import zlib
@@ -51,14 +55,19 @@ from typing import Any
 
 import torch
 
-from .. import _device, config
+from .. import _device, _lib, config
 from ..engines import EngineFile
 from ..errors import CorruptFileError, EngineUnavailableError
-from ._native import Archive, read_raw
+from ._native import Archive
 from ._torchzip import PreloadedZip
 from ._unpickle import unpickle
 
 _log = logging.getLogger("pyfastensor")
+
+_lib.register({
+    "pft_ckpt_read_part": [_lib.u64, _lib.i64, _lib.i64, _lib.c_void_p, _lib.i64, _lib.i64, _lib.c_int,
+                           _lib.c_char_p, _lib.c_int, _lib.i64, _lib.c_int, ctypes.POINTER(_lib.i64)],
+})
 
 #: How the last CUDA load moved its records: ``{"path", "route", "reason"}`` (``route``
 #: ``"cufile"`` or ``"pinned"``; ``reason`` why cuFile was not used, ``""`` when it was).
@@ -305,12 +314,21 @@ class _Upload:
         for lo in range(0, e.size, self.ring.slot_bytes):
             n = min(self.ring.slot_bytes, e.size - lo)
             slot, buf = self.ring.take()
-            read_raw(self.archive.source, [(e.offset + lo, buf.data_ptr(), n)], engine=None)
-            if self.verify:
-                crc = zlib.crc32(memoryview(buf[:n].numpy()), crc)
+            crc = read_part(self.archive, i, lo, buf.data_ptr(), n, crc, verify=self.verify)
             self._upload(slot, [(t[lo:lo + n], buf[:n])])
-        if self.verify and crc != e.crc32:
-            raise _mismatch(self.archive, i, crc)
+
+
+def read_part(archive: Archive, index: int, offset: int, addr: int, nbytes: int, crc: int, *, verify: bool) -> int:
+    """Read ``nbytes`` of record ``index`` from ``offset`` of its data into ``addr``, its CRC-32 summed
+    by the Go core as it lands onto ``crc`` (that of the bytes before ``offset``); return the new sum.
+
+    Raises:
+        CorruptFileError: at the record's last part, when the sum is not the central directory's.
+    """
+    out = _lib.i64()
+    _lib.call("pft_ckpt_read_part", archive._live(), index, offset, addr, nbytes, crc, int(verify), None,
+              config.threads(), config.task_size(), 0, ctypes.byref(out))
+    return int(out.value)
 
 
 class _AllOf:
