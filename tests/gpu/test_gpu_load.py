@@ -31,14 +31,14 @@ def route(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, tmp_p
 
 def state(device: str = "cpu") -> dict[str, Any]:
     g = torch.Generator().manual_seed(11)
-    base = torch.randn(700, 700, generator=g)  # ~2 MB: pieces
-    out = {
-        "big": base, "view": base[3:9, 100:], "t": base.t(),
+    base = torch.randn(700, 700, generator=g).to(device)  # ~2 MB: pieces
+    rest = {
         "half": torch.randn(4097, generator=g).half(), "bf16": torch.randn(300_001, generator=g).bfloat16(),
         "ints": torch.randint(-(2**40), 2**40, (513,), generator=g), "bool": torch.rand(77, generator=g) > 0.5,
         "empty": torch.empty(0, 3), **{f"s{i}": torch.randn(i * 31 + 1, generator=g) for i in range(50)},
     }
-    return {k: v.to(device) for k, v in out.items()} if device != "cpu" else out
+    # Views made on the device, so they share base's storage there too.
+    return {"big": base, "view": base[3:9, 100:], "t": base.t(), **{k: v.to(device) for k, v in rest.items()}}
 
 
 def assert_bit_identical(got: dict[str, Any], want: dict[str, Any]) -> None:
