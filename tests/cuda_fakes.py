@@ -175,19 +175,21 @@ def fake_cufile_env(lib: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def run_child(path: Path, map_location: str, env: dict[str, str]) -> dict[str, Any]:
-    """Run this file as a script in a child process (see the module docstring); its JSON line."""
+def run_child(path: Path, map_location: str, env: dict[str, str], *, fail_read: bool = False) -> dict[str, Any]:
+    """Run this file as a script in a child process (see the module docstring); its JSON line.
+    ``fail_read``: the fake libcufile fails the third cuFileRead."""
     import json
     import sys
 
-    out = subprocess.run([sys.executable, __file__, str(path), map_location], env=env,
+    extra = ["fail-read"] if fail_read else []
+    out = subprocess.run([sys.executable, __file__, str(path), map_location, *extra], env=env,
                          capture_output=True, text=True, timeout=300)
     if out.returncode != 0:
         raise AssertionError(f"child failed ({out.returncode}):\n{out.stdout}\n{out.stderr}")
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
-def _child(path: str, map_location: str) -> None:
+def _child(path: str, map_location: str, fault: bool) -> None:
     import ctypes
     import json
 
@@ -197,6 +199,16 @@ def _child(path: str, map_location: str) -> None:
 
     fake = FakeCuda()
     result: dict[str, Any] = {}
+    lib = os.environ.get("PYFASTENSOR_CUFILE_LIB", "")
+    fake_lib = None
+    if lib and os.path.exists(lib):
+        fake_lib = ctypes.CDLL(lib)  # the copy the Go core loads: its counters and faults
+        for fn in ("fake_calls", "fake_fail_next"):
+            getattr(fake_lib, fn).restype = ctypes.c_long
+            getattr(fake_lib, fn).argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_long]
+    if fault and fake_lib is not None:
+        pyfastensor.info()  # the probe loads the library first
+        fake_lib.fake_fail_next(7, 5030, 2)  # the third cuFileRead fails: CU_FILE_INTERNAL_ERROR
     try:
         with _device.using(fake):
             got = pyfastensor.load(path, map_location=map_location)
@@ -209,11 +221,7 @@ def _child(path: str, map_location: str) -> None:
         result.update(_cuda.last_route)
     except Exception as e:  # noqa: BLE001 - reported to the parent
         result["error"] = f"{type(e).__name__}: {e}"
-    lib = os.environ.get("PYFASTENSOR_CUFILE_LIB", "")
-    if lib and os.path.exists(lib):
-        fake_lib = ctypes.CDLL(lib)  # the copy already loaded: its counters
-        fake_lib.fake_calls.restype = ctypes.c_long
-        fake_lib.fake_calls.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_long]
+    if fake_lib is not None:
         result["cufile_reads"] = fake_lib.fake_calls(7, 0, 0)
     result["copies"] = len(fake.copies)
     print(json.dumps(result))
@@ -222,4 +230,4 @@ def _child(path: str, map_location: str) -> None:
 if __name__ == "__main__":
     import sys
 
-    _child(sys.argv[1], sys.argv[2])
+    _child(sys.argv[1], sys.argv[2], sys.argv[3:] == ["fail-read"])

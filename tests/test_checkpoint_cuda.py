@@ -150,8 +150,9 @@ def test_a_corrupt_record_is_caught_on_the_host_side_of_the_ring(
     path = tmp_path / "s.pt"
     pyfastensor.save(state(), path)  # data/0 is big's storage (pieces), data/3 a small one
     flip(path, record_offset(path, record) + 3)
-    with _device.using(FakeCuda()), pytest.raises(CorruptFileError, match=f'record "archive/{record}"'):
+    with _device.using(FakeCuda()), pytest.raises(CorruptFileError, match=f'record "archive/{record}"') as ei:
         pyfastensor.load(path, map_location="cuda")
+    assert "(tensor [" in str(ei.value), "the message names the tensors stored in the record"
     with _device.using(FakeCuda()):
         got = pyfastensor.load(path, map_location="cuda", verify=False)  # the check is what caught it
     assert not torch.equal(got["big"], state()["big"]) or record != "data/0"
@@ -229,3 +230,15 @@ def test_missing_libcufile_falls_back_to_the_pinned_ring(tmp_path: Path, fake_cu
     out = run_child(path, "cuda", env)
     assert out["error"].startswith("EngineUnavailableError: PYFASTENSOR_CUDA_LOAD=cufile, but cuFile cannot read")
     assert "libcufile not found" in out["error"]
+
+
+def test_a_failed_cufile_read_falls_back_to_the_pinned_ring(tmp_path: Path, fake_cufile: Path) -> None:
+    path = tmp_path / "s.pt"
+    pyfastensor.save(state(), path)
+    out = run_child(path, "cuda", fake_cufile_env(fake_cufile), fail_read=True)
+    assert out.get("error") is None, out
+    assert out["route"] == "pinned" and out["equal"]
+    assert out["reason"].startswith("cuFile read failed, the load went through the pinned ring: ")
+    assert "CU_FILE_INTERNAL_ERROR" in out["reason"]
+    out = run_child(path, "cuda", fake_cufile_env(fake_cufile, PYFASTENSOR_CUDA_LOAD="cufile"), fail_read=True)
+    assert "CU_FILE_INTERNAL_ERROR" in out["error"], "forced, the failure is the load's"

@@ -57,9 +57,9 @@ import torch
 
 from .. import _device, _lib, config
 from ..engines import EngineFile
-from ..errors import CorruptFileError, EngineUnavailableError
+from ..errors import CorruptFileError, EngineUnavailableError, FastensorError
 from ._native import Archive
-from ._torchzip import PreloadedZip
+from ._torchzip import PreloadedZip, key_paths
 from ._unpickle import unpickle
 
 _log = logging.getLogger("pyfastensor")
@@ -188,10 +188,16 @@ def load(
                 "the file's source, load it with weights_only=False, or allow the global with "
                 f"torch.serialization.add_safe_globals([...]).\n\n{e}"
             ) from None
-        if placer.host:
-            archive.read([(i, t.data_ptr(), t.numel()) for i, t in placer.host], verify=verify)
-        if placer.device:
-            fill(archive, placer.device, verify=verify, backend=b)
+        try:
+            if placer.host:
+                archive.read([(i, t.data_ptr(), t.numel()) for i, t in placer.host], verify=verify)
+            if placer.device:
+                fill(archive, placer.device, verify=verify, backend=b)
+        except CorruptFileError as e:
+            paths = key_paths(archive, prefix, str(e))
+            if not paths:
+                raise
+            raise CorruptFileError(f"{e} (tensor {', '.join(paths[:5])}{' ...' if len(paths) > 5 else ''})") from None
         return obj
 
 
@@ -215,11 +221,19 @@ def fill(archive: Archive, records: list[tuple[int, torch.Tensor]], *, verify: b
         if cufile is not None:
             cufile.close()  # it answered the probe: the reads go in one parallel native call
             reads = [(i, t.data_ptr(), t.numel()) for i, t in records if t.numel()]
-            archive.read(reads, verify=False, engine="cufile")  # the Go core never touches device memory
-            if verify:
-                _read_back(archive, records, ring, backend)
-        else:
+            try:
+                archive.read(reads, verify=False, engine="cufile")  # the Go core never touches device memory
+            except (FastensorError, OSError) as e:
+                if config.cuda_load() == "cufile":
+                    raise
+                route, reason = "pinned", f"cuFile read failed, the load went through the pinned ring: {e}"
+                last_route.update(route=route, reason=reason)
+                _log.warning("pyfastensor.load %s: %s", archive.path, reason)
+                cufile = None
+        if cufile is None:
             _Upload(archive, ring, backend, verify).run(records)
+        elif verify:
+            _read_back(archive, records, ring, backend)
     return route
 
 
@@ -230,7 +244,7 @@ def _choose(archive: Archive) -> tuple[str, str, EngineFile | None]:
         return "pinned", "PYFASTENSOR_CUDA_LOAD=pinned", None
     try:
         return "cufile", "", EngineFile(archive.source, "r", engine="cufile")
-    except EngineUnavailableError as e:
+    except (FastensorError, OSError) as e:  # no libcufile or driver, or cuFile refuses this file
         if mode == "cufile":
             raise EngineUnavailableError(
                 f"PYFASTENSOR_CUDA_LOAD=cufile, but cuFile cannot read {archive.path}: {e}"
