@@ -13,6 +13,10 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
   echo "== tests/gpu"
   python -m pytest -q -rs tests/gpu
   status=$?
+  if ! python -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
+    echo "== no CUDA device here: the suite skipped, no GPU benchmark run"
+    exit $status
+  fi
   echo "== bench checkpoint --device cuda --quick"
   python -m pyfastensor bench checkpoint --device cuda --quick --repeat 3
   echo "== bench offload --device cuda --quick"
