@@ -12,6 +12,8 @@ naming the variable and what it accepts.
 ``PYFASTENSOR_CACHE_DIR``      where adaptive dictionaries are kept
 ``PYFASTENSOR_LIB``            path of the native library (development)
 ``PYFASTENSOR_DATA_HOST``      address a distributed ChunkDataset listens on
+``PYFASTENSOR_PINNED_POOL``    bytes of pinned host memory for CUDA staging (default 64M)
+``PYFASTENSOR_CUDA_LOAD``      ``auto``, ``cufile`` or ``pinned``: how loads reach CUDA
 =============================  ==========================================
 """
 
@@ -124,3 +126,44 @@ def cufile_candidates() -> list[str]:
             if candidate not in found and os.path.exists(candidate):
                 found.append(candidate)
     return found
+
+
+#: Default size of the pinned host pool CUDA transfers stage through: 4 ring
+#: slots of 16 MiB, large enough that each read and each host-to-device copy
+#: is one big request (PCIe and NVMe both reach their bandwidth well below
+#: 16 MiB), small enough to pin once per process without notice.
+PINNED_POOL_DEFAULT = 64 << 20
+
+#: Slots of the pinned ring a CUDA load reads through: one being read, one
+#: being copied to the device, two to absorb jitter between the two.
+PINNED_RING_SLOTS = 4
+
+
+def pinned_pool() -> int:
+    """``PYFASTENSOR_PINNED_POOL``: bytes of pinned host memory each CUDA path may stage
+    through, allocated once per process and reused (default 64M; at least 1M): CUDA
+    loads (a ring of :data:`PINNED_RING_SLOTS` slots), CUDA ``async_save`` snapshots
+    (waves past it) and CUDA offload (buffers past it come from torch's allocator)."""
+    raw = os.environ.get("PYFASTENSOR_PINNED_POOL")
+    if not raw:
+        return PINNED_POOL_DEFAULT
+    try:
+        value = parse_size(raw)
+    except ValueError as e:
+        raise ValueError(f"PYFASTENSOR_PINNED_POOL: {e}") from None
+    if value < 1 << 20:
+        raise ValueError(f"PYFASTENSOR_PINNED_POOL={raw!r}: expected at least 1M")
+    return value
+
+
+_CUDA_LOAD = ("auto", "cufile", "pinned")
+
+
+def cuda_load() -> str:
+    """``PYFASTENSOR_CUDA_LOAD``: how ``load(map_location="cuda")`` moves records:
+    ``auto`` (cuFile where it works, else the pinned ring; the default),
+    ``cufile`` (cuFile or an error saying why not) or ``pinned`` (the pinned ring)."""
+    raw = os.environ.get("PYFASTENSOR_CUDA_LOAD", "auto").strip().lower() or "auto"
+    if raw not in _CUDA_LOAD:
+        raise ValueError(f"PYFASTENSOR_CUDA_LOAD={raw!r}: expected one of {', '.join(_CUDA_LOAD)}")
+    return raw

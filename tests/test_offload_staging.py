@@ -72,6 +72,12 @@ class FakeBackend:
     def record(self, t: torch.Tensor, stream: FakeStream) -> None:
         self.log.append(("record", stream.name))
 
+    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        dst.copy_(src)
+
+    def empty(self, nbytes: int, device: torch.device) -> torch.Tensor:
+        return torch.empty(nbytes, dtype=torch.uint8)
+
 
 def test_to_host_copies_on_the_side_stream_after_compute():
     b = FakeBackend()

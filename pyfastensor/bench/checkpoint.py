@@ -66,6 +66,8 @@ if TYPE_CHECKING:  # torch is imported where a benchmark runs: `--help` stays fa
 
 MiB = 1 << 20
 GiB = 1 << 30
+#: Where every tool loads to (``--device``; saves are always from host memory).
+DEVICE = "cpu"
 
 #: The rows of each group of loads, pyfastensor's first: loads into memory of their own, and mapped loads.
 GROUPS = {
@@ -304,13 +306,13 @@ def _save_numpy(sd: StateDict, path: str) -> None:
 def _load_pyfastensor(path: str, keys: list[str]) -> StateDict:
     import pyfastensor
 
-    return pyfastensor.load(path, progress=False)
+    return pyfastensor.load(path, map_location=DEVICE, progress=False)
 
 
 def _load_pyfastensor_mmap(path: str, keys: list[str]) -> StateDict:
     import pyfastensor
 
-    return pyfastensor.load(path, mmap=True, progress=False)
+    return pyfastensor.load(path, mmap=True, map_location=DEVICE, progress=False)
 
 
 def _load_pyfastensor_noverify(path: str, keys: list[str]) -> StateDict:
@@ -322,7 +324,7 @@ def _load_pyfastensor_noverify(path: str, keys: list[str]) -> StateDict:
 def _load_torch(path: str, keys: list[str]) -> StateDict:
     import torch
 
-    return torch.load(path, weights_only=True)
+    return torch.load(path, weights_only=True, map_location=DEVICE)
 
 
 def touch_pages(sd: StateDict) -> int:
@@ -337,7 +339,7 @@ def touch_pages(sd: StateDict) -> int:
         s = t.untyped_storage()
         if s.nbytes() == 0:
             continue
-        u = torch.empty(0, dtype=torch.uint8).set_(s)
+        u = torch.empty(0, dtype=torch.uint8, device=s.device).set_(s)
         total += int(u[::4096].sum()) + int(u[-1])
     return total
 
@@ -345,7 +347,7 @@ def touch_pages(sd: StateDict) -> int:
 def _load_torch_mmap(path: str, keys: list[str]) -> StateDict:
     import torch
 
-    return torch.load(path, mmap=True, weights_only=True)
+    return torch.load(path, mmap=True, weights_only=True, map_location=DEVICE)
 
 
 def _load_safetensors(path: str, keys: list[str]) -> StateDict:
@@ -358,13 +360,13 @@ def _load_safetensors(path: str, keys: list[str]) -> StateDict:
 def _load_safetensors_mmap(path: str, keys: list[str]) -> StateDict:
     from safetensors.torch import load_file
 
-    return load_file(path)
+    return load_file(path, device=DEVICE)
 
 
 def _load_numpy(path: str, keys: list[str]) -> StateDict:
     import torch
 
-    return {k: torch.from_numpy(np.load(os.path.join(path, n)))
+    return {k: torch.from_numpy(np.load(os.path.join(path, n))).to(DEVICE)
             for k, n in zip(keys, [f"{i:06d}.npy" for i in range(len(keys))], strict=True)}
 
 
@@ -408,7 +410,7 @@ def check_equal(tool: str, want: StateDict, got: Any) -> None:
         raise AssertionError(f"{tool}: loaded keys differ from the saved ones")
     for k, t in want.items():
         u = got[k]
-        if not isinstance(u, torch.Tensor) or u.dtype != t.dtype or u.shape != t.shape or not torch.equal(u, t):
+        if not isinstance(u, torch.Tensor) or u.dtype != t.dtype or u.shape != t.shape or not torch.equal(u.cpu(), t):
             raise AssertionError(f"{tool}: tensor {k!r} differs after load")
 
 
@@ -849,10 +851,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "256M disk limit")
     p.add_argument("--no-limit", action="store_true", help="skip measuring the disk's limit")
     p.add_argument("--json", default=None, metavar="PATH", help="write the raw results as JSON")
+    p.add_argument("--device", default="cpu", help="where every tool loads to: cpu (default) or cuda[:N]")
     p.set_defaults(func=_cmd_checkpoint)
 
 
 def _cmd_checkpoint(args: argparse.Namespace) -> int:
+    global DEVICE
+    DEVICE = args.device
     names = [n.strip() for n in args.workloads.split(",") if n.strip()] if args.workloads else list(WORKLOADS)
     parent = args.dir or "."
     if not os.path.isdir(parent):
@@ -866,6 +871,9 @@ def _cmd_checkpoint(args: argparse.Namespace) -> int:
         result = run(d, workloads=ws, quick=args.quick, repeat=args.repeat, limit=not args.no_limit,
                      progress=progress)
     print(format_report(result))
+    if DEVICE != "cpu":
+        from ..checkpoint import _cuda
+        print(f"pyfastensor.load to {DEVICE}, last route: {_cuda.last_route}")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=2))

@@ -89,24 +89,26 @@ class Workload:
     name: str
     model: nn.Module
     sample: tuple[int, ...]  # one example's shape
+    device: str = "cpu"
 
     def batch(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         import torch
 
         g = torch.Generator().manual_seed(n)
-        return torch.randn((n, *self.sample), generator=g), torch.randint(0, 10, (n,), generator=g)
+        x, y = torch.randn((n, *self.sample), generator=g), torch.randint(0, 10, (n,), generator=g)
+        return x.to(self.device), y.to(self.device)
 
 
-def workloads(quick: bool) -> list[tuple[Workload, int]]:
-    """The models and their batch sizes."""
+def workloads(quick: bool, device: str = "cpu") -> list[tuple[Workload, int]]:
+    """The models (on ``device``) and their batch sizes."""
     import torch
 
     torch.manual_seed(0)
     if quick:
-        return [(Workload("mlp", deep_mlp(512, 6), (512,)), 256),
-                (Workload("cnn", conv_net(16, 4), (3, 32, 32)), 32)]
-    return [(Workload("mlp", deep_mlp(1024, 8), (1024,)), 1024),
-            (Workload("cnn", conv_net(32, 6), (3, 32, 32)), 64)]
+        return [(Workload("mlp", deep_mlp(512, 6).to(device), (512,), device), 256),
+                (Workload("cnn", conv_net(16, 4).to(device), (3, 32, 32), device), 32)]
+    return [(Workload("mlp", deep_mlp(1024, 8).to(device), (1024,), device), 1024),
+            (Workload("cnn", conv_net(32, 6).to(device), (3, 32, 32), device), 64)]
 
 
 class _File:
@@ -132,6 +134,7 @@ class FileHooks:
         from ..offload._saved import Meter
 
         self.kind, self.dir, self.min_size = kind, directory, min_size
+        self.device = next(module.parameters()).device
         self.registered = storages_of(module)
         self.meter = Meter()
         self.pack_seconds = self.unpack_seconds = 0.0
@@ -151,7 +154,7 @@ class FileHooks:
             n = t.untyped_storage().nbytes()
             self.meter.add(n)
             if self.kind == "numpy.save":
-                np.save(path, t.detach().numpy())
+                np.save(path, t.detach().cpu().numpy())
             else:
                 torch.save(t.detach(), path)
             self.meter.sub(n)
@@ -168,7 +171,7 @@ class FileHooks:
             return h
         start = time.perf_counter()
         if self.kind == "numpy.save":
-            out = torch.from_numpy(np.load(h.path))
+            out = torch.from_numpy(np.load(h.path)).to(self.device)
         else:
             out = torch.load(h.path, weights_only=True)
         self.meter.track(out)
@@ -197,6 +200,10 @@ def _train_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y
     with ctx:
         nn.functional.cross_entropy(model(x), y).backward()
     opt.step()
+    if x.is_cuda:  # the step's kernels, not just their launches
+        import torch
+
+        torch.cuda.synchronize(x.device)
     return time.perf_counter() - start
 
 
@@ -323,7 +330,7 @@ def largest_batch(w: Workload, budget: int, directory: str, min_size: int, offlo
 def run(directory: str, *, quick: bool = False, min_size: int = 256 << 10, budget_fraction: float = 0.2,
         scheduled_fraction: float = 0.5, steps: int | None = None, limit: bool = True,
         batch_search: bool = True, models: list[tuple[Workload, int]] | None = None,
-        progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+        progress: Callable[[str], None] | None = None, device: str = "cpu") -> dict[str, Any]:
     """Run the whole benchmark; return the tables as a dict (see :func:`format_report`).
 
     Args:
@@ -337,6 +344,7 @@ def run(directory: str, *, quick: bool = False, min_size: int = 256 << 10, budge
         batch_search: search the largest batch that fits the budget.
         models: workloads and batch sizes (default :func:`workloads`).
         progress: called with a line per row.
+        device: where the models train (``"cuda"``: activations offloaded from the GPU).
 
     Returns:
         ``{"models": {name: {"batch", "rows": {row: {KEYS...}}, "fit": {...}}}, "limit": str, ...}``.
@@ -346,7 +354,7 @@ def run(directory: str, *, quick: bool = False, min_size: int = 256 << 10, budge
         "pft-w/pft-r/pft-wr: the spill engine per size comes from the write, read or write+read "
         "dictionary (aware mode, this machine's spill dictionary file; engines column: bytes written "
         "per engine in the last step)")}
-    for w, batch in models or workloads(quick):
+    for w, batch in models or workloads(quick, device):
         base = _peak_at(w, batch, directory, min_size, None)
         budget = max(1, int(base * budget_fraction))
         budgets = {row: int(base * scheduled_fraction) if row == "scheduled" else budget for row in ROWS}
@@ -444,6 +452,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--min-size", type=int, default=256 << 10, help="bytes below which tensors stay (default 256K)")
     p.add_argument("--no-limit", action="store_true", help="skip the disk limit")
     p.add_argument("--no-batch-search", action="store_true", help="skip the largest-batch search")
+    p.add_argument("--device", default="cpu", help="where the models train: cpu (default) or cuda")
     p.set_defaults(func=_cmd_offload)
 
 
@@ -452,6 +461,6 @@ def _cmd_offload(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="pft-bench-offload-", dir=parent) as d:
         result = run(d, quick=args.quick, min_size=args.min_size, budget_fraction=args.budget_fraction,
                      scheduled_fraction=args.scheduled_fraction, steps=args.steps, limit=not args.no_limit,
-                     batch_search=not args.no_batch_search)
+                     batch_search=not args.no_batch_search, device=args.device)
     print(format_report(result))
     return 0

@@ -9,10 +9,8 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-import torch
-
-from ._skeleton import Skeleton, pickle_skeleton
-from .save import write_skeleton
+from ._skeleton import pickle_skeleton
+from ._snapshot import snapshot
 
 _executor: ThreadPoolExecutor | None = None
 _lock = threading.Lock()
@@ -28,22 +26,6 @@ def _pool() -> ThreadPoolExecutor:
         return _executor
 
 
-def snapshot(skel: Skeleton) -> Skeleton:
-    """Copy every storage of ``skel`` into fresh host memory (pinned for accelerator storages)."""
-    copies: dict[str, torch.UntypedStorage] = {}
-    synchronize = False
-    for key, storage in skel.storages.items():
-        on_host = storage.device.type == "cpu"
-        pin = not on_host and torch.cuda.is_available()
-        staged = torch.empty(storage.nbytes(), dtype=torch.uint8, pin_memory=pin).untyped_storage()
-        staged.copy_(storage, non_blocking=not on_host)
-        synchronize |= not on_host
-        copies[key] = staged
-    if synchronize and torch.cuda.is_available():
-        torch.cuda.synchronize()
-    return Skeleton(skel.data, copies)
-
-
 def async_save(
     obj: object,
     f: str | os.PathLike[str],
@@ -56,10 +38,18 @@ def async_save(
     """Save ``obj`` to the path ``f`` in the background, as :func:`pyfastensor.save` would.
 
     Before returning, the object is pickled and every tensor's storage copied
-    (staging copy; pinned host memory for CUDA tensors), so the caller may
-    go on training and mutating parameters at once: the file holds the
-    values as of the call. The file itself is written on a background
-    thread, durably unless ``durable=False``.
+    (staging copy), so the caller may go on training and mutating parameters
+    at once: the file holds the values as of the call. The file itself is
+    written on a background thread, durably unless ``durable=False``.
+
+    CUDA tensors are copied through a pinned host buffer allocated once per
+    process (``PYFASTENSOR_PINNED_POOL``, 64 MiB by default): a state that fits
+    is copied into it on a side stream without the call waiting (the current
+    stream waits instead, so later kernels cannot change the values being
+    copied), and the buffer is held until the write ends; a larger state goes
+    through it in waves, each written to the file before the buffer is
+    reused, and the call returns once the last wave is copied into it (see
+    :class:`~pyfastensor.checkpoint._snapshot.Snapshot`).
 
     At most one save per target is in flight: a second ``async_save`` to the
     same path waits (after taking its snapshot) for the first one to finish.
@@ -90,7 +80,7 @@ def async_save(
     if not isinstance(f, (str, os.PathLike)):
         raise TypeError(f"async_save needs a path, got {type(f).__name__}; use pyfastensor.save for file-likes")
     path = os.path.abspath(os.fspath(f))
-    skel = snapshot(pickle_skeleton(obj, pickle_module, pickle_protocol))
+    snap = snapshot(pickle_skeleton(obj, pickle_module, pickle_protocol), path, durable=durable, engine=engine)
     with _lock:
         previous = _in_flight.get(path)
     if previous is not None:
@@ -98,7 +88,18 @@ def async_save(
             previous.result()
         except Exception:
             pass  # reported by its own future
-    fut = _pool().submit(write_skeleton, skel, path, durable=durable, engine=engine, progress=False)
+
+    def write() -> None:
+        try:
+            snap.write()
+        finally:
+            snap.release()
+
+    try:
+        fut = _pool().submit(write)
+    except BaseException:
+        snap.release()
+        raise
     with _lock:
         _in_flight[path] = fut
 

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 from .._buffers import PageArena
 from ..errors import CorruptFileError
-from . import _progress
+from . import _cuda, _progress
 from ._native import Archive, plan_load
 from ._torchzip import PreloadedZip, key_paths
 from ._unpickle import load_cpu, unpickle
@@ -90,7 +90,9 @@ def load(
         f: a path, or a readable, seekable binary file-like object (spooled to
             a temporary file first).
         map_location: where to put the storages, as in :func:`torch.load`.
-            Default: where they were saved from.
+            Default: where they were saved from. A CUDA device (or a dict
+            mapping to one) reads records straight into device memory,
+            through cuFile or pinned buffers (``checkpoint/_cuda.py``).
         pickle_module: unpickling module, only with ``weights_only=False``.
         weights_only: restrict unpickling to tensors, primitive types, dicts
             and allowlisted globals (``torch.serialization.add_safe_globals``).
@@ -195,6 +197,9 @@ def _load_path(
     pickle_module: Any, weights_only: bool, verify: bool, engine: str | None,
     progress: bool | None, pickle_load_args: dict[str, Any], *, mmap: bool = False,
 ) -> Any:
+    if not mmap and _cuda.wants(map_location):  # records straight into device memory
+        module = torch.serialization._weights_only_unpickler if weights_only else pickle_module
+        return _cuda.load(path, to_torch, map_location, module, weights_only, verify, pickle_load_args)
     # The Go core decides how to read the file (checkpoint/loadplan.go);
     # this carries the decision out.
     plan = plan_load(path, mapped=mmap, chosen=engine is not None)

@@ -205,7 +205,8 @@ class Entry:
         if self.resident is not None:
             return self.resident
         held = self.held
-        if held is not None and held.keep is not None and self.enc is not None and self.enc.codec == "raw":
+        if (held is not None and held.keep is not None and self.enc is not None and self.enc.codec == "raw"
+                and self.staging is None):  # a staged entry's keep is its host copy, not its memory
             return held.keep
         for ref in self.roots:
             t = ref()
@@ -220,8 +221,8 @@ class Entry:
         CPU read-backs come from the offload object's pool: mappings
         reused step after step, already faulted in, page-aligned.
         """
-        if self.device.type != "cpu":
-            return _staging.default().pinned(self.payload_nbytes)
+        if self.staging is not None:
+            return self.staging.pinned(self.payload_nbytes)
         return self.pool.take(self.payload_nbytes)
 
     def prefetch(self) -> int:
@@ -270,8 +271,8 @@ class Entry:
                 payload = self._buffer()
                 self.meter.track(payload)
             held.store.get(held.slot, payload.data_ptr(), payload.numel())
-            if self.device.type != "cpu":  # pinned buffer, side stream (not run here: no GPU)
-                payload = _staging.default().to_device(payload, self.device)
+        if self.staging is not None:  # pinned buffer (read back, or still being written), side stream
+            payload = self.staging.to_device(payload, self.device)
         started = time.perf_counter()
         flat = codecs.decode(codecs.with_payload(enc, payload))
         self.decode_seconds = time.perf_counter() - started

@@ -20,42 +20,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
+from .._device import Backend, CudaBackend, PinnedPool
 
-class Backend(Protocol):
-    """The accelerator calls staging needs (``torch.cuda``'s, by default)."""
-
-    def side_stream(self, device: torch.device) -> Any: ...
-    def current_stream(self, device: torch.device) -> Any: ...
-    def use(self, stream: Any) -> Any: ...  # context manager making ``stream`` current
-    def event(self) -> Any: ...  # with record(stream), query(), synchronize()
-    def pinned(self, nbytes: int) -> torch.Tensor: ...
-    def record(self, t: torch.Tensor, stream: Any) -> None: ...  # t.record_stream(stream)
-
-
-class CudaBackend:
-    """:class:`Backend` over ``torch.cuda``."""
-
-    def side_stream(self, device: torch.device) -> Any:
-        return torch.cuda.Stream(device)
-
-    def current_stream(self, device: torch.device) -> Any:
-        return torch.cuda.current_stream(device)
-
-    def use(self, stream: Any) -> Any:
-        return torch.cuda.stream(stream)
-
-    def event(self) -> Any:
-        return torch.cuda.Event()
-
-    def pinned(self, nbytes: int) -> torch.Tensor:
-        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-
-    def record(self, t: torch.Tensor, stream: Any) -> None:
-        t.record_stream(stream)
+__all__ = ["Backend", "CudaBackend", "HostBackend", "Staging", "default", "for_device"]
 
 
 class _HostStream:
@@ -99,16 +70,28 @@ class HostBackend:
     def record(self, t: torch.Tensor, stream: Any) -> None:
         pass
 
+    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        dst.copy_(src)
+
+    def empty(self, nbytes: int, device: torch.device) -> torch.Tensor:
+        return torch.empty(nbytes, dtype=torch.uint8)
+
 
 class Staging:
     """Device-to-host and host-to-device copies of payloads for one offload context.
 
+    Host buffers come from :attr:`pool`, a :class:`~pyfastensor._device.PinnedPool`: pinned
+    memory allocated once per size and reused (offloaded activations have the same sizes step
+    after step), at most ``pool_limit`` bytes of it.
+
     Args:
         backend: the accelerator calls; default :class:`CudaBackend`.
+        pool_limit: bytes the pinned pool may hold; default ``PYFASTENSOR_PINNED_POOL``.
     """
 
-    def __init__(self, backend: Backend | None = None) -> None:
+    def __init__(self, backend: Backend | None = None, *, pool_limit: int | None = None) -> None:
         self.backend = backend if backend is not None else CudaBackend()
+        self.pool = PinnedPool(self.backend, pool_limit)
         self._streams: dict[torch.device, Any] = {}
         self._inflight: list[tuple[Any, torch.Tensor]] = []  # (event, pinned buffer) of uploads
 
@@ -121,15 +104,20 @@ class Staging:
     def to_host(self, payload: torch.Tensor) -> tuple[torch.Tensor, Callable[[], None]]:
         """Start copying ``payload`` (1-D, on the device) into pinned host memory.
 
+        Nothing here waits for the copy: the caller hands ``wait`` to whoever
+        reads ``host`` (the spill store's background put, :meth:`SpillStore.put_after
+        <pyfastensor.offload._store.SpillStore.put_after>`), and the compute
+        stream goes on at once.
+
         Returns:
-            ``(host, wait)``: the pinned buffer, and a call that blocks until
-            the copy has landed (before the store reads ``host``).
+            ``(host, wait)``: the pinned buffer (from :attr:`pool`), and a call
+            that blocks until the copy has landed (before anything reads ``host``).
         """
         side = self._side(payload.device)
         side.wait_stream(self.backend.current_stream(payload.device))
-        host = self.backend.pinned(payload.numel() * payload.element_size())
+        host = self.pool.take(payload.numel() * payload.element_size())
         with self.backend.use(side):
-            host.view(payload.dtype).copy_(payload, non_blocking=True)
+            self.backend.copy(host.view(payload.dtype), payload)
             done = self.backend.event()
             done.record(side)
         self.backend.record(payload, side)
@@ -139,8 +127,9 @@ class Staging:
         """Copy ``host`` (pinned, filled) to ``device`` on the side stream; the compute stream waits for it."""
         self._reap()
         side = self._side(device)
-        with self.backend.use(side):
-            out = host.to(device, non_blocking=True)
+        with self.backend.use(side):  # after the side stream's copy into ``host``, if still in flight
+            out = self.backend.empty(host.numel() * host.element_size(), device).view(host.dtype)
+            self.backend.copy(out, host)
             done = self.backend.event()
             done.record(side)
         current = self.backend.current_stream(device)
@@ -150,8 +139,8 @@ class Staging:
         return out
 
     def pinned(self, nbytes: int) -> torch.Tensor:
-        """A pinned host buffer to read a slot into before :meth:`to_device`."""
-        return self.backend.pinned(nbytes)
+        """A pinned host buffer (from :attr:`pool`) to read a slot into before :meth:`to_device`."""
+        return self.pool.take(nbytes)
 
     def _reap(self) -> None:
         self._inflight = [(e, h) for e, h in self._inflight if not e.query()]

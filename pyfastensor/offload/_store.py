@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import itertools
 import json
 import os
+import queue
 import tempfile
 import threading
 import weakref
@@ -44,6 +46,21 @@ _lib.register({
 })
 
 _BATCH = 256
+
+#: Slot ids :meth:`SpillStore.put_after` hands out start here, far above the
+#: native store's (which count up from 1), so the two never meet.
+_DEFERRED_BASE = 1 << 62
+
+
+class _Deferred:
+    """A put waiting for its bytes to land (:meth:`SpillStore.put_after`)."""
+
+    __slots__ = ("error", "issued", "slot")
+
+    def __init__(self) -> None:
+        self.issued = threading.Event()  # the native put was made (or failed)
+        self.slot = 0  # the native slot, once issued
+        self.error: BaseException | None = None
 
 _shared: weakref.WeakValueDictionary[tuple[Any, ...], SpillStore] = weakref.WeakValueDictionary()
 _shared_lock = threading.Lock()
@@ -95,6 +112,12 @@ class SpillStore:
         self._handle = out.value
         self.description: dict[str, Any] = self._json("pft_store_describe")
         self.last_stats: dict[str, Any] = {}
+        # put_after: ids handed out -> their puts; native slot -> id; the thread issuing them.
+        self._deferred: dict[int, _Deferred] = {}
+        self._by_native: dict[int, int] = {}
+        self._ids = itertools.count(_DEFERRED_BASE)
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._putter: threading.Thread | None = None
 
     @classmethod
     def with_dictionaries(cls, spill_dir: str | None, use: str) -> SpillStore:
@@ -143,14 +166,65 @@ class SpillStore:
         _lib.call("pft_store_put", self._live(), addr, nbytes, ctypes.byref(slot))
         return slot.value
 
+    def put_after(self, ready: Callable[[], None], addr: int, nbytes: int) -> int:
+        """Like :meth:`put`, for memory still being filled: the write starts once ``ready()``
+        has returned (the event of a device-to-host copy, say), and this returns at once.
+
+        ``ready`` is called on the store's own thread, one put after another in
+        the order they were asked for (copies on one stream complete in order).
+        The id returned works with every other method: :meth:`poll` says False
+        until the write has started and finished, :meth:`wait`, :meth:`get` and
+        the others wait for the put first. An error of ``ready`` or of the put
+        (NoSpaceError when the spill file cannot grow) is raised by
+        :meth:`wait` and :meth:`poll`, as a failed write's is.
+        """
+        self._live()
+        d = _Deferred()
+        with self._lock:
+            slot = next(self._ids)
+            self._deferred[slot] = d
+            if self._putter is None:
+                self._putter = threading.Thread(target=self._put_loop, name="pyfastensor-put", daemon=True)
+                self._putter.start()
+        self._queue.put((d, slot, ready, addr, nbytes))
+        return slot
+
+    def _put_loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            d, slot, ready, addr, nbytes = item
+            try:
+                ready()
+                d.slot = self.put(addr, nbytes)
+                with self._lock:
+                    self._by_native[d.slot] = slot
+            except BaseException as e:  # noqa: BLE001 - handed to whoever waits for the slot
+                d.error = e
+            d.issued.set()
+
+    def _native(self, slot: int) -> int:
+        """The native slot of ``slot``: itself, or, for :meth:`put_after`'s, once its put is made."""
+        d = self._deferred.get(slot) if slot >= _DEFERRED_BASE else None
+        if d is None:
+            return slot
+        d.issued.wait()
+        if d.error is not None:
+            raise d.error
+        return d.slot
+
     def wait(self, slot: int) -> None:
         """Block until the slot's write is done; raise its error (NoSpaceError...)."""
-        _lib.call("pft_store_wait", self._live(), slot)
+        _lib.call("pft_store_wait", self._live(), self._native(slot))
 
     def poll(self, slot: int) -> bool:
         """Whether the slot's write is done; raises its error if it failed."""
+        d = self._deferred.get(slot) if slot >= _DEFERRED_BASE else None
+        if d is not None and not d.issued.is_set():
+            return False
         done = _lib.c_int()
-        _lib.call("pft_store_poll", self._live(), slot, ctypes.byref(done))
+        _lib.call("pft_store_poll", self._live(), self._native(slot), ctypes.byref(done))
         return bool(done.value)
 
     def completed(self) -> list[int]:
@@ -160,20 +234,30 @@ class SpillStore:
         n = _lib.i64()
         while True:
             _lib.call("pft_store_completed", self._live(), buf, _BATCH, ctypes.byref(n))
-            out.extend(buf[: n.value])
+            with self._lock:
+                out.extend(self._by_native.get(s, s) for s in buf[: n.value])
             if n.value < _BATCH:
                 return out
 
     def prefetch(self, slot: int, addr: int, nbytes: int) -> None:
         """Start reading the slot into ``[addr, addr+nbytes)``, kept alive until get/free."""
-        _lib.call("pft_store_prefetch", self._live(), slot, addr, nbytes)
+        _lib.call("pft_store_prefetch", self._live(), self._native(slot), addr, nbytes)
 
     def get(self, slot: int, addr: int, nbytes: int) -> None:
         """Fill ``[addr, addr+nbytes)`` with the slot's bytes (waits for a prefetch)."""
-        _lib.call("pft_store_get", self._live(), slot, addr, nbytes)
+        _lib.call("pft_store_get", self._live(), self._native(slot), addr, nbytes)
 
     def free(self, slot: int) -> None:
         """Release a slot (waits for its write); a no-op once the store is closed."""
+        d = self._deferred.get(slot) if slot >= _DEFERRED_BASE else None
+        if d is not None:
+            d.issued.wait()
+            with self._lock:
+                self._deferred.pop(slot, None)
+                self._by_native.pop(d.slot, None)
+            if d.error is not None:
+                return  # nothing was stored
+            slot = d.slot
         with self._lock:
             if not self._handle:
                 return
@@ -189,11 +273,17 @@ class SpillStore:
     def slot_info(self, slot: int) -> dict[str, Any]:
         """What the store measured for a slot: size, write/read times and engines."""
         ptr = _lib.c_void_p()
-        _lib.call("pft_store_slot_info", self._live(), slot, ctypes.byref(ptr))
+        _lib.call("pft_store_slot_info", self._live(), self._native(slot), ctypes.byref(ptr))
         return json.loads(_lib.take_string(ptr))
 
     def close(self) -> None:
-        """Wait for transfers in flight, free every slot, drop the spill file."""
+        """Wait for transfers in flight (puts waiting for their bytes too), free every slot,
+        drop the spill file."""
+        putter = self._putter
+        if putter is not None and putter is not threading.current_thread():
+            self._queue.put(None)
+            putter.join()
+            self._putter = None
         with self._lock:
             if self._handle:
                 self.last_stats = self._json("pft_store_stats")

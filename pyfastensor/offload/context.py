@@ -209,6 +209,9 @@ class Offload:
         self._placement: _planned.Placement | None = None  # planned policy: the plan by pack index
         self._plan_error: InvalidArgumentError | None = None  # planned policy: an infeasible budget
         self._staging: _staging.Staging | None = None  # host tier copies; None: the device's (tests set a fake)
+        # Stored entries' device-to-host copies; None: the device's for accelerator tensors. Tests
+        # set a fake here, which stages every tensor, CPU ones included, as a CUDA tensor would be.
+        self._device_staging: _staging.Staging | None = None
         self._device: torch.device | None = None  # of the saved tensors stored in the profiling step
         self._recorder: Recorder | None = None
         self._plan_result: dict[str, Any] | None = None
@@ -523,13 +526,19 @@ class Offload:
         if self._recorder is not None and codec != "raw":  # what trying the codec cost
             self._recorder.coded(entry.index, codec, time.perf_counter() - started)
         payload = enc.payload
-        if t.device.type != "cpu":  # pinned buffer, side stream (not run here: no GPU)
-            payload, landed = _staging.default().to_host(payload)
-            landed()
         store = self._store
         assert store is not None
+        staging = self._device_staging or (_staging.default() if t.device.type != "cpu" else None)
         try:
-            slot = store.put(payload.data_ptr(), payload.numel())
+            if staging is not None:
+                # Pinned buffer from the staging's pool, copied into on its side stream; pack
+                # returns at once, and the store's write starts on its own thread once the
+                # copy's event has completed (SpillStore.put_after).
+                payload, landed = staging.to_host(payload)
+                slot = store.put_after(landed, payload.data_ptr(), payload.numel())
+                entry.staging = staging
+            else:
+                slot = store.put(payload.data_ptr(), payload.numel())
         except NoSpaceError as e:  # the file could not even grow
             self._full_disk(e)
             return self._keep(entry, raw)

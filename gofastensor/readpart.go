@@ -1,0 +1,77 @@
+package main
+
+/*
+#include <stddef.h>
+#include <stdint.h>
+*/
+import "C"
+
+import (
+	"unsafe"
+
+	"github.com/pyfastensor/pyfastensor/checkpoint"
+)
+
+// pft_ckpt_read_part reads nbytes of record index, from offset off of its
+// data, into the caller's memory at addr (used during the call only),
+// summing its CRC-32 as it lands onto crcIn, the sum of the record's
+// bytes before off; crcOut receives the new sum. The record's last part
+// is checked against the central directory's CRC-32 when verify is
+// non-zero (checkpoint.Archive.ReadPart).
+//
+//export pft_ckpt_read_part
+func pft_ckpt_read_part(h C.uint64_t, index, off C.int64_t, addr unsafe.Pointer, nbytes C.int64_t, crcIn C.int64_t,
+	verify C.int, engine *C.char, threads C.int, taskSize C.int64_t, workers C.int, crcOut *C.int64_t,
+	errbuf *C.char, errlen C.size_t) C.int {
+	return call(errbuf, errlen, func() error {
+		a, err := lookup[*checkpoint.Archive](h)
+		if err != nil {
+			return err
+		}
+		o, err := readOptions(verify, engine, threads, taskSize, workers, nil)
+		if err != nil {
+			return err
+		}
+		p, err := memory(addr, C.size_t(nbytes))
+		if err != nil {
+			return err
+		}
+		crc, err := a.ReadPart(int(index), int64(off), p, uint32(crcIn), o)
+		if err != nil {
+			return err
+		}
+		if crcOut != nil {
+			*crcOut = C.int64_t(crc)
+		}
+		return nil
+	})
+}
+
+// pft_ckpt_sum_part sums nbytes at addr, bytes [off, off+nbytes) of record
+// index already in the caller's memory (read back from a device), onto
+// crcIn; crcOut receives the new sum. At the record's last part the total
+// is checked against the central directory's CRC-32
+// (checkpoint.Archive.SumPart). The memory is read during the call only.
+//
+//export pft_ckpt_sum_part
+func pft_ckpt_sum_part(h C.uint64_t, index, off C.int64_t, addr unsafe.Pointer, nbytes C.int64_t, crcIn C.int64_t,
+	crcOut *C.int64_t, errbuf *C.char, errlen C.size_t) C.int {
+	return call(errbuf, errlen, func() error {
+		a, err := lookup[*checkpoint.Archive](h)
+		if err != nil {
+			return err
+		}
+		p, err := memory(addr, C.size_t(nbytes))
+		if err != nil {
+			return err
+		}
+		crc, err := a.SumPart(int(index), int64(off), p, uint32(crcIn))
+		if err != nil {
+			return err
+		}
+		if crcOut != nil {
+			*crcOut = C.int64_t(crc)
+		}
+		return nil
+	})
+}

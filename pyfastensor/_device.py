@@ -1,0 +1,276 @@
+"""The accelerator calls of pyfastensor's CUDA paths, and the pinned host memory they stage through.
+
+Every CUDA call of a load to the device (``checkpoint/_cuda.py``), of an
+``async_save`` snapshot and of activation offload goes through a
+:class:`Backend`: ``torch.cuda`` by default (:class:`CudaBackend`), a fake
+over CPU tensors in the tests (tests/cuda_fakes.py), which is how all of it
+is tested on machines without a GPU.
+
+Pinned host memory comes from two kinds of pools, both allocated once and
+bounded by ``PYFASTENSOR_PINNED_POOL`` (:func:`pyfastensor.config.pinned_pool`):
+
+- :class:`PinnedSlab`: one buffer, held by one user at a time (a load's
+  :class:`Ring`, an ``async_save`` snapshot);
+- :class:`PinnedPool`: buffers by exact size, reused once the tensor handed
+  out over one has been freed (offloaded activations, whose sizes repeat
+  from step to step).
+
+What has run on a GPU: see tests/gpu/README.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import weakref
+from collections.abc import Iterator
+from typing import Any, Protocol
+
+import torch
+
+from . import config
+
+
+class Backend(Protocol):
+    """The accelerator calls the CUDA paths make (``torch.cuda``'s, by default).
+
+    Streams have ``wait_stream(other)``; events have ``record(stream)``,
+    ``query()`` and ``synchronize()``, as torch.cuda's do.
+    """
+
+    def side_stream(self, device: torch.device) -> Any: ...
+    def current_stream(self, device: torch.device) -> Any: ...
+    def use(self, stream: Any) -> Any: ...  # context manager making ``stream`` current
+    def event(self) -> Any: ...
+    def pinned(self, nbytes: int) -> torch.Tensor: ...  # uint8, page-locked host memory
+    def record(self, t: torch.Tensor, stream: Any) -> None: ...  # t.record_stream(stream)
+    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None: ...  # non-blocking, on the current stream
+    def device(self, location: str) -> torch.device: ...  # where a storage mapped to ``location`` goes
+    def empty(self, nbytes: int, device: torch.device) -> torch.Tensor: ...  # uint8 device memory
+
+
+class CudaBackend:
+    """:class:`Backend` over ``torch.cuda``."""
+
+    def side_stream(self, device: torch.device) -> Any:
+        return torch.cuda.Stream(device)
+
+    def current_stream(self, device: torch.device) -> Any:
+        return torch.cuda.current_stream(device)
+
+    def use(self, stream: Any) -> Any:
+        return torch.cuda.stream(stream)
+
+    def event(self) -> Any:
+        return torch.cuda.Event()
+
+    def pinned(self, nbytes: int) -> torch.Tensor:
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+
+    def record(self, t: torch.Tensor, stream: Any) -> None:
+        t.record_stream(stream)
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        dst.copy_(src, non_blocking=True)
+
+    def device(self, location: str) -> torch.device:
+        # torch.load's own check and message ("Attempting to deserialize object on CUDA device 3
+        # but torch.cuda.device_count() is 1..."), and its choice of index for a bare "cuda".
+        device = torch.serialization._validate_device(location, "cuda")
+        return device if device.index is not None else torch.device("cuda", torch.cuda.current_device())
+
+    def empty(self, nbytes: int, device: torch.device) -> torch.Tensor:
+        return torch.empty(nbytes, dtype=torch.uint8, device=device)
+
+
+_lock = threading.Lock()
+_backend: Backend | None = None
+
+
+def backend() -> Backend:
+    """The backend the CUDA paths use now: :class:`CudaBackend`, unless :func:`using` says otherwise."""
+    global _backend
+    with _lock:
+        if _backend is None:
+            _backend = CudaBackend()
+        return _backend
+
+
+@contextlib.contextmanager
+def using(b: Backend) -> Iterator[Backend]:
+    """Make ``b`` the backend of every CUDA path inside the block (tests: a fake over CPU tensors)."""
+    global _backend
+    with _lock:
+        before, _backend = _backend, b
+    try:
+        yield b
+    finally:
+        with _lock:
+            _backend = before
+
+
+class PinnedSlab:
+    """``nbytes`` of pinned host memory, allocated on first use and then reused, held by one user at a time.
+
+    Args:
+        nbytes: the slab's size; default ``PYFASTENSOR_PINNED_POOL``.
+        backend: allocates it; default :func:`backend` at first use.
+    """
+
+    def __init__(self, nbytes: int | None = None, backend: Backend | None = None) -> None:
+        self.nbytes = config.pinned_pool() if nbytes is None else nbytes
+        self._backend = backend
+        self._buf: torch.Tensor | None = None
+        self._hold = threading.Lock()
+        #: How many times the slab was allocated (once, or 0 before first use).
+        self.allocations = 0
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[torch.Tensor]:
+        """The slab, for the block's duration; other users wait until it ends."""
+        buf = self.acquire()
+        try:
+            yield buf
+        finally:
+            self.release()
+
+    def acquire(self) -> torch.Tensor:
+        """The slab, once no other user holds it; give it back with :meth:`release` (from any thread)."""
+        self._hold.acquire()
+        try:
+            if self._buf is None:
+                b = self._backend or backend()
+                self._buf = b.pinned(self.nbytes)
+                self.allocations += 1
+        except BaseException:
+            self._hold.release()
+            raise
+        return self._buf
+
+    def release(self) -> None:
+        """Give the slab back (see :meth:`acquire`)."""
+        self._hold.release()
+
+    @property
+    def held(self) -> bool:
+        """Whether a user holds the slab now."""
+        return self._hold.locked()
+
+
+_slabs: weakref.WeakKeyDictionary[Any, dict[str, PinnedSlab]] = weakref.WeakKeyDictionary()
+
+
+def slab(b: Backend | None = None, purpose: str = "load") -> PinnedSlab:
+    """The process's :class:`PinnedSlab` for backend ``b`` (default: :func:`backend`) and
+    ``purpose``: ``"load"`` (CUDA loads) or ``"save"`` (``async_save`` snapshots, held until
+    their write ends), one each, so a load never waits for a background save's write."""
+    b = b or backend()
+    with _lock:
+        by_purpose = _slabs.setdefault(b, {})
+        s = by_purpose.get(purpose)
+        if s is None:
+            s = by_purpose[purpose] = PinnedSlab(backend=b)
+        return s
+
+
+class Ring:
+    """``slots`` equal slices of a pinned buffer, used in turn: a slot is handed out again only
+    once the copy that last used it has completed (its event).
+
+    Args:
+        buf: the pinned buffer (a held :class:`PinnedSlab`).
+        slots: how many slices.
+        align: each slice starts on a multiple of this (O_DIRECT reads land in place).
+    """
+
+    def __init__(self, buf: torch.Tensor, slots: int, *, align: int = 4096) -> None:
+        self.slot_bytes = (buf.numel() // slots) // align * align
+        if self.slot_bytes <= 0:
+            raise ValueError(f"a pinned buffer of {buf.numel()} bytes cannot hold {slots} slots of {align} bytes")
+        self.slots = [buf[i * self.slot_bytes:(i + 1) * self.slot_bytes] for i in range(slots)]
+        self._events: list[Any] = [None] * slots
+        self._next = 0
+        #: Times a slot was handed out while its last copy was still running (waited for).
+        self.waits = 0
+
+    def take(self) -> tuple[int, torch.Tensor]:
+        """The next slot, ``(index, slice)``, once its last copy has completed."""
+        i = self._next
+        self._next = (i + 1) % len(self.slots)
+        ev, self._events[i] = self._events[i], None
+        if ev is not None:
+            if not ev.query():
+                self.waits += 1
+            ev.synchronize()
+        return i, self.slots[i]
+
+    def used(self, i: int, event: Any) -> None:
+        """Slot ``i`` is in use until ``event`` completes."""
+        self._events[i] = event
+
+    def drain(self) -> None:
+        """Wait for every slot's last copy."""
+        for i, ev in enumerate(self._events):
+            if ev is not None:
+                ev.synchronize()
+                self._events[i] = None
+
+
+class PinnedPool:
+    """Pinned host buffers by exact size, reused: activations offloaded step after step have the
+    same sizes, so after the first step no pinned memory is allocated.
+
+    A buffer is free again when the tensor :meth:`take` made over it, and every view of it,
+    have been freed. The pool holds at most ``limit`` bytes; past that, :meth:`take` returns
+    a buffer of the backend's own (torch's caching host allocator), counted in :attr:`overflows`.
+
+    Args:
+        backend: allocates the buffers.
+        limit: bytes the pool may hold; default ``PYFASTENSOR_PINNED_POOL``.
+    """
+
+    def __init__(self, backend: Backend, limit: int | None = None) -> None:
+        self.backend = backend
+        self.limit = config.pinned_pool() if limit is None else limit
+        self._lock = threading.Lock()
+        self._bufs: dict[int, list[_Pooled]] = {}
+        self.reserved = 0  # bytes the pool holds
+        self.allocations = 0  # buffers it allocated
+        self.overflows = 0  # buffers handed out past the limit
+
+    def take(self, nbytes: int) -> torch.Tensor:
+        """An uninitialised uint8 pinned tensor of ``nbytes`` (a view of a pooled buffer)."""
+        with self._lock:
+            bufs = self._bufs.setdefault(nbytes, [])
+            free = next((b for b in bufs if b.idle()), None)
+            if free is None:
+                if self.reserved + nbytes > self.limit:
+                    self.overflows += 1
+                    return self.backend.pinned(nbytes)
+                free = _Pooled(self.backend.pinned(nbytes))
+                bufs.append(free)
+                self.reserved += nbytes
+                self.allocations += 1
+            return free.base[:]
+
+
+class _Pooled:
+    """A pooled buffer: free while nothing but the pool refers to its storage.
+
+    The pool keeps the buffer's tensor and storage objects; each tensor
+    handed out (a view) and each view of that adds a reference to the
+    storage, so the storage's use count says when all of them are gone.
+    (Tensors over the same memory with storages of their own would not do:
+    a non-blocking copy from pinned memory records its stream on the
+    allocation it came from, which torch finds through the storage.)
+    """
+
+    __slots__ = ("base", "baseline", "storage")
+
+    def __init__(self, base: torch.Tensor) -> None:
+        self.base = base
+        self.storage = base.untyped_storage()
+        self.baseline = torch._C._storage_Use_Count(self.storage._cdata)
+
+    def idle(self) -> bool:
+        return bool(torch._C._storage_Use_Count(self.storage._cdata) <= self.baseline)

@@ -1,0 +1,401 @@
+"""pyfastensor.load to CUDA: storage records read into device memory, never into pageable host memory.
+
+``torch.load(f, map_location="cuda")`` reads every storage into host memory,
+then copies it to the device, one storage after another. Here each storage
+is allocated on its device while the pickle is unpickled, and the records
+are then moved by one of two routes, decided once per load
+(``PYFASTENSOR_CUDA_LOAD``, :func:`pyfastensor.config.cuda_load`):
+
+- ``cufile``: GPUDirect Storage reads each record straight into its device
+  memory (the Go core's cufile engine, every record in one parallel call;
+  libcufile loaded at run time; destinations are not registered with
+  ``cuFileBufRegister``, which pays only for buffers reused many times). Taken
+  where cuFile can open the file; where it cannot (no libcufile, no NVIDIA
+  driver, nvidia-fs missing...), the load falls back to the pinned ring and
+  :data:`last_route` says why. CRC-32s are checked by reading each record
+  back through the pinned ring (a device-to-host copy at PCIe speed, well
+  above any disk's) and summing it in the Go core, in parallel pieces;
+  ``verify=False`` skips that. (Summing on the device with torch ops would
+  save the copy back but needs a CRC kernel torch does not have.)
+- ``pinned``: a ring of :data:`~pyfastensor.config.PINNED_RING_SLOTS` pinned
+  host buffers (``PYFASTENSOR_PINNED_POOL`` bytes in all, allocated once per
+  process): the Go core reads into one slot, summing CRC-32s as the bytes
+  land, while the previous slots' host-to-device copies run on a side
+  stream; a slot is read into again only once its copy's event has
+  completed. Small records share a slot (one native read of many records);
+  records larger than a slot go in slot-sized pieces, the Go core summing
+  each piece as it lands onto the sum of the pieces before it, and checking
+  the total at the last one.
+
+Either way the bytes are the file's, checked against its CRC-32s, so the
+result is bit-identical to ``torch.load(f, map_location=...)``: the same
+unpickling (torch's ``_load``), the same storages shared by key.
+
+Which map locations come here (:func:`wants`): a string or
+:class:`torch.device` naming CUDA, and a dict mapping any location to CUDA
+(storages it maps elsewhere are read into host memory as usual). A
+callable is not: torch hands it each storage in host memory, and it may do
+anything with it, so it keeps torch's path. Files in another byte order
+keep it too (torch swaps their bytes in host memory).
+
+Every CUDA call goes through :mod:`pyfastensor._device`'s backend, so the
+tests drive all of this on CPU with a fake one (tests/cuda_fakes.py), and
+the cuFile route with the fake libcufile of gds/testdata.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import pickle
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .. import _device, _lib, config
+from ..engines import EngineFile
+from ..errors import CorruptFileError, EngineUnavailableError, FastensorError
+from ._native import Archive
+from ._torchzip import PreloadedZip, key_paths
+from ._unpickle import unpickle
+
+_log = logging.getLogger("pyfastensor")
+
+_lib.register({
+    "pft_ckpt_read_part": [_lib.u64, _lib.i64, _lib.i64, _lib.c_void_p, _lib.i64, _lib.i64, _lib.c_int,
+                           _lib.c_char_p, _lib.c_int, _lib.i64, _lib.c_int, ctypes.POINTER(_lib.i64)],
+    "pft_ckpt_sum_part": [_lib.u64, _lib.i64, _lib.i64, _lib.c_void_p, _lib.i64, _lib.i64,
+                          ctypes.POINTER(_lib.i64)],
+})
+
+#: How the last CUDA load moved its records: ``{"path", "route", "reason"}`` (``route``
+#: ``"cufile"`` or ``"pinned"``; ``reason`` why cuFile was not used, ``""`` when it was).
+#: For inspection: benchmarks print it, tests check it.
+last_route: dict[str, str] = {}
+
+#: Each record in a ring slot starts on a page boundary: direct reads land in place, without
+#: the bounce copy unaligned memory costs (gds/direct.go).
+_ALIGN = 4096
+
+
+def wants(map_location: Any) -> bool:
+    """Whether a load to ``map_location`` takes the CUDA path (see the module docstring)."""
+    if isinstance(map_location, dict):
+        return any(_is_cuda(v) for v in map_location.values())
+    return _is_cuda(map_location)
+
+
+def _is_cuda(where: Any) -> bool:
+    if not isinstance(where, (str, torch.device)):
+        return False
+    try:
+        return torch.device(where).type == "cuda"
+    except (RuntimeError, TypeError):
+        return False
+
+
+def _target(map_location: Any, location: str) -> str:
+    """Where torch would put a storage saved at ``location`` (``_get_restore_location``)."""
+    if isinstance(map_location, dict):
+        return str(map_location.get(location, location))
+    return str(map_location)
+
+
+class _DeviceZip(PreloadedZip):
+    """A :class:`PreloadedZip` whose storages are placeholders, placed by :class:`_Placer`.
+
+    torch's ``load_tensor`` asks the reader for a record, then hands it to
+    ``restore_location`` (our :class:`_Placer`) at once: the placeholder
+    carries the name from one to the other.
+    """
+
+    def __init__(self, archive: Archive, prefix: str) -> None:
+        super().__init__(archive, prefix, storages=False)
+        self.last = ""
+
+    def get_storage_from_record(self, name: str, numel: int, _cls: Any) -> torch.Tensor:
+        full = self.prefix + name
+        i = self.archive.index.get(full)
+        if i is None or not full.startswith(self.prefix + "data/"):
+            raise CorruptFileError(
+                f"checkpoint: {self.archive.path} is corrupt: record {full!r} is referenced by the "
+                "pickle but missing from the archive"
+            )
+        if self.archive.entries[i].size != numel:
+            raise CorruptFileError(
+                f"checkpoint: {self.archive.path} is corrupt: record {full!r} has "
+                f"{self.archive.entries[i].size} bytes, the pickle expects {numel}"
+            )
+        self.last = full
+        return torch.empty(numel, dtype=torch.uint8, device="meta")
+
+
+class _Placer:
+    """The ``map_location`` callable torch's unpickling calls with each new storage: allocates
+    it where the user's ``map_location`` sends it, and notes which record fills it."""
+
+    def __init__(self, zf: _DeviceZip, map_location: Any, backend: _device.Backend) -> None:
+        self.zf, self.map_location, self.backend = zf, map_location, backend
+        self.device: list[tuple[int, torch.Tensor]] = []  # (entry index, device memory)
+        self.host: list[tuple[int, torch.Tensor]] = []  # (entry index, host memory)
+
+    def __call__(self, storage: torch.UntypedStorage, location: str) -> torch.UntypedStorage:
+        i = self.zf.archive.index[self.zf.last]
+        nbytes = self.zf.archive.entries[i].size
+        target = _target(self.map_location, location)
+        if _is_cuda(target):
+            t = self.backend.empty(nbytes, self.backend.device(target))
+            self.device.append((i, t))
+            return t.untyped_storage()
+        t = torch.empty(nbytes, dtype=torch.uint8)
+        self.host.append((i, t))
+        return torch.serialization.default_restore_location(t.untyped_storage(), target)
+
+
+def load(
+    path: str, to_torch: Callable[[str], Any], map_location: Any, module: Any, weights_only: bool,
+    verify: bool, pickle_load_args: dict[str, Any], *, backend: _device.Backend | None = None,
+) -> Any:
+    """``pyfastensor.load(path, map_location=...)`` for a map location :func:`wants` (see the module docstring).
+
+    ``to_torch`` loads with torch.load itself, for files this cannot read
+    (TorchScript, compressed, another byte order); ``module`` is the
+    unpickling module (torch's weights-only one or the user's).
+    """
+    b = backend or _device.backend()
+    with Archive(path) as archive:
+        names = [e.name for e in archive.entries]
+        prefix = names[0].split("/", 1)[0] + "/" if names else ""
+        if (
+            not names or "/" not in names[0] or f"{prefix}constants.pkl" in archive.index
+            or any(e.method != 0 for e in archive.entries)
+        ):
+            return to_torch(path)
+        zf = _DeviceZip(archive, prefix)
+        zf.read_small(verify=verify)
+        if not zf.native_order():
+            return to_torch(path)
+        placer = _Placer(zf, map_location, b)
+        try:
+            obj = unpickle(zf, placer, module, weights_only=weights_only, **pickle_load_args)
+        except pickle.UnpicklingError as e:
+            if not weights_only:
+                raise
+            raise pickle.UnpicklingError(
+                f"Weights only load of {path} failed: the file needs something the restricted "
+                "unpickler does not allow, and nothing from the file was executed. If you trust "
+                "the file's source, load it with weights_only=False, or allow the global with "
+                f"torch.serialization.add_safe_globals([...]).\n\n{e}"
+            ) from None
+        try:
+            if placer.host:
+                archive.read([(i, t.data_ptr(), t.numel()) for i, t in placer.host], verify=verify)
+            if placer.device:
+                fill(archive, placer.device, verify=verify, backend=b)
+        except CorruptFileError as e:
+            paths = key_paths(archive, prefix, str(e))
+            if not paths:
+                raise
+            raise CorruptFileError(f"{e} (tensor {', '.join(paths[:5])}{' ...' if len(paths) > 5 else ''})") from None
+        return obj
+
+
+def fill(archive: Archive, records: list[tuple[int, torch.Tensor]], *, verify: bool,
+         backend: _device.Backend) -> str:
+    """Fill device memory from records of ``archive``: ``records`` holds ``(entry index, uint8
+    device tensor of the record's size)``. Returns the route taken (``"cufile"`` or ``"pinned"``).
+
+    Raises:
+        CorruptFileError: a record's CRC-32 does not match (``verify``).
+        EngineUnavailableError: ``PYFASTENSOR_CUDA_LOAD=cufile`` where cuFile cannot read the file.
+    """
+    records = sorted(records, key=lambda r: archive.entries[r[0]].offset)  # one pass over the file
+    route, reason, cufile = _choose(archive)
+    last_route.clear()
+    last_route.update(path=archive.path, route=route, reason=reason)
+    if reason:
+        _log.info("pyfastensor.load %s to CUDA through the pinned ring: %s", archive.path, reason)
+    with _device.slab(backend).hold() as buf:
+        ring = _device.Ring(buf, config.PINNED_RING_SLOTS, align=_ALIGN)
+        if cufile is not None:
+            cufile.close()  # it answered the probe: the reads go in one parallel native call
+            reads = [(i, t.data_ptr(), t.numel()) for i, t in records if t.numel()]
+            try:
+                archive.read(reads, verify=False, engine="cufile")  # the Go core never touches device memory
+            except (FastensorError, OSError) as e:
+                if config.cuda_load() == "cufile":
+                    raise
+                route, reason = "pinned", f"cuFile read failed, the load went through the pinned ring: {e}"
+                last_route.update(route=route, reason=reason)
+                _log.warning("pyfastensor.load %s: %s", archive.path, reason)
+                cufile = None
+        if cufile is None:
+            _Upload(archive, ring, backend, verify).run(records)
+        elif verify:
+            _read_back(archive, records, ring, backend)
+    return route
+
+
+def _choose(archive: Archive) -> tuple[str, str, EngineFile | None]:
+    """The route of a load: ``(route, why not cuFile, the file opened through cuFile or None)``."""
+    mode = config.cuda_load()
+    if mode == "pinned":
+        return "pinned", "PYFASTENSOR_CUDA_LOAD=pinned", None
+    try:
+        return "cufile", "", EngineFile(archive.source, "r", engine="cufile")
+    except (FastensorError, OSError) as e:  # no libcufile or driver, or cuFile refuses this file
+        if mode == "cufile":
+            raise EngineUnavailableError(
+                f"PYFASTENSOR_CUDA_LOAD=cufile, but cuFile cannot read {archive.path}: {e}"
+            ) from None
+        return "pinned", f"cuFile unavailable: {e}", None
+
+
+class _Upload:
+    """The pinned ring's pipeline (see the module docstring): read into a slot, copy it to the
+    device on the side stream, go on with the next slot while the copy runs."""
+
+    def __init__(self, archive: Archive, ring: _device.Ring, backend: _device.Backend, verify: bool) -> None:
+        self.archive, self.ring, self.b, self.verify = archive, ring, backend, verify
+        self.streams: dict[torch.device, Any] = {}
+        self.batch: list[tuple[int, torch.Tensor, int]] = []  # (entry, device memory, offset in slot)
+        self.fill = 0
+
+    def run(self, records: list[tuple[int, torch.Tensor]]) -> None:
+        slot_bytes = self.ring.slot_bytes
+        for i, t in records:
+            n = t.numel()
+            if n > slot_bytes:
+                self._flush()
+                self._pieces(i, t)
+                continue
+            at = -(-self.fill // _ALIGN) * _ALIGN  # each record on its own page: direct reads land in place
+            if at + n > slot_bytes:
+                self._flush()
+                at = 0
+            self.batch.append((i, t, at))
+            self.fill = at + n
+        self._flush()
+        self.ring.drain()
+        for device, side in self.streams.items():  # the user's stream sees the copies
+            self.b.current_stream(device).wait_stream(side)
+
+    def _side(self, device: torch.device) -> Any:
+        s = self.streams.get(device)
+        if s is None:
+            s = self.streams[device] = self.b.side_stream(device)
+            s.wait_stream(self.b.current_stream(device))  # the allocations are made on it
+        return s
+
+    def _upload(self, slot: int, copies: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Copy ``(device destination, slice of the slot)`` pairs on their devices' side streams,
+        and hold the slot until the copies' events have completed."""
+        devices: list[torch.device] = []
+        for dst, src in copies:
+            with self.b.use(self._side(dst.device)):
+                self.b.copy(dst, src)
+            if dst.device not in devices:
+                devices.append(dst.device)
+        events = []
+        for device in devices:
+            ev = self.b.event()
+            ev.record(self._side(device))
+            events.append(ev)
+        if events:
+            self.ring.used(slot, events[0] if len(events) == 1 else _AllOf(events))
+
+    def _flush(self) -> None:
+        if not self.batch:
+            return
+        slot, buf = self.ring.take()
+        base = buf.data_ptr()
+        self.archive.read([(i, base + at, t.numel()) for i, t, at in self.batch if t.numel()], verify=self.verify)
+        self._upload(slot, [(t, buf[at:at + t.numel()]) for _, t, at in self.batch if t.numel()])
+        self.batch, self.fill = [], 0
+
+    def _pieces(self, i: int, t: torch.Tensor) -> None:
+        e = self.archive.entries[i]
+        crc = 0
+        for lo in range(0, e.size, self.ring.slot_bytes):
+            n = min(self.ring.slot_bytes, e.size - lo)
+            slot, buf = self.ring.take()
+            crc = read_part(self.archive, i, lo, buf.data_ptr(), n, crc, verify=self.verify)
+            self._upload(slot, [(t[lo:lo + n], buf[:n])])
+
+
+def read_part(archive: Archive, index: int, offset: int, addr: int, nbytes: int, crc: int, *, verify: bool) -> int:
+    """Read ``nbytes`` of record ``index`` from ``offset`` of its data into ``addr``, its CRC-32 summed
+    by the Go core as it lands onto ``crc`` (that of the bytes before ``offset``); return the new sum.
+
+    Raises:
+        CorruptFileError: at the record's last part, when the sum is not the central directory's.
+    """
+    out = _lib.i64()
+    _lib.call("pft_ckpt_read_part", archive._live(), index, offset, addr, nbytes, crc, int(verify), None,
+              config.threads(), config.task_size(), 0, ctypes.byref(out))
+    return int(out.value)
+
+
+class _AllOf:
+    """Events of several streams as one: complete when all are."""
+
+    def __init__(self, events: list[Any]) -> None:
+        self.events = events
+
+    def query(self) -> bool:
+        return all(e.query() for e in self.events)
+
+    def synchronize(self) -> None:
+        for e in self.events:
+            e.synchronize()
+
+
+def _read_back(archive: Archive, records: list[tuple[int, torch.Tensor]], ring: _device.Ring,
+               backend: _device.Backend) -> None:
+    """Check the CRC-32s of records already in device memory: each is copied back through the
+    ring in slot-sized pieces (on a side stream, the next pieces' copies running while one is
+    summed) and summed by the Go core, which checks each record at its last piece.
+
+    Raises:
+        CorruptFileError: a record's bytes do not match its CRC-32.
+    """
+    streams: dict[torch.device, Any] = {}
+    pending: list[tuple[int, int, int, torch.Tensor, Any]] = []  # (entry, offset, bytes, slot memory, event)
+    crcs: dict[int, int] = {}
+
+    def settle() -> None:
+        i, lo, n, buf, event = pending.pop(0)
+        event.synchronize()
+        crcs[i] = sum_part(archive, i, lo, buf.data_ptr(), n, crcs.get(i, 0))
+
+    for i, t in records:
+        for lo in range(0, t.numel(), ring.slot_bytes):
+            n = min(ring.slot_bytes, t.numel() - lo)
+            if len(pending) >= len(ring.slots) - 1:
+                settle()
+            slot, buf = ring.take()
+            side = streams.get(t.device)
+            if side is None:
+                side = streams[t.device] = backend.side_stream(t.device)
+                side.wait_stream(backend.current_stream(t.device))  # the cuFile reads are done
+            with backend.use(side):
+                backend.copy(buf[:n], t[lo:lo + n])
+                event = backend.event()
+                event.record(side)
+            ring.used(slot, event)
+            pending.append((i, lo, n, buf, event))
+    while pending:
+        settle()
+
+
+def sum_part(archive: Archive, index: int, offset: int, addr: int, nbytes: int, crc: int) -> int:
+    """Sum ``nbytes`` at ``addr``, bytes of record ``index`` from ``offset`` of its data, onto ``crc``
+    (that of the bytes before ``offset``), in the Go core; return the new sum.
+
+    Raises:
+        CorruptFileError: at the record's last part, when the sum is not the central directory's.
+    """
+    out = _lib.i64()
+    _lib.call("pft_ckpt_sum_part", archive._live(), index, offset, addr, nbytes, crc, ctypes.byref(out))
+    return int(out.value)

@@ -1,0 +1,233 @@
+"""A fake CUDA backend over CPU tensors, and the fake libcufile, for testing the CUDA paths without a GPU.
+
+:class:`FakeCuda` implements :class:`pyfastensor._device.Backend` the way a
+GPU behaves where it matters for correctness: a copy issued on a side
+stream does not happen when it is issued, but when an event recorded after
+it on that stream is synchronized (or another stream waits for it). Code
+that reads a pinned buffer before waiting for its copy's event, or reuses
+a buffer whose copy has not run, reads or clobbers the wrong bytes here
+just as it would on a GPU. "Device memory" is CPU memory.
+
+``gate``: while cleared, synchronizing an event blocks (a copy still in
+flight), so a test can check what happens before a copy completes.
+
+Run as a script (``python cuda_fakes.py <checkpoint> <map_location>``), it
+loads the checkpoint to "cuda" through the fake backend and prints a JSON
+line (the route taken, whether the bytes equal torch.load's): the cuFile
+tests run it in a child process whose dynamic loader finds the fake
+libcufile and a stand-in libcuda.so.1 (:func:`fake_cufile_env`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class FakeStream:
+    def __init__(self, backend: FakeCuda, name: str) -> None:
+        self.backend, self.name = backend, name
+        self.ops: list[Callable[[], None] | None] = []
+        self.done = 0  # ops run so far
+        self.lock = threading.Lock()  # the store's thread waits for events too
+
+    def run_until(self, n: int) -> None:
+        with self.lock:
+            while self.done < n:
+                op, self.ops[self.done] = self.ops[self.done], None  # ran: let its tensors go
+                self.done += 1
+                assert op is not None
+                op()
+
+    def wait_stream(self, other: FakeStream) -> None:
+        self.backend.log.append(("wait", self.name, other.name))
+        other.run_until(len(other.ops))  # conservative: what self runs next comes after all of it
+
+    def synchronize(self) -> None:
+        self.run_until(len(self.ops))
+
+
+class FakeEvent:
+    def __init__(self, backend: FakeCuda) -> None:
+        self.backend = backend
+        self.stream: FakeStream | None = None
+        self.at = 0
+        self.completed = False
+
+    def record(self, stream: FakeStream) -> None:
+        self.stream, self.at = stream, len(stream.ops)
+        self.backend.log.append(("event", stream.name))
+
+    def query(self) -> bool:  # done once the stream has run past it (a wait_stream runs it)
+        if not self.completed and self.backend.gate.is_set() and self.stream is not None:
+            self.completed = self.stream.done >= self.at
+        return self.completed
+
+    def synchronize(self) -> None:
+        if not self.backend.gate.wait(timeout=60):
+            raise AssertionError("a copy's event was waited for while the test held copies in flight")
+        if self.stream is not None:
+            self.stream.run_until(self.at)
+        self.completed = True
+        self.backend.log.append(("sync", self.stream.name if self.stream else ""))
+
+
+class FakeCuda:
+    """:class:`pyfastensor._device.Backend` over CPU tensors, with deferred side-stream copies.
+
+    Args:
+        devices: how many "CUDA devices" :meth:`device` accepts.
+    """
+
+    def __init__(self, devices: int = 2) -> None:
+        self.devices = devices
+        self.log: list[tuple[Any, ...]] = []
+        self.gate = threading.Event()
+        self.gate.set()
+        self.compute = FakeStream(self, "compute")
+        self.current = self.compute
+        self.sides = 0
+        self.pinned_calls: list[int] = []  # sizes of pinned allocations
+        self.empties: list[tuple[int, str]] = []  # (bytes, location asked for) of device allocations
+        self.copies: list[tuple[str, int]] = []  # (stream, bytes) of copies issued
+        self._asked = ""
+
+    def side_stream(self, device: torch.device) -> FakeStream:
+        self.sides += 1
+        return FakeStream(self, f"side{self.sides}")
+
+    def current_stream(self, device: torch.device) -> FakeStream:
+        return self.current
+
+    @contextlib.contextmanager
+    def use(self, stream: FakeStream) -> Iterator[None]:
+        before, self.current = self.current, stream
+        try:
+            yield
+        finally:
+            self.current = before
+
+    def event(self) -> FakeEvent:
+        return FakeEvent(self)
+
+    def pinned(self, nbytes: int) -> torch.Tensor:
+        self.pinned_calls.append(nbytes)
+        return torch.full((nbytes,), 0xEE, dtype=torch.uint8)  # garbage, not zeros
+
+    def record(self, t: torch.Tensor, stream: FakeStream) -> None:
+        self.log.append(("record", stream.name))
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        stream = self.current
+        self.copies.append((stream.name, dst.numel() * dst.element_size()))
+        if stream is self.compute:
+            dst.copy_(src)
+        else:
+            stream.ops.append(lambda: dst.copy_(src))
+
+    def device(self, location: str) -> torch.device:
+        d = torch.device(location)
+        if d.type != "cuda" or (d.index or 0) >= self.devices:
+            raise RuntimeError(f"fake CUDA: no device {location!r}")
+        self._asked = location
+        return torch.device("cpu")
+
+    def empty(self, nbytes: int, device: torch.device) -> torch.Tensor:
+        self.empties.append((nbytes, self._asked))
+        return torch.full((nbytes,), 0xDD, dtype=torch.uint8)
+
+
+def build_fake_cufile(where: Path) -> Path | None:
+    """Build the fake libcufile (gds/testdata/fakecufile) and a stand-in libcuda.so.1 into
+    ``where``; None when there is no C compiler."""
+    gcc = shutil.which("gcc") or shutil.which("cc")
+    if gcc is None:
+        return None
+    where.mkdir(parents=True, exist_ok=True)
+    lib = where / "libcufile.so.0"
+    subprocess.run([gcc, "-shared", "-fPIC", "-o", str(lib), str(ROOT / "gds/testdata/fakecufile/fakecufile.c")],
+                   check=True, capture_output=True)
+    stub = where / "stub.c"
+    stub.write_text("int pyfastensor_fake_libcuda;\n")
+    subprocess.run([gcc, "-shared", "-fPIC", "-o", str(where / "libcuda.so.1"), str(stub)],
+                   check=True, capture_output=True)
+    return lib
+
+
+def fake_cufile_env(lib: Path, **extra: str) -> dict[str, str]:
+    """The environment of a child process that loads the fake libcufile: the probe finds a
+    (stand-in) NVIDIA driver library beside it."""
+    env = dict(os.environ)
+    env["LD_LIBRARY_PATH"] = f"{lib.parent}:{env.get('LD_LIBRARY_PATH', '')}"
+    env["PYFASTENSOR_CUFILE_LIB"] = str(lib)
+    env["PYTHONPATH"] = f"{ROOT}:{env.get('PYTHONPATH', '')}"
+    env.update(extra)
+    return env
+
+
+def run_child(path: Path, map_location: str, env: dict[str, str], *, fail_read: bool = False) -> dict[str, Any]:
+    """Run this file as a script in a child process (see the module docstring); its JSON line.
+    ``fail_read``: the fake libcufile fails the third cuFileRead."""
+    import json
+    import sys
+
+    extra = ["fail-read"] if fail_read else []
+    out = subprocess.run([sys.executable, __file__, str(path), map_location, *extra], env=env,
+                         capture_output=True, text=True, timeout=300)
+    if out.returncode != 0:
+        raise AssertionError(f"child failed ({out.returncode}):\n{out.stdout}\n{out.stderr}")
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def _child(path: str, map_location: str, fault: bool) -> None:
+    import ctypes
+    import json
+
+    import pyfastensor
+    from pyfastensor import _device
+    from pyfastensor.checkpoint import _cuda
+
+    fake = FakeCuda()
+    result: dict[str, Any] = {}
+    lib = os.environ.get("PYFASTENSOR_CUFILE_LIB", "")
+    fake_lib = None
+    if lib and os.path.exists(lib):
+        fake_lib = ctypes.CDLL(lib)  # the copy the Go core loads: its counters and faults
+        for fn in ("fake_calls", "fake_fail_next"):
+            getattr(fake_lib, fn).restype = ctypes.c_long
+            getattr(fake_lib, fn).argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_long]
+    if fault and fake_lib is not None:
+        pyfastensor.info()  # the probe loads the library first
+        fake_lib.fake_fail_next(7, 5030, 2)  # the third cuFileRead fails: CU_FILE_INTERNAL_ERROR
+    try:
+        with _device.using(fake):
+            got = pyfastensor.load(path, map_location=map_location)
+        want = torch.load(path, map_location="cpu")
+        result["equal"] = sorted(got) == sorted(want) and all(
+            bytes(got[k].untyped_storage()) == bytes(want[k].untyped_storage())
+            and got[k].stride() == want[k].stride() and got[k].storage_offset() == want[k].storage_offset()
+            for k in want
+        )
+        result.update(_cuda.last_route)
+    except Exception as e:  # noqa: BLE001 - reported to the parent
+        result["error"] = f"{type(e).__name__}: {e}"
+    if fake_lib is not None:
+        result["cufile_reads"] = fake_lib.fake_calls(7, 0, 0)
+    result["copies"] = len(fake.copies)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    import sys
+
+    _child(sys.argv[1], sys.argv[2], sys.argv[3:] == ["fail-read"])

@@ -1,0 +1,87 @@
+"""pyfastensor.load to CUDA on a real GPU: bit-identical to torch.load, through each route."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import pyfastensor
+from pyfastensor import _device
+from pyfastensor.checkpoint import _cuda
+from pyfastensor.errors import CorruptFileError
+
+POOL = 1 << 20  # 4 slots of 256 KiB: records in pieces, slots reused
+
+
+@pytest.fixture(params=["pinned", "cufile"])
+def route(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[str]:
+    if request.param == "cufile":
+        cufile = pyfastensor.info(tmp_path)["engines"]["cufile"]
+        if not cufile["available"]:
+            pytest.skip(f"cuFile is not available here: {cufile['reason']}")
+    monkeypatch.setenv("PYFASTENSOR_CUDA_LOAD", request.param)
+    monkeypatch.setenv("PYFASTENSOR_PINNED_POOL", str(POOL))
+    with _device.using(_device.CudaBackend()):  # a fresh pinned slab, of POOL bytes
+        yield request.param
+
+
+def state(device: str = "cpu") -> dict[str, Any]:
+    g = torch.Generator().manual_seed(11)
+    base = torch.randn(700, 700, generator=g).to(device)  # ~2 MB: pieces
+    rest = {
+        "half": torch.randn(4097, generator=g).half(), "bf16": torch.randn(300_001, generator=g).bfloat16(),
+        "ints": torch.randint(-(2**40), 2**40, (513,), generator=g), "bool": torch.rand(77, generator=g) > 0.5,
+        "empty": torch.empty(0, 3), **{f"s{i}": torch.randn(i * 31 + 1, generator=g) for i in range(50)},
+    }
+    # Views made on the device, so they share base's storage there too.
+    return {"big": base, "view": base[3:9, 100:], "t": base.t(), **{k: v.to(device) for k, v in rest.items()}}
+
+
+def assert_bit_identical(got: dict[str, Any], want: dict[str, Any]) -> None:
+    assert sorted(got) == sorted(want)
+    for k, w in want.items():
+        g = got[k]
+        assert (g.device, g.dtype, g.shape, g.stride(), g.storage_offset()) == (
+            w.device, w.dtype, w.shape, w.stride(), w.storage_offset()), k
+        assert bytes(g.untyped_storage().cpu()) == bytes(w.untyped_storage().cpu()), f"{k}: bytes differ"
+    assert got["view"].untyped_storage().data_ptr() == got["big"].untyped_storage().data_ptr()
+
+
+@pytest.mark.parametrize("writer", ["pyfastensor", "torch"])
+@pytest.mark.parametrize("where", ["cuda", "cuda:0", "device", "dict"])
+def test_load_to_cuda_is_bit_identical_to_torch_load(tmp_path: Path, route: str, writer: str, where: str) -> None:
+    path = tmp_path / "s.pt"
+    (pyfastensor.save if writer == "pyfastensor" else torch.save)(state(), path)
+    ml: Any = {"device": torch.device("cuda", 0), "dict": {"cpu": "cuda:0"}}.get(where, where)
+    got = pyfastensor.load(path, map_location=ml)
+    assert_bit_identical(got, torch.load(path, map_location=ml))
+    assert _cuda.last_route["route"] == route
+
+
+def test_checkpoint_saved_from_cuda_mapped_by_dict(tmp_path: Path, route: str) -> None:
+    path = tmp_path / "s.pt"
+    torch.save(state("cuda"), path)
+    ml = {"cuda:0": "cuda:0"}
+    assert_bit_identical(pyfastensor.load(path, map_location=ml), torch.load(path, map_location=ml))
+    got = pyfastensor.load(path)  # map_location=None: torch's own path
+    assert got["big"].is_cuda
+
+
+def test_corrupt_record_is_caught(tmp_path: Path, route: str) -> None:
+    from pyfastensor.checkpoint._native import Archive
+
+    path = tmp_path / "s.pt"
+    pyfastensor.save(state(), path)
+    with Archive(path) as a:
+        off = next(e.offset for e in a.entries if e.name == "archive/data/0")
+    with open(path, "r+b") as f:
+        f.seek(off + 12345)
+        b = f.read(1)
+        f.seek(off + 12345)
+        f.write(bytes([b[0] ^ 1]))
+    with pytest.raises(CorruptFileError, match='record "archive/data/0"'):
+        pyfastensor.load(path, map_location="cuda")

@@ -1,0 +1,97 @@
+"""Offload of CUDA activations on a real GPU: gradients bit-for-bit those without offload."""
+
+from __future__ import annotations
+
+import copy
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from offload_models import inputs, loss_of
+
+import pyfastensor
+from pyfastensor import _device
+from pyfastensor.offload import _staging
+
+
+@pytest.fixture(autouse=True)
+def deterministic() -> Any:
+    """Kernels that give the same bits run after run (a difference must be offload's)."""
+    before = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic,
+              torch.backends.cudnn.benchmark)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    yield
+    torch.use_deterministic_algorithms(before[0])
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = before[1], before[2]
+
+
+def train_cuda(model: torch.nn.Module, batch_of: Any, steps: int, ctx: Any = None) -> list[list[torch.Tensor]]:
+    model = copy.deepcopy(model).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    out = []
+    for i in range(steps):
+        x, y = (t.cuda() for t in batch_of(i))
+        opt.zero_grad()
+        if ctx is None:
+            loss_of(model, x, y).backward()
+        else:
+            with ctx():
+                loss_of(model, x, y).backward()
+        out.append([p.grad.detach().cpu() for p in model.parameters()])
+        opt.step()
+    return out
+
+
+@pytest.mark.parametrize("model_name", ["mlp", "cnn", "transformer"])
+def test_gradients_bit_identical_with_cuda_activations_offloaded(tmp_path: Path, model_name: str) -> None:
+    model, batch_of = inputs(model_name)
+    want = train_cuda(model, batch_of, 3)
+    off = pyfastensor.offload(spill_dir=str(tmp_path), min_size=16 << 10, module=model)
+    got = train_cuda(model, batch_of, 3, ctx=lambda: off)
+    for step, (a, b) in enumerate(zip(want, got, strict=True)):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert torch.equal(x, y), f"step {step}, tensor {i}"
+    assert off.summary().offloaded_tensors > 0
+    off.close()
+
+
+class _SpyEvent:
+    def __init__(self, log: list[str]) -> None:
+        self.e, self.log = torch.cuda.Event(), log
+
+    def record(self, stream: Any) -> None:
+        self.e.record(stream)
+
+    def query(self) -> bool:
+        return bool(self.e.query())
+
+    def synchronize(self) -> None:
+        self.log.append(threading.current_thread().name)
+        self.e.synchronize()
+
+
+class _Spy(_device.CudaBackend):
+    def __init__(self) -> None:
+        self.log: list[str] = []
+
+    def event(self) -> Any:
+        return _SpyEvent(self.log)
+
+
+def test_pack_does_not_wait_for_the_copy(tmp_path: Path) -> None:
+    model, batch_of = inputs("mlp")
+    model = model.cuda()
+    spy = _Spy()
+    off = pyfastensor.offload(spill_dir=str(tmp_path), min_size=16 << 10, module=model)
+    off._device_staging = _staging.Staging(spy)
+    x, y = (t.cuda() for t in batch_of(0))
+    with off:
+        loss = loss_of(model, x, y)
+        main = [n for n in spy.log if n == threading.main_thread().name]
+        assert main == [], "pack waited for a device-to-host copy on the caller's thread"
+        loss.backward()
+    assert spy.log, "the store's thread waited for the copies' events"
+    off.close()

@@ -1,0 +1,244 @@
+"""pyfastensor.load to CUDA (checkpoint/_cuda.py), driven on CPU: a fake CUDA backend
+(tests/cuda_fakes.py) whose side-stream copies only happen when their events are waited
+for, and the fake libcufile for the cuFile route (in a child process)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from cuda_fakes import FakeCuda, build_fake_cufile, fake_cufile_env, run_child
+
+import pyfastensor
+from pyfastensor import _device
+from pyfastensor.checkpoint import _cuda
+from pyfastensor.errors import CorruptFileError, EngineUnavailableError
+
+POOL = 1 << 20  # 4 slots of 256 KiB
+
+
+@pytest.fixture
+def small_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYFASTENSOR_PINNED_POOL", str(POOL))
+    monkeypatch.setenv("PYFASTENSOR_CUDA_LOAD", "pinned")
+
+
+def state() -> dict[str, Any]:
+    g = torch.Generator().manual_seed(7)
+    base = torch.randn(300, 300, generator=g)  # 360,000 bytes: more than a slot, read in pieces
+    return {
+        "big": base,
+        "view": base[10:20, 5:],  # shares big's storage
+        "t": base.t(),  # not contiguous
+        "half": torch.randn(1000, generator=g).half(),
+        "ints": torch.randint(-(2**40), 2**40, (513,), generator=g),
+        "bool": torch.rand(77, generator=g) > 0.5,
+        "empty": torch.empty(0, 3),
+        **{f"small{i}": torch.randn(i * 37 + 1, generator=g) for i in range(40)},  # share slots
+        "bf16": torch.randn(65536 + 3, generator=g).bfloat16(),  # just over half a slot
+    }
+
+
+def assert_bit_identical(got: dict[str, Any], want: dict[str, Any]) -> None:
+    assert sorted(got) == sorted(want)
+    for k, w in want.items():
+        g = got[k]
+        assert (g.dtype, g.shape, g.stride(), g.storage_offset()) == (w.dtype, w.shape, w.stride(),
+                                                                       w.storage_offset()), k
+        assert bytes(g.untyped_storage().cpu()) == bytes(w.untyped_storage()), f"{k}: bytes differ"
+    assert got["view"].untyped_storage().data_ptr() == got["big"].untyped_storage().data_ptr()
+
+
+@pytest.mark.parametrize("writer", ["pyfastensor", "torch"])
+def test_pinned_ring_load_is_bit_identical_to_torch_load(tmp_path: Path, small_pool: None, writer: str) -> None:
+    path = tmp_path / "s.pt"
+    (pyfastensor.save if writer == "pyfastensor" else torch.save)(state(), path)
+    fake = FakeCuda()
+    with _device.using(fake):
+        got = pyfastensor.load(path, map_location="cuda")
+    assert_bit_identical(got, torch.load(path, map_location="cpu"))
+    assert _cuda.last_route["route"] == "pinned"
+    assert fake.pinned_calls == [POOL], "one pinned buffer, of the pool's size, for the whole load"
+    n_storages = len({v.untyped_storage().data_ptr() for v in state().values() if v.numel()}) + 1
+    assert len(fake.empties) == n_storages and all(loc == "cuda" for _, loc in fake.empties)
+    side = [n for s, n in fake.copies if s != "compute"]
+    assert side and max(side) <= POOL // 4, "every host-to-device copy is one slot at most, on a side stream"
+    assert sum(side) == sum(n for n, _ in fake.empties)
+
+
+def test_pinned_slab_is_allocated_once_across_loads(tmp_path: Path, small_pool: None) -> None:
+    path = tmp_path / "s.pt"
+    pyfastensor.save(state(), path)
+    fake = FakeCuda()
+    with _device.using(fake):
+        for _ in range(3):
+            pyfastensor.load(path, map_location=torch.device("cuda", 1))
+    assert fake.pinned_calls == [POOL]
+    assert _device.slab(fake).allocations == 1
+    assert {loc for _, loc in fake.empties} == {"cuda:1"}
+
+
+def test_a_slot_is_reused_only_after_its_copy_completed(tmp_path: Path, small_pool: None) -> None:
+    # The fake runs a side-stream copy only when its event is waited for: a slot read into
+    # again before that would overwrite bytes not yet copied, and the load would differ.
+    path = tmp_path / "s.pt"
+    tensors = {f"w{i}": torch.full((60_000,), float(i)) for i in range(12)}  # 240 KB each: a slot each
+    pyfastensor.save(tensors, path)
+    fake = FakeCuda()
+    with _device.using(fake):
+        got = pyfastensor.load(path, map_location="cuda")
+    for k, v in tensors.items():
+        assert torch.equal(got[k], v), k
+    assert sum(1 for e in fake.log if e[0] == "sync") >= 12 - 4, "slots were waited for before reuse"
+
+
+def mixed_checkpoint(path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, torch.Tensor]:
+    """A checkpoint whose storages say they were saved on cuda:0 (the large ones) and the CPU."""
+    tensors = {"a": torch.randn(1000), "b": torch.arange(10), "c": torch.randn(50, 50)}
+    real = torch.serialization.location_tag
+    with monkeypatch.context() as m:
+        m.setattr(torch.serialization, "location_tag",
+                  lambda s: "cuda:0" if s.nbytes() > 100 else real(s))
+        torch.save(tensors, path)
+    return tensors
+
+
+def test_dict_map_location_places_each_storage_where_torch_would(
+    tmp_path: Path, small_pool: None, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    path = tmp_path / "mixed.pt"
+    tensors = mixed_checkpoint(path, monkeypatch)
+    fake = FakeCuda()
+    with _device.using(fake):
+        got = pyfastensor.load(path, map_location={"cuda:0": "cuda:1"})
+    for k, v in tensors.items():
+        assert torch.equal(got[k], v), k
+    assert sorted(n for n, _ in fake.empties) == [4000, 10000], "the cuda:0 storages, on the device"
+    assert {loc for _, loc in fake.empties} == {"cuda:1"}
+    assert got["b"].device.type == "cpu"
+
+
+def test_which_map_locations_take_the_cuda_path() -> None:
+    assert _cuda.wants("cuda") and _cuda.wants("cuda:1") and _cuda.wants(torch.device("cuda", 0))
+    assert _cuda.wants({"cpu": "cuda:0"}) and _cuda.wants({"cuda:1": torch.device("cuda:0")})
+    assert not _cuda.wants("cpu") and not _cuda.wants(None) and not _cuda.wants({"cuda:0": "cpu"})
+    assert not _cuda.wants(lambda s, loc: s.cuda()), "a callable gets torch's host storages"
+    assert not _cuda.wants("nonsense")
+
+
+def flip(path: Path, offset: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)
+        f.seek(offset)
+        f.write(bytes([b[0] ^ 0x40]))
+
+
+def record_offset(path: Path, name: str) -> int:
+    from pyfastensor.checkpoint._native import Archive
+
+    with Archive(path) as a:
+        return next(e.offset for e in a.entries if e.name.endswith(name))
+
+
+@pytest.mark.parametrize("record", ["data/0", "data/3"], ids=["pieces", "shared-slot"])
+def test_a_corrupt_record_is_caught_on_the_host_side_of_the_ring(
+    tmp_path: Path, small_pool: None, record: str,
+) -> None:
+    path = tmp_path / "s.pt"
+    pyfastensor.save(state(), path)  # data/0 is big's storage (pieces), data/3 a small one
+    flip(path, record_offset(path, record) + 3)
+    with _device.using(FakeCuda()), pytest.raises(CorruptFileError, match=f'record "archive/{record}"') as ei:
+        pyfastensor.load(path, map_location="cuda")
+    assert "(tensor [" in str(ei.value), "the message names the tensors stored in the record"
+    with _device.using(FakeCuda()):
+        got = pyfastensor.load(path, map_location="cuda", verify=False)  # the check is what caught it
+    assert not torch.equal(got["big"], state()["big"]) or record != "data/0"
+
+
+def test_weights_only_refusal_keeps_its_message(tmp_path: Path, small_pool: None) -> None:
+    path = tmp_path / "obj.pt"
+    torch.save({"w": torch.ones(3), "f": Path("x")}, path)
+    with _device.using(FakeCuda()), pytest.raises(Exception, match="Weights only load of"):
+        pyfastensor.load(path, map_location="cuda")
+
+
+def test_forcing_cufile_where_it_cannot_work_says_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    if pyfastensor.info(tmp_path)["engines"]["cufile"]["available"]:
+        pytest.skip("GPUDirect Storage works on this machine")
+    path = tmp_path / "s.pt"
+    pyfastensor.save({"w": torch.ones(10)}, path)
+    monkeypatch.setenv("PYFASTENSOR_CUDA_LOAD", "cufile")
+    with _device.using(FakeCuda()), pytest.raises(EngineUnavailableError, match="PYFASTENSOR_CUDA_LOAD=cufile, but"):
+        pyfastensor.load(path, map_location="cuda")
+    monkeypatch.setenv("PYFASTENSOR_CUDA_LOAD", "auto")
+    with _device.using(FakeCuda()):
+        got = pyfastensor.load(path, map_location="cuda")
+    assert torch.equal(got["w"], torch.ones(10))
+    assert _cuda.last_route["route"] == "pinned" and _cuda.last_route["reason"].startswith("cuFile unavailable: ")
+
+
+def test_a_bad_cuda_load_setting_names_the_variable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "s.pt"
+    pyfastensor.save({"w": torch.ones(10)}, path)
+    monkeypatch.setenv("PYFASTENSOR_CUDA_LOAD", "gds")
+    with _device.using(FakeCuda()), pytest.raises(ValueError, match="PYFASTENSOR_CUDA_LOAD='gds'"):
+        pyfastensor.load(path, map_location="cuda")
+
+
+# The cuFile route, in child processes: the probe needs an NVIDIA driver library to
+# load (a stand-in here) and reads PYFASTENSOR_CUFILE_LIB once, as the process starts.
+
+@pytest.fixture(scope="module")
+def fake_cufile(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    lib = build_fake_cufile(tmp_path_factory.mktemp("fakecufile"))
+    if lib is None:
+        pytest.skip("no C compiler to build the fake libcufile")
+    return lib
+
+
+def test_cufile_route_reads_into_device_memory_and_checks_crcs(tmp_path: Path, fake_cufile: Path) -> None:
+    path = tmp_path / "s.pt"
+    pyfastensor.save(state(), path)
+    out = run_child(path, "cuda", fake_cufile_env(fake_cufile, PYFASTENSOR_PINNED_POOL=str(POOL)))
+    assert out.get("error") is None, out
+    assert out["route"] == "cufile" and out["reason"] == "" and out["equal"]
+    assert out["cufile_reads"] >= 40, "each record read by cuFileRead"
+    assert out["copies"] > 0, "records read back through the ring for their CRC-32s"
+
+
+def test_cufile_route_catches_a_corrupt_record(tmp_path: Path, fake_cufile: Path) -> None:
+    path = tmp_path / "s.pt"
+    pyfastensor.save(state(), path)
+    flip(path, record_offset(path, "data/5") + 3)
+    out = run_child(path, "cuda:1", fake_cufile_env(fake_cufile))
+    assert out["error"].startswith("CorruptFileError: ") and 'record "archive/data/5"' in out["error"]
+
+
+def test_missing_libcufile_falls_back_to_the_pinned_ring(tmp_path: Path, fake_cufile: Path) -> None:
+    path = tmp_path / "s.pt"
+    pyfastensor.save(state(), path)
+    env = fake_cufile_env(fake_cufile)
+    env["PYFASTENSOR_CUFILE_LIB"] = str(tmp_path / "nowhere" / "libcufile.so.0")
+    out = run_child(path, "cuda", env)
+    assert out.get("error") is None, out
+    assert out["route"] == "pinned" and out["equal"]
+    assert "libcufile not found" in out["reason"]
+    env["PYFASTENSOR_CUDA_LOAD"] = "cufile"
+    out = run_child(path, "cuda", env)
+    assert out["error"].startswith("EngineUnavailableError: PYFASTENSOR_CUDA_LOAD=cufile, but cuFile cannot read")
+    assert "libcufile not found" in out["error"]
+
+
+def test_a_failed_cufile_read_falls_back_to_the_pinned_ring(tmp_path: Path, fake_cufile: Path) -> None:
+    path = tmp_path / "s.pt"
+    pyfastensor.save(state(), path)
+    out = run_child(path, "cuda", fake_cufile_env(fake_cufile), fail_read=True)
+    assert out.get("error") is None, out
+    assert out["route"] == "pinned" and out["equal"]
+    assert out["reason"].startswith("cuFile read failed, the load went through the pinned ring: ")
+    assert "CU_FILE_INTERNAL_ERROR" in out["reason"]
+    out = run_child(path, "cuda", fake_cufile_env(fake_cufile, PYFASTENSOR_CUDA_LOAD="cufile"), fail_read=True)
+    assert "CU_FILE_INTERNAL_ERROR" in out["error"], "forced, the failure is the load's"
