@@ -1,7 +1,6 @@
 package checkpoint
 
 import (
-	"errors"
 	"fmt"
 	"time"
 
@@ -133,45 +132,16 @@ func (s *Staged) Commit() (st Stats, err error) {
 		}
 	}()
 	recs := s.l.recs
-	inExtent := make([]bool, len(recs))
-	var large []transfer.Extent
-	var largeAt []int
 	for i := range recs {
-		switch {
-		case s.staged[i]:
+		if s.staged[i] {
 			if s.written[i] != recs[i].size() {
 				return st, fmt.Errorf("%w: checkpoint: staged save %s: record %q has %d of its %d bytes",
 					gds.ErrInvalid, s.path, recs[i].Name, s.written[i], recs[i].size())
 			}
-			recs[i].crc, inExtent[i] = s.crc[i], true
-		case recs[i].size() >= transfer.ExtentMin:
-			large = append(large, transfer.Extent{Off: recs[i].dataOff, Data: recs[i].Data, Sum: true})
-			largeAt = append(largeAt, i)
-			inExtent[i] = true
-		case recs[i].size() > 0:
-			recs[i].crc = transfer.Checksum(recs[i].Data)
+			recs[i].crc = s.crc[i]
 		}
 	}
-	res, err := s.w.Write(large)
-	if err != nil {
-		var ee *transfer.ExtentError
-		if errors.As(err, &ee) {
-			return st, fmt.Errorf("checkpoint: save %s: record %q: %w", s.path, recs[largeAt[ee.Ext]].Name, ee.Err)
-		}
-		return st, fmt.Errorf("checkpoint: save %s: %w", s.path, err)
-	}
-	for k, i := range largeAt {
-		recs[i].crc = res[k].CRC
-	}
-	var rest []transfer.Extent
-	for _, r := range runs(&s.l, inExtent) {
-		rest = append(rest, transfer.Extent{Off: r.off, Len: r.n, Engine: "posix",
-			Build: func() ([]byte, int64) { return r.compose(recs) }})
-	}
-	cd := central(&s.l)
-	rest = append(rest, transfer.Extent{Off: s.l.cdOff, Len: int64(len(cd)), Engine: "posix",
-		Build: func() ([]byte, int64) { return cd, 0 }})
-	if _, err := s.w.Write(rest); err != nil {
+	if err := write(s.w, &s.l, s.staged); err != nil {
 		return st, fmt.Errorf("checkpoint: save %s: %w", s.path, err)
 	}
 	s.done = true

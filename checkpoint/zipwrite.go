@@ -59,7 +59,7 @@ func Save(path string, recs []Record, o WriteOptions) (st Stats, err error) {
 	if err != nil {
 		return st, fmt.Errorf("checkpoint: save %s: %w", path, err)
 	}
-	if err := write(w, &l); err != nil {
+	if err := write(w, &l, nil); err != nil {
 		w.Abort()
 		return st, fmt.Errorf("checkpoint: save %s: %w", path, err)
 	}
@@ -102,14 +102,19 @@ func checkNames(recs []Record) error {
 // queue stays full from the first byte to the last. Then what needs the
 // extents' CRC-32s: their descriptors and the central directory, through
 // the page cache (a few bytes each, after the direct writes of the blocks
-// they share have landed).
-func write(w *transfer.Writer, l *layout) error {
+// they share have landed). Records with written[i] set had their data
+// written before (a staged save's parts) and their CRC-32 set: they are
+// written as extents are, less the data. written may be nil.
+func write(w *transfer.Writer, l *layout, written []bool) error {
 	recs := l.recs
 	var exts []transfer.Extent
-	var largeAt []int
+	var largeAt, doneAt []int
 	inExtent := make([]bool, len(recs))
 	for i := range recs {
-		if recs[i].size() >= transfer.ExtentMin {
+		if written != nil && written[i] {
+			doneAt = append(doneAt, i)
+			inExtent[i] = true
+		} else if recs[i].size() >= transfer.ExtentMin {
 			exts = append(exts, transfer.Extent{Off: recs[i].dataOff, Data: recs[i].Data, Sum: true})
 			largeAt = append(largeAt, i)
 			inExtent[i] = true
@@ -127,10 +132,13 @@ func write(w *transfer.Writer, l *layout) error {
 		}
 		return err
 	}
-	var last []transfer.Extent
 	for k, i := range largeAt {
+		recs[i].crc = res[k].CRC
+	}
+	var last []transfer.Extent
+	described := append(largeAt, doneAt...)
+	for _, i := range described {
 		p := &recs[i]
-		p.crc = res[k].CRC
 		d := descriptor(p.hdrOff, p.size(), p.crc)
 		last = append(last, transfer.Extent{Off: p.descOff, Len: int64(len(d)), Engine: "posix",
 			Build: func(b []byte) int64 { copy(b, d); return 0 }}) // not data: no progress
@@ -140,8 +148,8 @@ func write(w *transfer.Writer, l *layout) error {
 		Build: func(p []byte) int64 { copy(p, cd); return 0 }})
 	if _, err = w.Write(last); err != nil {
 		var ee *transfer.ExtentError
-		if errors.As(err, &ee) && ee.Ext < len(largeAt) {
-			return fmt.Errorf("record %q: descriptor: %w", recs[largeAt[ee.Ext]].Name, ee.Err)
+		if errors.As(err, &ee) && ee.Ext < len(described) {
+			return fmt.Errorf("record %q: descriptor: %w", recs[described[ee.Ext]].Name, ee.Err)
 		}
 		return fmt.Errorf("central directory: %w", err)
 	}

@@ -57,6 +57,17 @@ class Records:
     sizes: list[int] = field(default_factory=list)
     aligns: list[int] = field(default_factory=list)
 
+    def joined_names(self) -> bytes:
+        """The names as the native calls take them: one per line.
+
+        Raises:
+            ValueError: a name holds a newline.
+        """
+        names = "\n".join(self.names)
+        if names.count("\n") != max(len(self.names) - 1, 0):
+            raise ValueError("record names cannot contain a newline")
+        return names.encode()
+
     def add(self, name: str, addr: int, nbytes: int, align: int = 0) -> None:
         """Append one record."""
         self.names.append(name)
@@ -112,15 +123,13 @@ def write_archive(
     counter: ctypes.c_int64 | None = None,
 ) -> dict[str, Any]:
     """Write ``records`` as a zip archive at ``path`` (see checkpoint/zipwrite.go); return stats."""
-    names = "\n".join(records.names)
-    if names.count("\n") != max(len(records.names) - 1, 0):
-        raise ValueError("record names cannot contain a newline")
+    names = records.joined_names()
     n = len(records.names)
     addrs, sizes = _arrays(records.addrs, records.sizes)
     aligns = (ctypes.c_int64 * n)(*records.aligns)
     out = ctypes.c_void_p()
     _lib.call(
-        "pft_ckpt_save", _lib.cstr(path), n, names.encode(), addrs, sizes, aligns,
+        "pft_ckpt_save", _lib.cstr(path), n, names, addrs, sizes, aligns,
         int(durable), _engine(engine), config.threads(), config.task_size(), 0,
         ctypes.byref(counter) if counter is not None else None, ctypes.byref(out),
     )

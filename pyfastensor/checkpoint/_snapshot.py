@@ -29,8 +29,8 @@ import torch
 
 from .. import _device, config
 from ._skeleton import Skeleton
-from ._staged import StagedSave, skeleton_parts
-from .save import write_skeleton
+from ._staged import StagedSave
+from .save import skeleton_records, write_skeleton
 
 #: Copies in the slab start on page boundaries (direct I/O writes them in place).
 _ALIGN = 4096
@@ -177,8 +177,11 @@ def _in_waves(b: _device.Backend, buf: torch.Tensor, device: list[tuple[str, tor
     all but the last wave (left in :attr:`Snapshot.pending` for :meth:`Snapshot.write`)."""
     on_device = {k for k, _ in device}
     every = {k: s if k in on_device else snap.skeleton.storages[k] for k, s in skel.storages.items()}
-    parts, snap.keep, index = skeleton_parts(Skeleton(skel.data, every), {k: True for k in on_device})
-    snap.staged = StagedSave(snap.path, parts, durable=snap.durable, engine=snap.engine)
+    records, snap.keep, index, _ = skeleton_records(Skeleton(skel.data, every), staged=on_device)
+    staged = [False] * len(records.names)
+    for k in on_device:
+        staged[index[k]] = True
+    snap.staged = StagedSave(snap.path, records, staged, durable=snap.durable, engine=snap.engine)
     sides = _side_streams(b, device)
     ring = _device.Ring(buf, config.PINNED_RING_SLOTS, align=_ALIGN)
     pieces = 0

@@ -13,14 +13,11 @@ from __future__ import annotations
 import ctypes
 import json
 import os
-import secrets
-import sys
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 from .. import _lib, config
-from ._native import _engine, data_align
-from ._skeleton import Skeleton
+from ._native import Records, _arrays, _engine
 
 _P = ctypes.POINTER
 _lib.register({
@@ -32,48 +29,6 @@ _lib.register({
     "pft_ckpt_stage_abort": [_lib.u64],
 })
 
-ARCHIVE = "archive"
-
-
-@dataclass(frozen=True)
-class Part:
-    """One record of a staged save: bytes at ``addr`` (written at commit), or, ``staged``, ``nbytes``
-    written later by :meth:`StagedSave.write`."""
-
-    name: str
-    nbytes: int
-    align: int = 0
-    addr: int = 0
-    staged: bool = False
-
-
-def skeleton_parts(skel: Skeleton, staged: dict[str, bool]) -> tuple[list[Part], list[Any], dict[str, int]]:
-    """The records :func:`pyfastensor.checkpoint.save.write_skeleton` writes for ``skel``, in its
-    order: ``(parts, owners of their memory, record index of each storage key)``. Storages whose key
-    ``staged`` marks are staged; the others are written from their memory at commit."""
-    keep: list[Any] = []
-
-    def meta(name: str, data: bytes) -> Part:
-        buf = ctypes.create_string_buffer(data, len(data))
-        keep.append(buf)
-        return Part(f"{ARCHIVE}/{name}", len(data), 0, ctypes.addressof(buf) if data else 0)
-
-    align = data_align()
-    parts = [meta("data.pkl", skel.data), meta(".format_version", b"1"),
-             meta(".storage_alignment", str(align).encode()), meta("byteorder", sys.byteorder.encode())]
-    index: dict[str, int] = {}
-    for key, storage in skel.storages.items():
-        index[key] = len(parts)
-        if staged.get(key):
-            parts.append(Part(f"{ARCHIVE}/data/{key}", storage.nbytes(), align, staged=True))
-        else:
-            keep.append(storage)
-            parts.append(Part(f"{ARCHIVE}/data/{key}", storage.nbytes(), align, storage.data_ptr()))
-    parts.append(meta("version", b"3\n"))
-    parts.append(meta(".data/serialization_id", "".join(str(secrets.randbelow(10)) for _ in range(40)).encode()))
-    return parts, keep, index
-
-
 class StagedSave(_lib.Handle):
     """A staged save to ``path`` in progress; closing it without :meth:`commit` aborts it (the
     temporary file is removed, ``path`` untouched).
@@ -83,24 +38,26 @@ class StagedSave(_lib.Handle):
 
     Args:
         path: the target.
-        parts: the records, in order.
+        records: the records, in order (:func:`~pyfastensor.checkpoint.save.skeleton_records`).
+        staged: the records whose bytes :meth:`write` brings, in parts (their addresses
+            are ignored); the others are written from their memory at commit.
         durable: fsync the file and its directory at commit. Default ``True``.
         engine: one I/O engine for every record; default: chosen by size.
     """
 
     _close_fn = "pft_ckpt_stage_abort"
 
-    def __init__(self, path: str, parts: list[Part], *, durable: bool = True, engine: str | None = None) -> None:
+    def __init__(self, path: str, records: Records, staged: Sequence[bool], *, durable: bool = True,
+                 engine: str | None = None) -> None:
         super().__init__()
-        if any("\n" in p.name for p in parts):
-            raise ValueError("record names cannot contain a newline")
         self.path = path
-        n = len(parts)
+        n = len(records.names)
+        names = records.joined_names()
+        addrs, sizes = _arrays([0 if st else a for a, st in zip(records.addrs, staged, strict=True)], records.sizes)
         handle = _lib.u64()
         _lib.call(
-            "pft_ckpt_stage_begin", _lib.cstr(path), n, "\n".join(p.name for p in parts).encode(),
-            (ctypes.c_void_p * n)(*[p.addr or None for p in parts]), (ctypes.c_int64 * n)(*[p.nbytes for p in parts]),
-            (ctypes.c_int64 * n)(*[p.align for p in parts]), (ctypes.c_int * n)(*[int(p.staged) for p in parts]),
+            "pft_ckpt_stage_begin", _lib.cstr(path), n, names, addrs, sizes,
+            (ctypes.c_int64 * n)(*records.aligns), (ctypes.c_int * n)(*[int(st) for st in staged]),
             int(durable), _engine(engine), config.threads(), config.task_size(), 0, ctypes.byref(handle),
         )
         self._handle = handle.value

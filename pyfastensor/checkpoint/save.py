@@ -8,6 +8,7 @@ import secrets
 import shutil
 import sys
 import tempfile
+from collections.abc import Collection
 from typing import IO, TYPE_CHECKING, Any
 
 import torch
@@ -127,7 +128,26 @@ def write_skeleton(
     engine: str | None = None, progress: bool | None = None,
 ) -> None:
     """Write a pickled skeleton and its storages' bytes as a torch zip archive at ``path``."""
-    keep: list[Any] = []  # owners of every address below, alive until the native call returns
+    records, keep, _, total = skeleton_records(skel, disable_byteorder=disable_byteorder)
+    _progress.run(
+        lambda counter: write_archive(path, records, durable=durable, engine=engine, counter=counter),
+        total, f"save {os.path.basename(path)}", progress,
+    )
+    keep.clear()  # the native call has returned: the memory may go
+
+
+def skeleton_records(
+    skel: Skeleton, *, disable_byteorder: bool = False, staged: Collection[str] = (),
+) -> tuple[Records, list[Any], dict[str, int], int]:
+    """The records of the archive of ``skel``, in torch's order: ``(records, owners of their
+    memory, record index of each storage key, storage bytes)``.
+
+    Storages not on the CPU are copied to it (as torch.save stages them),
+    except the keys in ``staged``, whose records get no address: their bytes
+    are written later, in parts (a staged save, checkpoint/_staged.py). The
+    owners must stay alive until the records are written.
+    """
+    keep: list[Any] = []
     records = Records()
 
     def meta(name: str, data: bytes) -> None:
@@ -142,8 +162,15 @@ def write_skeleton(
     if not disable_byteorder:
         meta("byteorder", sys.byteorder.encode())
     kinds: dict[torch.device, str] = {}  # device -> its type: one lookup per device, not per storage
+    index: dict[str, int] = {}
     total = 0
     for key, storage in skel.storages.items():
+        index[key] = len(records.names)
+        n = storage.nbytes()
+        total += n
+        if key in staged:
+            records.add(f"{ARCHIVE}/data/{key}", 0, n, align)
+            continue
         device = storage.device
         kind = kinds.get(device) or kinds.setdefault(device, device.type)
         if kind != "cpu":
@@ -154,15 +181,8 @@ def write_skeleton(
                 )
             storage = storage.cpu()  # device-to-host staging, as torch.save does
         keep.append(storage)
-        n = storage.nbytes()
         records.add(f"{ARCHIVE}/data/{key}", storage.data_ptr(), n, align)
-        total += n
     meta("version", b"3\n")
     serialization_id = "".join(str(secrets.randbelow(10)) for _ in range(40))
     meta(".data/serialization_id", serialization_id.encode())
-
-    _progress.run(
-        lambda counter: write_archive(path, records, durable=durable, engine=engine, counter=counter),
-        total, f"save {os.path.basename(path)}", progress,
-    )
-    keep.clear()  # the native call has returned: the memory may go
+    return records, keep, index, total
