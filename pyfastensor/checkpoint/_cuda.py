@@ -58,7 +58,7 @@ from ..engines import EngineFile
 from ..errors import CorruptFileError, EngineUnavailableError, FastensorError
 from ._native import Archive
 from ._torchzip import PreloadedZip, key_paths
-from ._unpickle import unpickle
+from ._unpickle import refused, unpickle
 
 _log = logging.getLogger("pyfastensor")
 
@@ -182,12 +182,7 @@ def load(
         except pickle.UnpicklingError as e:
             if not weights_only:
                 raise
-            raise pickle.UnpicklingError(
-                f"Weights only load of {path} failed: the file needs something the restricted "
-                "unpickler does not allow, and nothing from the file was executed. If you trust "
-                "the file's source, load it with weights_only=False, or allow the global with "
-                f"torch.serialization.add_safe_globals([...]).\n\n{e}"
-            ) from None
+            raise refused(path, e) from None
         try:
             if placer.host:
                 archive.read([(i, t.data_ptr(), t.numel()) for i, t in placer.host], verify=verify)

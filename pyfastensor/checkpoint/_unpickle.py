@@ -81,6 +81,16 @@ class _FastModule:
     Unpickler = FastUnpickler
 
 
+def refused(path: str, e: pickle.UnpicklingError) -> pickle.UnpicklingError:
+    """The error of a weights-only load of ``path`` whose pickle the restricted unpickler refused."""
+    return pickle.UnpicklingError(
+        f"Weights only load of {path} failed: the file needs something the restricted "
+        "unpickler does not allow, and nothing from the file was executed. If you trust "
+        "the file's source, load it with weights_only=False, or allow the global with "
+        f"torch.serialization.add_safe_globals([...]).\n\n{e}"
+    )
+
+
 def unpickle(zip_file: Any, map_location: Any, pickle_module: Any, *, weights_only: bool,
              overall_storage: torch.UntypedStorage | None = None, **pickle_load_args: Any) -> Any:
     """``torch.serialization._load`` over ``zip_file``; weights-only loads try :class:`FastUnpickler` first."""

@@ -23,7 +23,7 @@ from ..errors import CorruptFileError
 from . import _cuda, _progress
 from ._native import Archive, plan_load
 from ._torchzip import PreloadedZip, key_paths
-from ._unpickle import load_cpu, unpickle
+from ._unpickle import load_cpu, refused, unpickle
 
 FileLike = str | os.PathLike[str] | IO[bytes]
 MapLocation = str | torch.device | dict[str, str] | Callable[..., Any] | None
@@ -306,12 +306,7 @@ def _load_archive(
             _wait(pending, archive, prefix)  # a damaged record explains more than the pickle
             if not weights_only:
                 raise
-            raise pickle.UnpicklingError(
-                f"Weights only load of {path} failed: the file needs something the restricted "
-                "unpickler does not allow, and nothing from the file was executed. If you trust "
-                "the file's source, load it with weights_only=False, or allow the global with "
-                f"torch.serialization.add_safe_globals([...]).\n\n{e}"
-            ) from None
+            raise refused(path, e) from None
         except BaseException:
             _wait(pending, archive, prefix)
             raise
