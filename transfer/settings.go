@@ -40,16 +40,6 @@ const (
 	// threshold: below it the read is through the page cache anyway.
 	AlignedMin = DirectThreshold
 
-	// SubsetDirectMin is the extent size from which a read of part of a
-	// file whose other parts are someone else's (a rank's share of a DCP
-	// data file, the slice a resharded load needs) uses O_DIRECT when the
-	// extent is not cached: every size. Through the page cache such reads
-	// bring in the kernel's readahead (read_ahead_kb, 8 MiB on the
-	// development VM's virtio disk) of neighbouring records no one asked
-	// for: `bench dcp`'s resharded loads read 1.2x (rows of column shards)
-	// to 1.9x the pages they planned from the device through posix.
-	SubsetDirectMin = 0
-
 	// CarveMin is the least page-aligned record that keeps its own pages
 	// of a file read whole (freed with its tensor); smaller ones are
 	// copied out into the allocator's memory, where a mapping per record
@@ -133,7 +123,6 @@ func Settings() map[string]any {
 		"direct_threshold":  DirectThreshold,
 		"resident_share":    ResidentShare,
 		"aligned_min":       AlignedMin,
-		"subset_direct_min": SubsetDirectMin,
 		"whole_min":         WholeMin,
 		"whole_average_min": WholeAverageMin,
 		"carve_min":         CarveMin,
