@@ -289,29 +289,33 @@ func TestCommitDCPRemovesOnlyEarlierDataFiles(t *testing.T) {
 	assert.Equal(t, "meta", string(got))
 }
 
-// Without a chooser, a cold partial read goes direct whatever its size (no
-// readahead of other ranks' records), and a cached one through the page
-// cache.
-func TestDCPReadsColdSubsetsDirect(t *testing.T) {
+// Without a chooser, reads follow transfer.Default, as every read: a cold
+// extent of transfer.DirectThreshold and up goes direct, a smaller one and a
+// cached one through the page cache.
+func TestDCPReadsThroughTheDefaultChooser(t *testing.T) {
 	dir := t.TempDir()
 	if !transfer.Probe(dir).Direct {
 		t.Skip("no O_DIRECT in " + dir)
 	}
 	rng := rand.New(rand.NewPCG(11, 12))
-	items := dcpItems(rng, 3000, 50_000, 700)
+	items := dcpItems(rng, 3000, transfer.DirectThreshold+5000, 700)
 	path := filepath.Join(dir, "__0_0.pfd")
 	recs := saveDCP(t, path, items)
 	evict(t, path)
-	ranges := []DCPRange{{Record: 0, Dst: make([]byte, 3000)}, {Record: 1, Off: 9000, Dst: make([]byte, 100)}}
-	st, err := ReadDCP(path, recs, ranges, ReadOptions{})
+	small := []DCPRange{{Record: 0, Dst: make([]byte, 3000)}}
+	st, err := ReadDCP(path, recs, small, ReadOptions{})
 	require.NoError(t, err)
-	assert.Equal(t, []string{"direct"}, slices.Collect(maps.Keys(st.Engines)), "cold: %v", st.Engines)
-	assert.Equal(t, items[1].Data[9000:9100], ranges[1].Dst)
+	assert.Equal(t, []string{"posix"}, slices.Collect(maps.Keys(st.Engines)), "cold, small: %v", st.Engines)
+	evict(t, path)
+	large := []DCPRange{{Record: 1, Dst: make([]byte, transfer.DirectThreshold+5000)}}
+	st, err = ReadDCP(path, recs, large, ReadOptions{})
+	require.NoError(t, err)
+	assert.Equal(t, []string{"direct"}, slices.Collect(maps.Keys(st.Engines)), "cold, large: %v", st.Engines)
+	assert.Equal(t, items[1].Data, large[0].Dst)
 
-	whole := []DCPRange{{Record: 2, Dst: make([]byte, 700)}}
 	_, err = os.ReadFile(path) // now cached
 	require.NoError(t, err)
-	st, err = ReadDCP(path, recs, whole, ReadOptions{})
+	st, err = ReadDCP(path, recs, large, ReadOptions{})
 	require.NoError(t, err)
 	assert.Equal(t, []string{"posix"}, slices.Collect(maps.Keys(st.Engines)), "cached: %v", st.Engines)
 }
