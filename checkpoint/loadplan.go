@@ -61,8 +61,8 @@ func PlanLoad(path string, mapped, chosen bool) (LoadPlan, error) {
 		plan.Reason = "mapped, or an engine chosen by the caller: record by record"
 		return plan, nil
 	}
-	if res, err := gds.Resident(path, []int64{0}, []int64{st.Size()}); err == nil && len(res) == 1 {
-		plan.Resident = res[0]
+	if res, err := fileResidency(path, st.Size()); err == nil {
+		plan.Resident = res
 	}
 	dir, err := transfer.DirOf(path)
 	if err != nil {
@@ -86,6 +86,38 @@ func PlanLoad(path string, mapped, chosen bool) (LoadPlan, error) {
 		plan.Reason = fmt.Sprintf("cold file of ours: read whole in %s O_DIRECT requests", human(transfer.WholeRequest))
 	}
 	return plan, nil
+}
+
+// fileResidency returns the share of the file at path, of size bytes, in
+// the page cache: measured whole for a small file, else estimated from
+// transfer.ResidencySamples windows of transfer.ResidencySampleBytes
+// spread evenly over it (cachestat's cost grows with the pages it counts;
+// see the settings). Every decision taken from it only chooses a path
+// (whole or per record, which memory, which engine): a wrong estimate
+// costs speed, never correctness.
+func fileResidency(path string, size int64) (float64, error) {
+	n, w := int64(transfer.ResidencySamples), int64(transfer.ResidencySampleBytes)
+	if size <= n*w*transfer.ResidencySampleGap {
+		res, err := gds.Resident(path, []int64{0}, []int64{size})
+		if err != nil {
+			return -1, err
+		}
+		return res[0], nil
+	}
+	stride := size / n &^ (transfer.Page - 1) // windows start on pages: no page counted twice
+	offs, sizes := make([]int64, n), make([]int64, n)
+	for i := range offs {
+		offs[i], sizes[i] = int64(i)*stride, w
+	}
+	res, err := gds.Resident(path, offs, sizes)
+	if err != nil {
+		return -1, err
+	}
+	var sum float64
+	for _, r := range res {
+		sum += r
+	}
+	return sum / float64(n), nil
 }
 
 // endRecordCount reports whether the file ends with our writer's comment

@@ -2,13 +2,11 @@ package checkpoint
 
 import (
 	"fmt"
-	"os"
 	"runtime"
 	"runtime/debug"
-	"unsafe"
 
+	"github.com/pyfastensor/pyfastensor/gds"
 	"github.com/pyfastensor/pyfastensor/transfer"
-	"golang.org/x/sys/unix"
 )
 
 // verifyPiece is the most one task sums: large records are split so that
@@ -59,7 +57,9 @@ func (a *Archive) Verify(reqs []ReadRequest, o ReadOptions) error {
 			}
 		}()
 		p := reqs[pc.Ext].Dst[pc.Lo:pc.Hi]
-		populate(p)
+		// One madvise maps the piece rather than one fault per 16 pages as
+		// the sum reaches them: on a warm 500 MB mapping, 10 ms less of faults.
+		gds.Populate(p, false)
 		crcs[pc.Ext].Set(pc.Index, transfer.Checksum(p), int64(len(p)))
 		if o.Progress != nil {
 			o.Progress(int64(len(p)))
@@ -103,19 +103,4 @@ func (a *Archive) verifyGranules(reqs []ReadRequest, progress func(int64)) ([]Re
 		}
 	}
 	return rest, nil
-}
-
-// populate maps the pages of p in one call (MADV_POPULATE_READ, Linux
-// 5.14) rather than one fault per 16 pages as the sum reaches them: on a
-// warm 500 MB mapping that is 10 ms less of faults. Best effort: where it
-// fails (an older kernel; a hole past the end of a truncated file), the
-// sum faults the pages in itself, or faults on the hole and says so.
-func populate(p []byte) {
-	if len(p) == 0 {
-		return
-	}
-	page := uintptr(os.Getpagesize())
-	lo := uintptr(unsafe.Pointer(&p[0])) &^ (page - 1)
-	hi := uintptr(unsafe.Pointer(&p[0])) + uintptr(len(p))
-	_, _, _ = unix.Syscall(unix.SYS_MADVISE, lo, hi-lo, unix.MADV_POPULATE_READ)
 }

@@ -128,10 +128,20 @@ func (p *PieceCRCs) Total() uint32 {
 // are summed first and go in one request, as reads do: the device needs
 // large requests queued to reach its bandwidth (1 MiB reads measured 1.5
 // GB/s where 8 MiB ones reached the disk's 2.1; a durable ResNet-50 save's
-// writes took 63 ms in 8 MiB requests against 72 in 1 MiB ones). Reads go
-// in one request and the data a direct read lands in memory is not in the
-// cache anyway; the sum follows.
+// writes took 63 ms in 8 MiB requests against 72 in 1 MiB ones). Reads
+// that the CPU copies out of the page cache go in steps too, each summed
+// just after it lands (readSummed); other reads go in one request, and
+// the data a direct read lands in memory is not in the cache anyway; the
+// sum follows.
 func MoveSummed(f gds.File, write bool, p []byte, off int64, sum bool) (uint32, int, error) {
+	if !write && cpuCopies(f) {
+		// New memory (a load's tensors) is mapped in one madvise rather
+		// than faulted page by page inside the kernel's copy.
+		gds.Populate(p, true)
+		if sum {
+			return readSummed(f, p, off)
+		}
+	}
 	if !write {
 		n, err := f.ReadAt(p, off)
 		if err != nil || !sum {
@@ -157,6 +167,35 @@ func MoveSummed(f gds.File, write bool, p []byte, off int64, sum bool) (uint32, 
 		}
 	}
 	return crc, done, nil
+}
+
+// readSummed reads p at off through f in ReadSumChunk steps, summing each
+// step just after it lands, while the CPU that copied it still holds it
+// in its cache. On error it returns the bytes read before it.
+func readSummed(f gds.File, p []byte, off int64) (uint32, int, error) {
+	var crc uint32
+	done := 0
+	for done < len(p) {
+		q := p[done:min(done+ReadSumChunk, len(p))]
+		n, err := f.ReadAt(q, off+int64(done))
+		done += n
+		if err != nil {
+			return 0, done, err
+		}
+		crc = crc32.Update(crc, crc32.IEEETable, q)
+	}
+	return crc, done, nil
+}
+
+// cpuCopies reports whether a read through f is a copy by the CPU out of
+// the page cache (posix, mmap, and direct after it fell back to posix),
+// which leaves the bytes in the core's cache and costs no more in steps
+// of a few hundred KiB than in one request. Direct reads (DMA into
+// aligned memory, or into a bounce buffer) and GDS need their large
+// requests.
+func cpuCopies(f gds.File) bool {
+	e := f.Engine()
+	return e == "posix" || e == "mmap"
 }
 
 // Page is the span whose CRC-32 a whole-file read sums separately: a page,

@@ -209,3 +209,22 @@ func TestCRCSpeedMeasures(t *testing.T) {
 	s := CRCSpeed(64<<10, 20*time.Millisecond)
 	assert.Greater(t, s, 50e6, "CRC-32 of a cached block at %.0f B/s", s)
 }
+
+// A page-cache read summed in ReadSumChunk steps gives each extent's
+// CRC-32 whatever its length and its memory's alignment.
+func TestReadSummedInStepsMatchesChecksum(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "x.bin")
+	data := randBytes(3*ReadSumChunk+12345, 5)
+	_, _, err := WriteFile(path, int64(len(data)), []Extent{{Data: data}}, false, nil, Options{Chooser: Fixed("posix")})
+	require.NoError(t, err)
+	mem := make([]byte, len(data)+1)
+	exts := []Extent{
+		{Off: 0, Data: mem[1 : 1+ReadSumChunk+7], Sum: true}, // not page-aligned
+		{Off: ReadSumChunk + 7, Data: mem[1+ReadSumChunk+7:], Sum: true},
+	}
+	res, _, err := Read(path, exts, Options{Chooser: Fixed("posix")})
+	require.NoError(t, err)
+	assert.Equal(t, data, mem[1:])
+	assert.Equal(t, Checksum(data[:ReadSumChunk+7]), res[0].CRC)
+	assert.Equal(t, Checksum(data[ReadSumChunk+7:]), res[1].CRC)
+}
