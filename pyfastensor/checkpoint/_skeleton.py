@@ -32,7 +32,8 @@ from torch.serialization import location_tag, normalize_storage_type
 #: Types whose objects are never storages (exact types: a subclass could be anything).
 _NEVER_STORAGES = frozenset({int, float, bool, str, bytes, tuple, list, dict, type(None), torch.Size,
                              torch.dtype, torch.device, collections.OrderedDict, torch.Tensor,
-                             torch.nn.Parameter, type, types.FunctionType, types.BuiltinFunctionType})
+                             torch.nn.Parameter, type, types.FunctionType, types.BuiltinFunctionType,
+                             type(torch.FloatStorage)})  # the storage classes the persistent ids name
 
 
 @dataclass
@@ -54,14 +55,21 @@ def pickle_skeleton(obj: Any, pickle_module: Any = pickle, pickle_protocol: int 
     id_map: dict[int, str] = {}
     storage_dtypes: dict[int, torch.dtype] = {}
     locations: dict[torch.device, str] = {}
+    storage_types: dict[torch.dtype, Any] = {}
 
     def persistent_id(obj: Any) -> tuple | None:
-        if not (isinstance(obj, torch.storage.TypedStorage) or torch.is_storage(obj)):
+        if type(obj) is torch.storage.TypedStorage:  # a tensor's, from _reduce_plain: the common case first
+            typed = True
+        elif isinstance(obj, torch.storage.TypedStorage) or torch.is_storage(obj):
+            typed = isinstance(obj, torch.storage.TypedStorage)
+        else:
             return None
-        if isinstance(obj, torch.storage.TypedStorage):
+        if typed:
             storage = obj._untyped_storage
             storage_dtype = obj.dtype
-            storage_type = getattr(torch, obj._pickle_storage_type())
+            storage_type = storage_types.get(storage_dtype)
+            if storage_type is None:
+                storage_type = storage_types[storage_dtype] = getattr(torch, obj._pickle_storage_type())
             numel = storage.nbytes() // storage_dtype.itemsize  # obj._size(), without its lookups
         else:
             storage = obj
