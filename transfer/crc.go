@@ -152,7 +152,7 @@ func MoveSummed(f gds.File, write bool, p []byte, off int64, sum bool) (uint32, 
 	var crc uint32
 	done := 0
 	step := SumChunk
-	if f.Engine() != "posix" {
+	if !cpuCopies(f) {
 		step = len(p)
 	}
 	for done < len(p) {
@@ -187,12 +187,12 @@ func readSummed(f gds.File, p []byte, off int64) (uint32, int, error) {
 	return crc, done, nil
 }
 
-// cpuCopies reports whether a read through f is a copy by the CPU out of
-// the page cache (posix, mmap, and direct after it fell back to posix),
-// which leaves the bytes in the core's cache and costs no more in steps
-// of a few hundred KiB than in one request. Direct reads (DMA into
-// aligned memory, or into a bounce buffer) and GDS need their large
-// requests.
+// cpuCopies reports whether a transfer through f is a copy by the CPU
+// into or out of the page cache (posix, mmap, and direct after it fell
+// back to posix), which leaves the bytes in the core's cache and costs no
+// more in steps of a few hundred KiB than in one request. Direct
+// transfers (DMA from or into aligned memory, or a bounce buffer) and GDS
+// need their large requests.
 func cpuCopies(f gds.File) bool {
 	e := f.Engine()
 	return e == "posix" || e == "mmap"
