@@ -45,7 +45,6 @@ the last byte durable or loaded.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -54,12 +53,12 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from . import disk
+from ._output import write_json
 
 if TYPE_CHECKING:  # torch is imported where a benchmark runs: `--help` stays fast
     import torch
@@ -875,7 +874,5 @@ def _cmd_checkpoint(args: argparse.Namespace) -> int:
         from ..checkpoint import _cuda
         print(f"pyfastensor.load to {DEVICE}, last route: {_cuda.last_route}")
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=2))
-        print(f"raw results: {args.json}")
+        write_json(result, args.json)
     return 0

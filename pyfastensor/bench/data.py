@@ -49,6 +49,7 @@ import numpy as np
 from .. import config
 from . import data_loaders as dlm
 from . import disk
+from ._output import plot_or_say, save_figure, write_json
 from .data_loaders import LOADER_NAMES, LOADERS
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
@@ -1072,10 +1073,7 @@ def plot(result: dict[str, Any], path: str | os.PathLike[str]) -> Path:
         ax.set_title(f"convergence: small CNN, class-sorted images, {conv['settings']['epochs']} epochs")
         ax.legend(fontsize=8)
         ax.grid(True, alpha=0.3)
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    return out
+    return save_figure(fig, path)
 
 
 # ---------------------------------------------------------------- command line
@@ -1184,13 +1182,7 @@ def _cmd_data(args: argparse.Namespace) -> int:
                     shutil.rmtree(sub, ignore_errors=True)
     print(format_report(result))
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        doc = json.loads(json.dumps(result, default=float))
-        Path(args.json).write_text(json.dumps(doc, indent=2))
-        print(f"raw results: {args.json}")
+        write_json(result, args.json)
     if not args.no_plot:
-        try:
-            print(f"plot: {plot(result, args.plot)}")
-        except ImportError:
-            print("plot: skipped, matplotlib is not installed (pip install 'pyfastensor[plot]')")
+        plot_or_say(plot, result, args.plot)
     return 0

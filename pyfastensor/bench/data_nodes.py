@@ -44,6 +44,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ._output import write_json
+
 #: The paper's three-node setup is ImageNet-1k; this default is small enough for a laptop.
 DEFAULT_SAMPLES = 8000
 DEFAULT_NODES = (2, 4)
@@ -207,9 +209,7 @@ def run_nodes(args: argparse.Namespace) -> int:
                          _run_variant(pack, k, "dist", False, args, budget), _run_variant(pack, k, "dist", True, args, budget)]
     print(format_report(rows))
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(rows, indent=2))
-        print(f"raw results: {args.json}")
+        write_json(rows, args.json)
     return 0
 
 

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from . import disk
+from ._output import write_json
 
 MiB = 1 << 20
 
@@ -370,7 +371,5 @@ def _cmd_dcp(args: argparse.Namespace) -> int:
                      progress=progress)
     print(format_report(result))
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=2))
-        print(f"raw results: {args.json}")
+        write_json(result, args.json)
     return 0

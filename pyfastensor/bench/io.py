@@ -11,7 +11,6 @@ size) on the machine at hand.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys
@@ -26,6 +25,7 @@ from .. import config
 from ..engines import ENGINES
 from ..errors import FastensorError
 from . import disk
+from ._output import plot_or_say, save_figure, write_json
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
@@ -482,10 +482,7 @@ def plot(result: dict[str, Any], path: str | os.PathLike[str]) -> Path:
     fig.suptitle(f"pyfastensor bench io: {d.get('fs_type', '?')} at {d['dir']}, "
                  f"{size_label(s['total'])} per figure, {s['threads']} threads"
                  + (f", best of {s['repeat']}" if s.get("repeat", 1) > 1 else ""))
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    return out
+    return save_figure(fig, path)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -561,12 +558,7 @@ def _cmd_io(args: argparse.Namespace) -> int:
             print("\r\033[K", end="", file=sys.stderr, flush=True)
     print(format_report(result))
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=2))
-        print(f"raw results: {args.json}")
+        write_json(result, args.json)
     if not args.no_plot:
-        try:
-            print(f"plot: {plot(result, args.plot)}")
-        except ImportError:
-            print("plot: skipped, matplotlib is not installed (pip install 'pyfastensor[plot]')")
+        plot_or_say(plot, result, args.plot)
     return 0

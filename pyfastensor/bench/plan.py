@@ -31,11 +31,12 @@ offload.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 from pathlib import Path
 from typing import Any
+
+from ._output import plot_or_say, save_figure, write_json
 
 #: Targets of issue 16: G10's throughput against ideal (mean over rows) and against FlashNeuron's selection.
 G10_OF_IDEAL = 0.90
@@ -191,10 +192,7 @@ def plot(result: dict[str, Any], path: str | os.PathLike[str]) -> Path:
     s = result["settings"]
     fig.suptitle("pyfastensor bench plan (simulated, seed Figure 11)"
                  + (f", op times / {s['speedup']:g}" if s["speedup"] != 1 else ""))
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    return out
+    return save_figure(fig, path, dpi=120)
 
 
 def _ints(s: str) -> tuple[int, ...]:
@@ -256,9 +254,7 @@ def _cmd(args: argparse.Namespace) -> int:
             path = Path(args.json)
             if not args.runtime_only:
                 path = path.with_name(path.stem + "-runtime.json")
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(rt, indent=2))
-            print(f"raw run-time results: {path}")
+            write_json(rt, path, what="raw run-time results")
     return 0
 
 
@@ -268,14 +264,9 @@ def _cmd_simulated(args: argparse.Namespace) -> int:
                  speedup=args.speedup, traces_dir=args.traces)
     print(format_report(result))
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=2))
-        print(f"raw results: {args.json}")
+        write_json(result, args.json)
     if not args.no_plot:
-        try:
-            print(f"plot: {plot(result, args.plot)}")
-        except ImportError:
-            print("plot: skipped, matplotlib is not installed (pip install 'pyfastensor[plot]')")
+        plot_or_say(plot, result, args.plot)
     return 0
 
 
