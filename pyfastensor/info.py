@@ -55,3 +55,16 @@ def _torch_version() -> str | None:
     except ImportError:
         return None
     return str(torch.__version__)
+
+
+def available_memory() -> int:
+    """``MemAvailable`` from /proc/meminfo, in bytes: memory the kernel can give without
+    swapping (0 where it cannot be read)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0

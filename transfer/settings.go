@@ -75,8 +75,8 @@ const (
 
 	// ExtentMin is the smallest record a zip save writes straight from its
 	// memory through its own engine. Smaller records are copied into the
-	// runs of bytes between extents (with the headers around them) and
-	// written through the page cache: one write for many small records.
+	// runs of bytes between extents (with the headers around them), each
+	// run one write through the engine the chooser gives its size.
 	ExtentMin = DirectThreshold
 
 	// RunMax bounds such a run: the memory one task composes.

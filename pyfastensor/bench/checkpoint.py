@@ -57,6 +57,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..info import available_memory
 from . import disk
 from ._output import write_json
 
@@ -444,7 +445,7 @@ def _fresh_memory(w: Workload) -> None:
     Without this, a load's figure depended on whether the tool before it
     had freed anonymous memory (torch's copies) or not (mapped loads).
     """
-    disk.prime_memory(min(2 * w.nbytes, _available_memory() // 2))
+    disk.prime_memory(min(2 * w.nbytes, available_memory() // 2))
 
 
 def measure_round(tool: str, w: Workload, directory: str, *, check: bool = False,
@@ -668,7 +669,7 @@ def run(directory: str, *, workloads: list[Workload] | None = None, quick: bool 
     loads = workloads if workloads is not None else build_workloads(quick=quick)
     # Each row holds a state dict and a loaded copy (plus torch's own
     # buffers): fault that much memory in once so no tool pays the VM's first touch.
-    disk.prime_memory(min(3 * max((w.nbytes for w in loads), default=0), _available_memory() // 2))
+    disk.prime_memory(min(3 * max((w.nbytes for w in loads), default=0), available_memory() // 2))
     limits: list[disk.DiskLimit] = []
     rounds: dict[str, dict[str, list[dict[str, float]]]] = {w.name: {t: [] for t in tools} for w in loads}
     for i in range(repeat):
@@ -710,17 +711,6 @@ def crc_speeds() -> dict[str, float]:
     from .._lib import crc_speed
 
     return {"cached_gbps": crc_speed(1 * MiB) / 1e9, "memory_gbps": crc_speed(512 * MiB, 300) / 1e9}
-
-
-def _available_memory() -> int:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
 
 
 def _f(v: float | None, fmt: str) -> str:

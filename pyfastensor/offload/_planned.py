@@ -169,18 +169,6 @@ def link_bps(device: torch.device, nbytes: int) -> float:
     return n / max(best, 1e-9)
 
 
-def available_host_bytes() -> int:
-    """``MemAvailable`` from /proc/meminfo (0 where it cannot be read)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-
-
 def make(profile: dict[str, Any], unpacks: list[tuple[int, int, int]], budget: int, host_bytes: int,
          device: torch.device) -> dict[str, Any]:
     """Plan the saved tensors of a profiled step; return the plan's record (see ``Offload.plan_details``).

@@ -16,6 +16,7 @@ from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from ..errors import InvalidArgumentError, NoSpaceError
+from ..info import available_memory
 from . import _planned, _staging, codecs
 from ._filter import ModuleWatch, is_parameter, is_relu_output, storages_of, supported
 from ._order import PlannedPrefetcher, Prefetcher
@@ -396,7 +397,7 @@ class Offload:
         device = self._device or torch.device("cpu")
         host = self.host_bytes
         if host is None:
-            host = _planned.available_host_bytes() if self.tier == "auto" and device.type != "cpu" else 0
+            host = available_memory() if self.tier == "auto" and device.type != "cpu" else 0
         prof = rec.profile(self.budget, "ssd")
         try:
             result = _planned.make(prof, rec.unpacks, self.budget, host, device)
