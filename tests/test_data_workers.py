@@ -129,7 +129,8 @@ def test_worker_of_a_closed_dataset(packed, monkeypatch):
 
 
 def _client_process(address: str, batches: list[list[int]], die: bool, conn) -> None:
-    """A worker's protocol by hand: take each batch, or, with ``die``, get the first and be killed."""
+    """A worker's protocol by hand: take each batch, or, with ``die``, get the first, hold it until
+    told to go on, and be killed."""
     c = _client.Client(address, "test")
     got = []
     for idx in batches:
@@ -137,6 +138,7 @@ def _client_process(address: str, batches: list[list[int]], die: bool, conn) -> 
         positions = meta[0::4]
         if die:
             conn.send(positions)
+            conn.recv()  # holding the batch until the other worker has its share
             os.kill(os.getpid(), signal.SIGKILL)
         total = sum(meta[3::4])
         storage = torch.UntypedStorage._new_shared(max(total, 1))
@@ -164,7 +166,8 @@ def test_killed_worker_loses_and_repeats_nothing(packed):
         procs.append(p)
         pipes.append(parent)
     lost = pipes[0].recv()
-    live = pipes[1].recv()
+    live = pipes[1].recv()  # the other worker completed its share while the batch was held
+    pipes[0].send("die")  # given back only now: no live request can take its samples first
     for p in procs:
         p.join(30)
     assert procs[0].exitcode == -signal.SIGKILL and procs[1].exitcode == 0
