@@ -64,7 +64,7 @@ def run(models: tuple[str, ...] = ("bert", "vit", "resnet"), batches: tuple[int,
         ``{"settings": ..., "hardware": ..., "rows": [...], "summary": ...}``; a row has
         the model, batch, demand, device bytes, trace peak and one result per policy.
     """
-    from ..plan import Hardware, policies, simulate
+    from ..plan import Hardware, bound_ns, policies, simulate
     from ..plan import models as builtin
 
     if speedup <= 0:
@@ -88,9 +88,11 @@ def run(models: tuple[str, ...] = ("bert", "vit", "resnet"), batches: tuple[int,
             peak = simulate(trace, base, "ideal").peak_device_bytes
             hw = base.replace(device_bytes=max(1, int(peak / demand)))
             results = {p: simulate(trace, hw, p) for p in policies()}
+            bound = bound_ns(trace, hw)
             rows.append({"model": name, "batch": batch, "demand": demand, "device_bytes": hw.device_bytes,
                          "peak_bytes": peak, "ops": len(trace.ops), "ideal_ns": trace.total_ns,
                          "throughput": {p: r.throughput for p, r in results.items()},
+                         "bound": trace.total_ns / bound if bound else 0.0,
                          "errors": {p: r.error for p, r in results.items() if r.error},
                          "ssd_write_bytes": {p: r.ssd_write_bytes for p, r in results.items()},
                          "host_write_bytes": {p: r.host_write_bytes for p, r in results.items()}})
@@ -102,9 +104,10 @@ def run(models: tuple[str, ...] = ("bert", "vit", "resnet"), batches: tuple[int,
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Mean normalized throughput per policy, G10 against the targets, and the rows that fall short."""
     if not rows:
-        return {"mean": {}, "g10_over_flashneuron": None, "short": []}
+        return {"mean": {}, "mean_bound": None, "g10_over_flashneuron": None, "short": []}
     policies = list(rows[0]["throughput"])
     mean = {p: statistics.fmean(r["throughput"][p] for r in rows) for p in policies}
+    mean_bound = statistics.fmean(r["bound"] for r in rows)
     fn = mean.get("flashneuron", 0.0)
     over = mean["g10"] / fn if fn > 0 else float("inf")
     short = []
@@ -112,12 +115,14 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         g, f = r["throughput"]["g10"], r["throughput"]["flashneuron"]
         why = []
         if g < G10_OF_IDEAL:
-            why.append(f"g10 {g:.3f} of ideal < {G10_OF_IDEAL:.2f}")
+            why.append(f"g10 {g:.3f} of ideal < {G10_OF_IDEAL:.2f}"
+                       + (f" (the links allow at most {r['bound']:.3f})" if r["bound"] < G10_OF_IDEAL else
+                          f" (the links allow {r['bound']:.3f}: the planner's shortfall)"))
         if f > 0 and g / f < G10_OVER_FLASHNEURON:
             why.append(f"g10 {g / f:.2f}x flashneuron < {G10_OVER_FLASHNEURON}x")
         if why:
             short.append(f"{r['model']} B={r['batch']} M={r['demand']:.0%}: {'; '.join(why)}")
-    return {"mean": mean, "g10_over_flashneuron": over,
+    return {"mean": mean, "mean_bound": mean_bound, "g10_over_flashneuron": over,
             "g10_of_ideal_met": mean["g10"] >= G10_OF_IDEAL,
             "g10_over_flashneuron_met": over >= G10_OVER_FLASHNEURON, "short": short}
 
@@ -133,16 +138,19 @@ def format_report(result: dict[str, Any]) -> str:
              f"{hw['ssd_write_bps'] / 1e9:g} GB/s, PCIe {hw['host_link_bps'] / 1e9:g} GB/s) with device memory "
              f"= trace peak / demand; op times: CPU" + (f" / {s['speedup']:g}" if s["speedup"] != 1 else "")]
     head = f"{'model':<7} {'batch':>5} {'demand':>6} {'device':>10} {'ops':>5}"
-    lines.append(head + "".join(f" {p:>11}" for p in policies) + f" {'g10/fn':>7}")
+    lines.append(head + "".join(f" {p:>11}" for p in policies) + f" {'bound':>7} {'g10/fn':>7}")
     for r in rows:
         t = r["throughput"]
         cells = "".join(f" {t[p]:>11.3f}" if t[p] else f" {'infeasible':>11}" for p in policies)
         fn = t.get("flashneuron", 0.0)
         ratio = f"{t['g10'] / fn:>7.2f}" if fn else f"{'-':>7}"
         lines.append(f"{r['model']:<7} {r['batch']:>5} {r['demand']:>6.0%} {_mib(r['device_bytes']):>10} "
-                     f"{r['ops']:>5}{cells} {ratio}")
+                     f"{r['ops']:>5}{cells} {r['bound']:>7.3f} {ratio}")
     m = result["summary"]
-    lines.append(f"{'mean':<37}" + "".join(f" {m['mean'][p]:>11.3f}" for p in policies))
+    lines.append(f"{'mean':<37}" + "".join(f" {m['mean'][p]:>11.3f}" for p in policies)
+                 + f" {m['mean_bound']:>7.3f}")
+    lines.append("bound: the most any plan can reach (ideal over offload.BoundNs: the bytes that must cross the "
+                 "links at this capacity, over their bandwidth)")
     over = m["g10_over_flashneuron"]
     lines.append(f"target: g10 >= {G10_OF_IDEAL:.0%} of ideal on average: {m['mean']['g10']:.1%} "
                  f"({'met' if m['g10_of_ideal_met'] else 'NOT met'})")
