@@ -304,7 +304,7 @@ def test_record_marks_saved_tensors_and_gradients():
 def test_bench_plan_tiny(tmp_path, capsys):
     pytest.importorskip("torch")
     args = ["bench", "plan", "--models", "bert,resnet", "--batches", "2", "--demands", "150%,3",
-            "--layers", "1", "--width", "16", "--no-plot", "--json", str(tmp_path / "r.json"),
+            "--layers", "1", "--width", "bert=16,resnet=8", "--no-plot", "--json", str(tmp_path / "r.json"),
             "--traces", str(tmp_path / "traces")]
     assert main(args) == 0
     out = capsys.readouterr().out
@@ -317,6 +317,12 @@ def test_bench_plan_tiny(tmp_path, capsys):
     assert "target: g10 >= 90% of ideal on average" in out
     assert "target: g10 >= 1.3x flashneuron" in out
     result = json.loads((tmp_path / "r.json").read_text())
+    settings = result["settings"]
+    assert settings["width"] == {"bert": 16, "resnet": 8}
+    # --speedup auto: the A100's FP32 peak over this CPU's measured rate
+    assert settings["cpu_flops"] > 0
+    assert settings["speedup"] == pytest.approx(19.5e12 / settings["cpu_flops"])
+    assert "measured" in out
     for r in result["rows"]:
         assert r["throughput"]["ideal"] == 1.0
         assert r["device_bytes"] == int(r["peak_bytes"] / r["demand"])
