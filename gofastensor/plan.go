@@ -228,3 +228,31 @@ func pft_plan_make(trace, hardware *C.char, out **C.char, errbuf *C.char, errlen
 		return putJSON(out, p)
 	})
 }
+
+// pft_plan_bound returns, as JSON {"bound_ns": N}, a lower bound on the
+// simulated time of one iteration of a trace on hardware (both JSON) under
+// any policy (offload.BoundNs): what the bytes that must cross the links
+// cost. 0 when one op alone does not fit the device.
+//
+//export pft_plan_bound
+func pft_plan_bound(trace, hardware *C.char, out **C.char, errbuf *C.char, errlen C.size_t) C.int {
+	return call(errbuf, errlen, func() error {
+		tj, err := cbytes(trace, "trace")
+		if err != nil {
+			return err
+		}
+		hj, err := cbytes(hardware, "hardware")
+		if err != nil {
+			return err
+		}
+		t, err := offload.ParseTrace(tj)
+		if err != nil {
+			return err
+		}
+		hw, err := parseHardware(hj)
+		if err != nil {
+			return err
+		}
+		return putJSON(out, map[string]int64{"bound_ns": offload.BoundNs(t, hw)})
+	})
+}

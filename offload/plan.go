@@ -65,23 +65,28 @@ type candidate struct {
 	st, en []float64 // start and end of each op of p.Ops, unrolled
 }
 
-// window returns the positions in c.p.Ops freed by migrating through tier:
-// [tail, pf), tail being the first op that starts after the eviction ends
-// and pf the op at whose start the latest safe prefetch is issued
-// (len(Ops): at the start of Before). sync frees every op.
+// window returns the positions in c.p.Ops freed by migrating through tier
+// with nothing else on its links: [tail, pf), tail being the first op that
+// starts after the eviction ends and pf the op at whose start the latest
+// safe prefetch is issued (len(Ops): at the start of Before). sync frees
+// every op.
 func (c *candidate) window(hw Hardware, tier string, sync bool) (tail, pf int) {
-	n := len(c.p.Ops)
 	if c.p.After < 0 || sync {
-		return 0, n
+		return 0, len(c.p.Ops)
 	}
-	done := float64(c.p.StartNs) + hw.evictNs(tier, c.p.Bytes)
+	return c.windowAt(float64(c.p.StartNs)+hw.evictNs(tier, c.p.Bytes), float64(c.p.EndNs)-hw.fetchNs(tier, c.p.Bytes))
+}
+
+// windowAt is window for an eviction that ends at done and a prefetch
+// that must be issued by fetchBy; (0, 0) when they leave no op between.
+func (c *candidate) windowAt(done, fetchBy float64) (tail, pf int) {
+	n := len(c.p.Ops)
 	for tail < n && c.st[tail] < done {
 		tail++
 	}
-	need := hw.fetchNs(tier, c.p.Bytes)
 	pf = -1
 	for q := n - 1; q >= 0; q-- {
-		if float64(c.p.EndNs)-c.st[q] >= need {
+		if c.st[q] <= fetchBy {
 			pf = q
 			break
 		}
@@ -90,6 +95,57 @@ func (c *candidate) window(hw Hardware, tier string, sync bool) (tail, pf int) {
 		return 0, 0
 	}
 	return tail, pf
+}
+
+// route is where one period's transfers would go on a tier's links, given
+// the traffic planned so far: the window it frees and the link time it
+// takes each way.
+type route struct {
+	tier         string
+	tail, pf     int
+	evict, fetch []span
+	queued       bool // the traffic planned so far delays a transfer
+}
+
+// links are the planner's timelines of the four link directions.
+type links struct{ ssdW, ssdR, hostW, hostR timeline }
+
+// route plans c's eviction on tier's write link as soon as it has room
+// after c's period starts, and its prefetch on the read link as late as
+// it can end before the period does. With sync the window is the whole
+// period (the op that needs the tensor waits for it).
+func (l *links) route(hw Hardware, c *candidate, tier string, sync bool) route {
+	r := route{tier: tier, pf: len(c.p.Ops)}
+	if c.p.After < 0 {
+		return r // a global no op uses: it stays in tier, nothing moves
+	}
+	w, rd := &l.ssdW, &l.ssdR
+	wBps, rBps, lat := hw.SSDWriteBps, hw.SSDReadBps, float64(hw.SSDLatencyNs)
+	if tier == TierHost {
+		w, rd = &l.hostW, &l.hostR
+		wBps, rBps, lat = hw.HostLinkBps, hw.HostLinkBps, 0
+	}
+	dw, dr := float64(c.p.Bytes)/wBps*1e9, float64(c.p.Bytes)/rBps*1e9
+	from, until := float64(c.p.StartNs)+lat, float64(c.p.EndNs)
+	var done, start float64
+	r.evict, done = w.forward(from, dw)
+	r.fetch, start = rd.backward(until, dr)
+	r.queued = done > from+dw+eps || start < until-dr-eps
+	if !sync {
+		r.tail, r.pf = c.windowAt(done, start-lat)
+	}
+	return r
+}
+
+// take reserves r's link time.
+func (l *links) take(r route) {
+	if r.tier == TierHost {
+		l.hostW.reserve(r.evict)
+		l.hostR.reserve(r.fetch)
+		return
+	}
+	l.ssdW.reserve(r.evict)
+	l.ssdR.reserve(r.fetch)
 }
 
 // MakePlan runs G10's smart eviction (Algorithm 1) and smart prefetching
@@ -158,8 +214,7 @@ func MakePlan(t *Trace, hw Hardware) (MigrationPlan, error) {
 		return false
 	}
 	hostUse := make([]int64, len(t.Ops))
-	type busy struct{ s, e float64 }
-	var ssdBusy []busy
+	var lk links
 	type chosen struct {
 		c         *candidate
 		tier      string
@@ -219,29 +274,37 @@ func MakePlan(t *Trace, hw Hardware) (MigrationPlan, error) {
 			m.tail, m.pf, m.sync, m.prefetchT = 0, len(c.p.Ops), true, float64(c.p.EndNs)
 			continue
 		}
-		tier := TierSSD
-		tr := float64(c.p.StartNs)
-		ts := hw.evictNs(TierSSD, c.p.Bytes)
-		var used float64
-		for _, x := range ssdBusy {
-			used += max(0, min(x.e, tr+ts)-max(x.s, tr))
-		}
-		if used >= ts && c.p.After >= 0 {
-			fits := true
-			for _, k := range c.p.Ops {
-				if hostUse[k]+c.p.Bytes > hw.HostBytes {
-					fits = false
-				}
-			}
-			if fits {
-				tier = TierHost
+		// The SSD first (section 4.3), unless it is saturated: the
+		// traffic planned on its links so far would narrow the window
+		// this period frees (Algorithm 1, lines 7-17, with the prefetch's
+		// reads counted beside the eviction's writes). Then host memory,
+		// if it holds the tensor over the period and its links, with
+		// their own traffic, free more. The window planned is the
+		// section's own (uncontended transfers, latest safe prefetch);
+		// the link timelines only choose the tier.
+		hostFits := c.p.After >= 0
+		for _, k := range c.p.Ops {
+			if hostUse[k]+c.p.Bytes > hw.HostBytes {
+				hostFits = false
 			}
 		}
+		r := lk.route(hw, c, TierSSD, bestSync)
+		if hostFits && r.queued {
+			h := lk.route(hw, c, TierHost, bestSync)
+			if bestSync {
+				r = h // the op waits for the transfers: the faster link
+			} else if t0, p0 := c.window(hw, TierSSD, false); benefit(c, r.tail, r.pf) < benefit(c, t0, p0) &&
+				benefit(c, h.tail, h.pf) > benefit(c, r.tail, r.pf) {
+				r = h
+			}
+		}
+		tier := r.tier
 		tail, pf := c.window(hw, tier, bestSync)
 		if !bestSync && benefit(c, tail, pf) <= 0 {
 			tail, pf = c.window(hw, tier, true)
 			bestSync = true
 		}
+		lk.take(r)
 		for q := tail; q < pf; q++ {
 			pressure[c.p.Ops[q]] -= c.p.Bytes
 		}
@@ -249,8 +312,6 @@ func MakePlan(t *Trace, hw Hardware) (MigrationPlan, error) {
 			for _, k := range c.p.Ops {
 				hostUse[k] += c.p.Bytes
 			}
-		} else if c.p.After >= 0 {
-			ssdBusy = append(ssdBusy, busy{tr, tr + ts})
 		}
 		pt := float64(c.p.EndNs)
 		if pf < len(c.st) {

@@ -192,6 +192,20 @@ def test_planner_moves_nothing_with_memory_to_spare():
     assert r.ssd_write_bytes == r.ssd_read_bytes == r.host_write_bytes == r.host_read_bytes == 0
 
 
+def test_bound_ns():
+    t = layered(16)
+    peak = plan.simulate(t, Hardware.g10_default(), "ideal").peak_device_bytes
+    assert plan.bound_ns(t, Hardware.g10_default().replace(device_bytes=peak)) == t.total_ns
+    for demand in (1.5, 4.0):
+        for host in (0, 128 << 30):
+            hw = Hardware.g10_default().replace(device_bytes=int(peak / demand), host_bytes=host)
+            b = plan.bound_ns(t, hw)
+            assert b >= t.total_ns
+            for policy in plan.policies()[1:]:
+                assert plan.simulate(t, hw, policy).time_ns >= b, (demand, host, policy)
+    assert plan.bound_ns(Trace.from_dict(SEED), Hardware.g10_default().replace(device_bytes=1000)) == 0
+
+
 def test_plan_prints_as_a_table():
     t = layered(16)
     peak = plan.simulate(t, Hardware.g10_default(), "ideal").peak_device_bytes
@@ -290,7 +304,7 @@ def test_record_marks_saved_tensors_and_gradients():
 def test_bench_plan_tiny(tmp_path, capsys):
     pytest.importorskip("torch")
     args = ["bench", "plan", "--models", "bert,resnet", "--batches", "2", "--demands", "150%,3",
-            "--layers", "1", "--width", "16", "--no-plot", "--json", str(tmp_path / "r.json"),
+            "--layers", "1", "--width", "bert=16,resnet=8", "--no-plot", "--json", str(tmp_path / "r.json"),
             "--traces", str(tmp_path / "traces")]
     assert main(args) == 0
     out = capsys.readouterr().out
@@ -303,12 +317,22 @@ def test_bench_plan_tiny(tmp_path, capsys):
     assert "target: g10 >= 90% of ideal on average" in out
     assert "target: g10 >= 1.3x flashneuron" in out
     result = json.loads((tmp_path / "r.json").read_text())
+    settings = result["settings"]
+    assert settings["width"] == {"bert": 16, "resnet": 8}
+    # --speedup auto: the A100's FP32 peak over this CPU's measured rate
+    assert settings["cpu_flops"] > 0
+    assert settings["speedup"] == pytest.approx(19.5e12 / settings["cpu_flops"])
+    assert "measured" in out
     for r in result["rows"]:
         assert r["throughput"]["ideal"] == 1.0
         assert r["device_bytes"] == int(r["peak_bytes"] / r["demand"])
         assert all(0 <= v <= 1 for v in r["throughput"].values())
-    for r in rows:  # a number per policy, or the word infeasible, then g10 over flashneuron
-        assert len(r) == 5 + len(plan.policies()) + 1
+    for r in result["rows"]:  # the bound is the most any policy reaches; 0 where one op does not fit
+        assert 0 <= r["bound"] <= 1
+        assert (r["bound"] == 0) == ("g10" in r["errors"])
+        assert all(v <= r["bound"] + 1e-9 for p, v in r["throughput"].items() if p != "ideal")
+    for r in rows:  # a number per policy, or the word infeasible, then the bound, then g10 over flashneuron
+        assert len(r) == 5 + len(plan.policies()) + 2
     assert sorted(p.name for p in (tmp_path / "traces").iterdir()) == ["bert-b2.json", "resnet-b2.json"]
 
 

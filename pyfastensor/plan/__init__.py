@@ -3,7 +3,8 @@
 Record what one training iteration does (:func:`record_trace`, or
 ``python -m pyfastensor trace MODEL --batch B OUT``), then simulate it on a
 memory system (:class:`Hardware`) under a policy (:func:`simulate`: ideal,
-on_demand, flashneuron, g10) or get G10's migration plan (:func:`make_plan`).
+on_demand, flashneuron, g10) or get G10's migration plan (:func:`make_plan`) and a lower bound on any
+policy's time (:func:`bound_ns`).
 The analysis, planner and simulator are the Go core's (``offload/``);
 importing this package imports no torch (only the recorder needs it).
 
@@ -18,7 +19,15 @@ Example::
 from typing import Any
 
 from .hardware import Hardware
-from .simulate import Migration, MigrationPlan, SimulationResult, make_plan, policies, simulate
+from .simulate import (
+    Migration,
+    MigrationPlan,
+    SimulationResult,
+    bound_ns,
+    make_plan,
+    policies,
+    simulate,
+)
 from .trace import GLOBAL_KINDS, Trace, TraceOp, TraceTensor
 
 __all__ = [
@@ -30,6 +39,7 @@ __all__ = [
     "Trace",
     "TraceOp",
     "TraceTensor",
+    "bound_ns",
     "make_plan",
     "policies",
     "record_trace",

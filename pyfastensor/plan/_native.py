@@ -20,6 +20,7 @@ _lib.register({
     "pft_plan_read_trace": [_lib.c_char_p, _P(_lib.c_void_p)],
     "pft_plan_simulate": [_lib.c_char_p, _lib.c_char_p, _lib.c_char_p, _P(_lib.c_void_p)],
     "pft_plan_make": [_lib.c_char_p, _lib.c_char_p, _P(_lib.c_void_p)],
+    "pft_plan_bound": [_lib.c_char_p, _lib.c_char_p, _P(_lib.c_void_p)],
 })
 
 _defaults: dict[str, Any] | None = None
@@ -57,3 +58,8 @@ def simulate(trace: str, hardware: str, policy: str) -> dict[str, Any]:
 def make_plan(trace: str, hardware: str) -> dict[str, Any]:
     """``offload.MakePlan`` over JSON; return the plan (with ``table``) as a dict."""
     return _json_call("pft_plan_make", trace.encode(), hardware.encode())
+
+
+def bound(trace: str, hardware: str) -> int:
+    """``offload.BoundNs`` over JSON: a lower bound on any policy's simulated time, in ns."""
+    return int(_json_call("pft_plan_bound", trace.encode(), hardware.encode())["bound_ns"])

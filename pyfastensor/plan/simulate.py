@@ -101,6 +101,40 @@ def simulate(trace: Trace, hardware: Hardware, policy: str = "g10") -> Simulatio
     return SimulationResult._from_go(_native.simulate(trace.to_json(), hardware.to_json(), policy))
 
 
+def bound_ns(trace: Trace, hardware: Hardware) -> int:
+    """A lower bound on the simulated time of ``trace`` on ``hardware`` under any policy (``offload.BoundNs``).
+
+    For ops ``a < b``: at the start of op ``a`` all but ``device_bytes`` of
+    the bytes alive then that ops ``a..b`` use are off the device and must be
+    read back before op ``b`` starts; at the start of op ``b`` all but
+    ``device_bytes`` of the bytes alive then that ops ``a..b`` used are off
+    the device, written out since op ``a`` started. So that stretch takes at
+    least its op times, those reads over the read bandwidth and those writes
+    over the write bandwidth (the SSD's and the host link's together, host
+    memory permitting; latencies left out). The bound is the best sum over
+    a partition of the iteration into such stretches. ``ideal_ns / bound``
+    is the most throughput any plan can reach: a policy short of it leaves
+    bandwidth unused; one at it is bound by the links.
+
+    Args:
+        trace: the iteration.
+        hardware: the memory system.
+
+    Returns:
+        The bound in ns: at least ``trace.total_ns``, equal to it with memory
+        to spare; 0 when one op alone needs more than ``device_bytes``.
+
+    Raises:
+        InvalidArgumentError: invalid hardware or trace.
+
+    Example::
+
+        >>> bound_ns(trace, Hardware.g10_default()) == trace.total_ns  # fits in 40 GiB
+        True
+    """
+    return _native.bound(trace.to_json(), hardware.to_json())
+
+
 @dataclass(frozen=True)
 class Migration:
     """One planned inactive period off the device (``offload.Migration``).

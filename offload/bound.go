@@ -1,0 +1,137 @@
+package offload
+
+// A lower bound on the time of an iteration at a device capacity, from the
+// bytes that must cross the links whatever the plan: no policy the
+// simulator runs can beat it, so a policy's distance from it is what a
+// better planner could still win, and ideal's distance from it is what
+// physics costs.
+
+// BoundNs returns a lower bound on the simulated time of one iteration of a
+// valid trace on hw, under any plan (0 when one op alone needs more than
+// the device holds: nothing runs).
+//
+// The argument, for ops a < b with S_k the time op k starts:
+//
+//   - At S_a at most C = hw.DeviceBytes bytes are on the device (memory of
+//     transfers under way counts as held), so of the bytes alive during op
+//     a that ops a..b use, all but C are in a tier at S_a and must be read
+//     back before S_b: reads(a, b) = (that sum - C)+.
+//   - Likewise at S_b: of the bytes alive during op b that ops a..b use, all
+//     but C are in a tier, written out after their last use in a..b-1, so
+//     after S_a: writes(a, b) = (that sum - C)+.
+//   - So S_b - S_a >= max(the op times of a..b-1, reads(a, b) / read
+//     bandwidth, writes(a, b) / write bandwidth), where a direction's
+//     bandwidth is the SSD's plus the host link's (host memory permitting;
+//     the simulator gives each its own channel). Latencies are left out.
+//
+// The bound is the best sum of these over a partition of the iteration into
+// consecutive stretches (a dynamic program over op boundaries), plus the
+// last op's time. With memory to spare it is the sum of op times.
+func BoundNs(t *Trace, hw Hardware) int64 {
+	a := Analyze(t)
+	n := len(t.Ops)
+	if n == 0 {
+		return 0
+	}
+	capB := hw.DeviceBytes
+	for _, b := range a.OpBytes {
+		if b > capB {
+			return 0
+		}
+	}
+	readBps, writeBps := hw.SSDReadBps, hw.SSDWriteBps
+	if hw.HostBytes > 0 {
+		readBps += hw.HostLinkBps
+		writeBps += hw.HostLinkBps
+	}
+	// alive[k]: the tensors alive during op k (indexes into a.Tensors).
+	alive := make([][]int, n)
+	for i := range a.Tensors {
+		v := &a.Tensors[i]
+		for k := v.Birth; k >= 0 && k <= v.Death; k++ {
+			alive[k] = append(alive[k], i)
+		}
+	}
+	// usedB[b][b-a]: bytes alive during op b whose last use at or before b
+	// is in a..b.
+	usedB := make([][]int64, n)
+	cnt := make([]int64, n)
+	for b := 0; b < n; b++ {
+		clear(cnt)
+		for _, i := range alive[b] {
+			if lu := lastUseAtOrBefore(a.Tensors[i].Uses, b); lu >= 0 {
+				cnt[lu] += a.Tensors[i].Bytes
+			}
+		}
+		row := make([]int64, b+1)
+		var s int64
+		for k := b; k >= 0; k-- {
+			s += cnt[k]
+			row[b-k] = s
+		}
+		usedB[b] = row
+	}
+	starts := a.OpStartNs
+	// best[b]: the bound on S_b.
+	best := make([]float64, n)
+	for x := 0; x < n; x++ {
+		// usedA: bytes alive during op x whose next use at or after x is
+		// in x..b, summed as b grows.
+		clear(cnt)
+		for _, i := range alive[x] {
+			if nu := nextUseAtOrAfter(a.Tensors[i].Uses, x); nu >= 0 {
+				cnt[nu] += a.Tensors[i].Bytes
+			}
+		}
+		usedA := cnt[x]
+		for b := x + 1; b < n; b++ {
+			usedA += cnt[b]
+			lb := float64(starts[b] - starts[x])
+			if r := usedA - capB; r > 0 {
+				lb = max(lb, float64(r)/readBps*1e9)
+			}
+			if w := usedB[b][b-x] - capB; w > 0 {
+				lb = max(lb, float64(w)/writeBps*1e9)
+			}
+			best[b] = max(best[b], best[x]+lb)
+		}
+	}
+	last := best[n-1] + float64(t.Ops[n-1].TimeNs)
+	return max(a.TotalNs, int64(last))
+}
+
+// nextUseAtOrAfter returns the first of the ascending uses at or after k,
+// or -1.
+func nextUseAtOrAfter(uses []int, k int) int {
+	lo, hi := 0, len(uses)
+	for lo < hi {
+		m := (lo + hi) / 2
+		if uses[m] < k {
+			lo = m + 1
+		} else {
+			hi = m
+		}
+	}
+	if lo < len(uses) {
+		return uses[lo]
+	}
+	return -1
+}
+
+// lastUseAtOrBefore returns the last of the ascending uses at or before k,
+// or -1.
+func lastUseAtOrBefore(uses []int, k int) int {
+	lo, hi := 0, len(uses)
+	for lo < hi {
+		m := (lo + hi) / 2
+		if uses[m] <= k {
+			lo = m + 1
+		} else {
+			hi = m
+		}
+	}
+	if lo > 0 {
+		return uses[lo-1]
+	}
+	return -1
+}
