@@ -14,24 +14,23 @@ import (
 // aligned for it, then the checks its reader asks for. The server and
 // VerifyPack read chunks only through here.
 
-// readChunk reads chunk c of p whole into a new buffer of its file length
-// in huge-page memory (gds.MapHuge: a chunk of several MiB reaches the
-// device as requests of several MiB, where Go heap memory's scattered
-// pages cut them at about 1 MiB, ~720 KiB measured under bench data's
-// IOPS throttle), through chooser (nil: transfer's default for the
-// directory); the caller calls free once done with buf. A missing or
-// short file is a *CorruptError naming it.
-func readChunk(p *Packed, c int, o transfer.Options) (buf []byte, free func(), err error) {
+// readChunk reads chunk c of p whole into a buffer of its file length from
+// bufs (chunkbuf.go: reused, huge-page memory for chunks of several MiB,
+// which then reach the device as requests of several MiB where scattered
+// pages cut them at about 1 MiB), through o's chooser (nil: transfer's
+// default for the directory); the caller calls free once done with buf. A
+// missing or short file is a *CorruptError naming it.
+func readChunk(p *Packed, c int, o transfer.Options, bufs *bufPool) (buf []byte, free func(), err error) {
 	ch := &p.Index.Chunks[c]
 	path := p.ChunkPath(c)
-	buf, free = gds.MapHuge(int(ch.Length))
-	if len(buf) == 0 {
+	if ch.Length == 0 {
 		// An empty chunk (its samples all empty): still a file to find.
 		if _, err := os.Stat(path); err != nil {
-			return nil, free, &CorruptError{Path: path, Chunk: c, Sample: -1, Offset: -1, Reason: "cannot read the chunk file", Err: gds.Classify(err)}
+			return nil, func() {}, &CorruptError{Path: path, Chunk: c, Sample: -1, Offset: -1, Reason: "cannot read the chunk file", Err: gds.Classify(err)}
 		}
-		return buf, free, nil
+		return []byte{}, func() {}, nil
 	}
+	buf, free = bufs.get(int(ch.Length))
 	if _, _, err := transfer.Read(path, []transfer.Extent{{Data: buf}}, o); err != nil {
 		reason := "cannot read the chunk file"
 		if errors.Is(err, gds.ErrEOF) {

@@ -48,3 +48,42 @@ func TestOverflowCutsWastedReads(t *testing.T) {
 	require.EqualValues(t, 10, s.Layout().OverflowBytes)
 	requireExactlyOnce(t, n, serveAll(t, s, ds, reqs, 100))
 }
+
+// A server of a cluster takes room for RefillReads chunk reads at once
+// from the overflow share (a sixteenth of it at most), leaving the slots
+// as they were; one node keeps the layout's read share.
+func TestClusterReadsTakeRoomFromTheOverflow(t *testing.T) {
+	_, p := newPack(t, datasetOpts{n: 3000, classes: 10, maxSize: 400, seed: 82}, 32)
+	var data int64
+	for _, c := range p.Index.Chunks {
+		data += c.DataLength
+	}
+	least := minBudget(p)
+	for _, budget := range []int64{data / 2, data / 4} {
+		cluster := 4 * budget
+		over := min(int64(float64(cluster)*0.5), cluster-least)
+		plan, err := PlanLayout(p.Index, cluster-over)
+		require.NoError(t, err)
+		extra := min(int64(RefillReads-1)*plan.MaxChunkBytes*4, over/16)
+
+		four, err := NewServer(p, ServerOptions{Budget: budget, Overflow: 0.5, Rank: 1, World: 4})
+		require.NoError(t, err)
+		l := four.Layout()
+		require.Positive(t, extra)
+		require.Equal(t, plan.ChunksPerGroup, l.ChunksPerGroup, "budget %d: the slots as without the extra", budget)
+		require.Equal(t, plan.SlotBytes, l.SlotBytes)
+		require.Equal(t, plan.ReadBytes+extra, l.ReadBytes, "budget %d: the reads take the extra", budget)
+		require.Equal(t, over-extra, l.OverflowBytes, "budget %d: from the overflow share", budget)
+		require.Equal(t, cluster, l.SlotBytes+l.ReadBytes+l.OverflowBytes)
+		require.Equal(t, max(l.ReadBytes/4, l.MaxChunkBytes), four.sem.cap)
+
+		one, err := NewServer(p, ServerOptions{Budget: cluster, Overflow: 0.5})
+		require.NoError(t, err)
+		require.Equal(t, plan.ReadBytes, one.Layout().ReadBytes, "budget %d: one node keeps the layout's share", budget)
+		require.Equal(t, over, one.Layout().OverflowBytes)
+	}
+	// At half the data, each server of the four reads more than one chunk at once.
+	four, err := NewServer(p, ServerOptions{Budget: data / 2, Overflow: 0.5, World: 4})
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, four.sem.cap, 2*four.Layout().MaxChunkBytes)
+}

@@ -30,8 +30,13 @@ func VerifyPack(dir string, progress func(done, total int64)) error {
 	}
 	var mu sync.Mutex
 	var done int64
+	var largest int64
+	for _, c := range p.Index.Chunks {
+		largest = max(largest, c.Length)
+	}
+	bufs := newBufPool(VerifyWorkers * max(largest, chunkBufStep))
 	return transfer.Run(len(p.Index.Chunks), VerifyWorkers, func(c int) error {
-		if err := verifyChunk(p, c); err != nil {
+		if err := verifyChunk(p, c, bufs); err != nil {
 			return err
 		}
 		if progress != nil {
@@ -45,8 +50,8 @@ func VerifyPack(dir string, progress func(done, total int64)) error {
 }
 
 // verifyChunk checks chunk c's file against the index.
-func verifyChunk(p *Packed, c int) error {
-	buf, free, err := readChunk(p, c, transfer.Options{})
+func verifyChunk(p *Packed, c int, bufs *bufPool) error {
+	buf, free, err := readChunk(p, c, transfer.Options{}, bufs)
 	if err != nil {
 		return err
 	}

@@ -265,19 +265,43 @@ def test_nodes_in_network_namespaces_over_veth(packed, files, budget, tmp_path, 
     assert _dist_sum(results, "remote_misses") > 0
 
 
-def test_bench_data_nodes_prints_both_variants(tmp_path):
+def _bench_nodes(tmp_path, *args):
     out = tmp_path / "r.json"
     proc = subprocess.run([sys.executable, "-m", "pyfastensor", "bench", "data-nodes", "--nodes", "2", "--samples", "600",
-                           "--sample-bytes", "1500", "--json", str(out)], capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, PYTHONPATH=str(ROOT)), cwd=tmp_path)
+                           "--sample-bytes", "1500", "--json", str(out), *args], capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ, PYTHONPATH=str(ROOT)), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    rows = json.loads(out.read_text())
-    assert [(r["nodes"], r["mode"], r["prefetch"]) for r in rows] == [
-        (1, "single", False), (2, "alone", False), (2, "dist", False), (2, "dist", True)]
-    assert all(r["samples"] == 600 for r in rows), "each variant reads one whole epoch"
-    assert rows[2]["remote_hits"] == 0 and rows[3]["remote_hits"] == rows[3]["prefetched"] > 0
-    assert rows[3]["remote_peak_bytes"] <= rows[3]["remote_limit"]
-    assert "2 nodes: owner-prefetch cuts remote misses by" in proc.stdout
+    return proc.stdout, json.loads(out.read_text())
+
+
+def test_bench_data_nodes_prints_both_variants(tmp_path):
+    stdout, rows = _bench_nodes(tmp_path, "--disk", "cached", "--rounds", "2")
+    assert [(r["round"], r["nodes"], r["mode"], r["prefetch"]) for r in rows] == [
+        (rnd, k, m, pf) for rnd in (0, 1) for k, m, pf in ((1, "single", False), (2, "alone", False),
+                                                           (2, "dist", False), (2, "dist", True))]
+    assert all(r["samples"] == 600 and r["disk"] == "cached" for r in rows), "each variant reads one whole epoch"
+    for r in rows[2::4]:
+        assert r["remote_hits"] == 0
+    for r in rows[3::4]:
+        assert r["remote_hits"] == r["prefetched"] > 0 and r["remote_peak_bytes"] <= r["remote_limit"]
+    assert "cached, 2 nodes: owner-prefetch cuts remote misses by" in stdout
+    assert "2 round(s)" in stdout and "rounds " in stdout, "the spread over rounds is shown"
+
+
+def test_bench_data_nodes_throttled(tmp_path):
+    from pyfastensor.bench import disk
+    from pyfastensor.bench.data import block_device, cgroup_support
+
+    why = cgroup_support(block_device(tmp_path)[0])["throttle"] or ("" if disk.can_drop_caches() else "not root")
+    stdout, rows = _bench_nodes(tmp_path, "--disk", "throttled", "--rounds", "1", "--iops", "2000")
+    if why:
+        assert rows == [] and f"disk throttled: skipped: {why}" in stdout
+        pytest.skip(f"the throttled setting cannot run here: {why}")
+    assert [r["disk"] for r in rows] == ["throttled"] * 4
+    for r in rows:  # every node's reads in its blkio cgroup: the pack is read cold, from the disk
+        assert r["samples"] == 600 and r["node_disk_bytes"] > 0 and r["node_disk_ios"] > 0, r
+    assert "disk throttled to 2000 read requests/s per node" in stdout
+    assert "throttled, 2 nodes: owner-prefetch cuts remote misses by" in stdout
 
 
 def test_a_ranks_state_does_not_load_into_one_node(packed, budget):
