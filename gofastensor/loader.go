@@ -138,7 +138,8 @@ func pft_loader_verify(dir *C.char, progress *C.int64_t, out **C.char, errbuf *C
 // loaderServer is a server's handle: the server and the batches got and
 // not yet taken, by ticket.
 type loaderServer struct {
-	srv *loader.Server
+	srv    *loader.Server
+	budget int64 // its share of the memory limit (memlimit.go)
 
 	local *loader.Local // the endpoint for workers, once listening
 
@@ -203,7 +204,8 @@ func pft_loader_open(dir, options *C.char, handle *C.uint64_t, out **C.char, err
 		if err := putJSON(out, summarize(p, &lay)); err != nil {
 			return err
 		}
-		*handle = newHandle(&loaderServer{srv: srv, tickets: map[uint64][]loader.Sample{}})
+		holdBudget(o.Budget)
+		*handle = newHandle(&loaderServer{srv: srv, budget: o.Budget, tickets: map[uint64][]loader.Sample{}})
 		return nil
 	})
 }
@@ -416,6 +418,7 @@ func pft_loader_close(h C.uint64_t, errbuf *C.char, errlen C.size_t) C.int {
 		if err != nil {
 			return err
 		}
+		defer holdBudget(-ls.budget)
 		ls.mu.Lock()
 		local, node := ls.local, ls.node
 		ls.mu.Unlock()
