@@ -286,6 +286,14 @@ def test_bench_data_nodes_prints_both_variants(tmp_path):
         assert r["remote_hits"] == r["prefetched"] > 0 and r["remote_peak_bytes"] <= r["remote_limit"]
     assert "cached, 2 nodes: owner-prefetch cuts remote misses by" in stdout
     assert "2 round(s)" in stdout and "rounds " in stdout, "the spread over rounds is shown"
+    why = _netns_available()
+    if why:
+        assert "nodes: processes on loopback" in stdout and not any(r["netns"] for r in rows)
+    else:  # each node in a namespace of its own, all of them removed after
+        assert "nodes: each in a network namespace of its own" in stdout
+        assert all(r["netns"] for r in rows if r["nodes"] > 1)
+        left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        assert "pft-bench-" not in left, left
 
 
 def test_bench_data_nodes_throttled(tmp_path):

@@ -40,8 +40,12 @@ Two disk settings (``--disk``, both by default):
 * ``cached``: the pack read once into the page cache before timing, so
   the protocol's own cost is what is left: decisions, gRPC calls, copies.
 
-Neither setting is a network (the nodes talk over loopback), and the K
-nodes share this machine's cores. ``add_nodes_options``/``run_nodes`` let
+As root, each node runs in a network namespace of its own, joined to the
+others by a veth pair and a bridge (``ip netns``; ``--no-netns`` or
+where not permitted: processes on loopback, and the report says why): the
+nodes reach each other, and the process group's store, over their own
+interfaces as on separate machines, though not over a real network. The
+K nodes share this machine's cores. ``add_nodes_options``/``run_nodes`` let
 ``bench data --nodes K`` run it.
 """
 
@@ -116,6 +120,9 @@ def add_nodes_options(parser: argparse.ArgumentParser) -> None:
                              "(default throttled,cached)")
     parser.add_argument("--iops", type=int, default=DEFAULT_IOPS,
                         help=f"read requests per second of each node's throttled view of the disk (default {DEFAULT_IOPS})")
+    parser.add_argument("--no-netns", dest="netns", action="store_false",
+                        help="run the nodes on loopback instead of each in a network namespace of its own "
+                             "(the default where ip netns is permitted, as root)")
     parser.add_argument("--rounds", type=int, default=3,
                         help="rounds, each running every variant once (default 3); figures are medians over rounds, "
                              "the epoch-time ratio the median of the per-round ratios")
@@ -166,8 +173,8 @@ def _node(cfg: dict[str, Any]) -> dict[str, Any]:
 
     world, mode = cfg["world"], cfg["mode"]
     if mode == "dist":
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{cfg['port']}", rank=cfg["rank"],
+        os.environ["MASTER_ADDR"] = cfg["master"]  # a node listens on the interface that reaches it
+        dist.init_process_group("gloo", init_method=f"tcp://{cfg['master']}:{cfg['port']}", rank=cfg["rank"],
                                 world_size=world, timeout=datetime.timedelta(seconds=600))
     ds = ChunkDataset(cfg["pack"], memory_budget=cfg["budget"], overflow=cfg["overflow"],
                       distributed=mode == "dist", prefetch=cfg["prefetch"], remote_memory=cfg["remote"])
@@ -194,8 +201,75 @@ def _node(cfg: dict[str, Any]) -> dict[str, Any]:
     return {"rank": cfg["rank"], "samples": n, "seconds": seconds, "cpu_s": cpu, "stats": stats}
 
 
+class Namespaces:
+    """K network namespaces, one a node, each joined by a veth pair to a bridge: node r at
+    ``10.232.<K>.<r+1>/24`` (``ip``, as root). :meth:`close` removes them.
+
+    Raises:
+        OSError: an ``ip`` command failed (its message), after removing what was made.
+    """
+
+    SUBNET = "10.232.<K>"
+
+    def __init__(self, k: int) -> None:
+        tag = f"p{os.getpid() % 10000}k{k}"  # interface names: 15 characters at most
+        self.k = k
+        self.names = [f"pft-bench-{tag}-{r}" for r in range(k)]
+        self.veths = [f"{tag}n{r}" for r in range(k)]
+        self.bridge = f"{tag}br"
+        try:
+            self._ip("link", "add", self.bridge, "type", "bridge")
+            self._ip("link", "set", self.bridge, "up")
+            for r, (ns, veth) in enumerate(zip(self.names, self.veths, strict=True)):
+                self._ip("netns", "add", ns)
+                self._ip("link", "add", veth, "type", "veth", "peer", "name", f"{tag}b{r}")
+                self._ip("link", "set", veth, "netns", ns)
+                self._ip("link", "set", f"{tag}b{r}", "master", self.bridge)
+                self._ip("link", "set", f"{tag}b{r}", "up")
+                self._ip("-n", ns, "addr", "add", f"{self.addr(r)}/24", "dev", veth)
+                self._ip("-n", ns, "link", "set", veth, "up")
+                self._ip("-n", ns, "link", "set", "lo", "up")
+        except OSError:
+            self.close()
+            raise
+
+    @staticmethod
+    def _ip(*args: str) -> None:
+        done = subprocess.run(["ip", *args], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise OSError(f"ip {' '.join(args)}: {done.stderr.strip()}")
+
+    def addr(self, r: int) -> str:
+        """Node r's address."""
+        return f"10.232.{self.k}.{r + 1}"
+
+    def prefix(self, r: int) -> list[str]:
+        """The command prefix that runs a program as node r."""
+        return ["ip", "netns", "exec", self.names[r]]
+
+    def close(self) -> None:
+        """Remove the namespaces (their veth ends go with them) and the bridge."""
+        for ns in self.names:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
+
+
+def _namespaces(k: int) -> tuple[Namespaces | None, str]:
+    """K namespaces for the nodes, or None and why not (the nodes then share loopback)."""
+    if k < 2:
+        return None, ""
+    if os.geteuid() != 0:
+        return None, "not root (ip netns needs it)"
+    if shutil.which("ip") is None:
+        return None, "no ip command (iproute2)"
+    try:
+        return Namespaces(k), ""
+    except OSError as e:
+        return None, str(e)
+
+
 def _run_variant(views: list[Path], world: int, mode: str, prefetch: bool, o: argparse.Namespace, budget: int,
-                 setting: str, device: str, support: dict[str, str]) -> dict[str, Any]:
+                 setting: str, device: str, support: dict[str, str], nets: Namespaces | None = None) -> dict[str, Any]:
     """One variant's epoch: ``world`` node processes, rank r on ``views[r]`` (a copy of the pack of its own,
     each in a throttled blkio cgroup of its own when ``setting`` is ``throttled``), started together once
     each has built its loader."""
@@ -207,6 +281,7 @@ def _run_variant(views: list[Path], world: int, mode: str, prefetch: bool, o: ar
     try:
         for r in range(world):
             cfg = {"pack": str(views[r]), "rank": r, "world": world, "mode": mode, "port": port, "budget": budget,
+                   "master": nets.addr(0) if nets else "127.0.0.1",
                    "overflow": o.overflow, "prefetch": prefetch, "remote": int(budget * o.remote), "batch": o.batch}
             join = None
             if setting == "throttled":
@@ -215,9 +290,13 @@ def _run_variant(views: list[Path], world: int, mode: str, prefetch: bool, o: ar
                 groups.append(g)
                 join = g.join
             errs.append(open(work / f"node-{r}.stderr", "w+"))
-            procs.append(subprocess.Popen([sys.executable, "-m", "pyfastensor.bench.data_nodes", "--node", json.dumps(cfg)],
-                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errs[-1], text=True,
-                                          preexec_fn=join))
+            env = dict(os.environ)
+            prefix: list[str] = []
+            if nets is not None:  # gloo picks its interface by hostname, which no namespace resolves: name it
+                prefix, env["GLOO_SOCKET_IFNAME"] = nets.prefix(r), nets.veths[r]
+            procs.append(subprocess.Popen([*prefix, sys.executable, "-m", "pyfastensor.bench.data_nodes", "--node",
+                                           json.dumps(cfg)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                          stderr=errs[-1], text=True, env=env, preexec_fn=join))
 
         def failed(r: int, what: str) -> RuntimeError:
             procs[r].kill()
@@ -292,27 +371,53 @@ def run_nodes(args: argparse.Namespace) -> int:
               f"budget {budget / 2**20:.1f} MiB per node ({args.budget:.0%} of the data), remote memory "
               f"{args.remote:.0%} of it; {os.cpu_count()} cores shared by the nodes")
         rows: list[dict[str, Any]] = []
-        for setting in args.disk:
-            if setting == "throttled":
-                why = support["throttle"] or ("" if disk.can_drop_caches() else "cannot drop the page cache (not root)")
-                if why:
-                    print(f"disk throttled: skipped: {why}")
-                    continue
-                print(f"disk throttled: each node's reads limited to {args.iops} requests/s on {dev_name} "
-                      f"({device}) in a blkio cgroup of its own; page cache dropped before the start")
-            else:
-                disk.cache_files(sorted(f for v in views for f in v.iterdir()))  # the protocol measured, not the disk
-                print("disk cached: the pack in the page cache")
-            variants = [(1, "single", False)] + [(k, m, pf) for k in args.nodes if k > 1
-                                                 for m, pf in (("alone", False), ("dist", False), ("dist", True))]
-            for rnd in range(args.rounds):  # interleaved: each round runs every variant once
-                for k, m, pf in variants:
-                    row = _run_variant(views, k, m, pf, args, budget, setting, device, support)
-                    rows.append(dict(row, round=rnd))
+        nets: dict[int, Namespaces] = {}
+        why = "" if args.netns else "--no-netns"
+        for k in sorted(set(args.nodes)) if args.netns else ():
+            ns, why = _namespaces(k)
+            if why:
+                break
+            if ns is not None:
+                nets[k] = ns
+        if why:
+            for ns in nets.values():
+                ns.close()
+            nets.clear()
+            print(f"nodes: processes on loopback (not in network namespaces: {why})")
+        elif nets:
+            print(f"nodes: each in a network namespace of its own, joined by veth pairs to a bridge "
+                  f"({Namespaces.SUBNET}.0/24 for K nodes)")
+        try:
+            _run_settings(args, rows, views, budget, device, dev_name, support, nets)
+        finally:
+            for ns in nets.values():
+                ns.close()
     print(format_report(rows, args.iops))
     if args.json:
         write_json(rows, args.json)
     return 0
+
+
+def _run_settings(args: argparse.Namespace, rows: list[dict[str, Any]], views: list[Path], budget: int, device: str,
+                  dev_name: str, support: dict[str, str], nets: dict[int, Namespaces]) -> None:
+    """Every disk setting's rounds, appended to ``rows``."""
+    for setting in args.disk:
+        if setting == "throttled":
+            why = support["throttle"] or ("" if disk.can_drop_caches() else "cannot drop the page cache (not root)")
+            if why:
+                print(f"disk throttled: skipped: {why}")
+                continue
+            print(f"disk throttled: each node's reads limited to {args.iops} requests/s on {dev_name} "
+                  f"({device}) in a blkio cgroup of its own; page cache dropped before the start")
+        else:
+            disk.cache_files(sorted(f for v in views for f in v.iterdir()))  # the protocol measured, not the disk
+            print("disk cached: the pack in the page cache")
+        variants = [(1, "single", False)] + [(k, m, pf) for k in args.nodes if k > 1
+                                             for m, pf in (("alone", False), ("dist", False), ("dist", True))]
+        for rnd in range(args.rounds):  # interleaved: each round runs every variant once
+            for k, m, pf in variants:
+                row = _run_variant(views, k, m, pf, args, budget, setting, device, support, nets.get(k))
+                rows.append(dict(row, round=rnd, netns=k in nets))
 
 
 def _median(xs: list[float]) -> float:
