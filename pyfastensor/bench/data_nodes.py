@@ -209,11 +209,9 @@ class Namespaces:
         OSError: an ``ip`` command failed (its message), after removing what was made.
     """
 
-    SUBNET = "10.232.<K>"
-
     def __init__(self, k: int) -> None:
         tag = f"p{os.getpid() % 10000}k{k}"  # interface names: 15 characters at most
-        self.k = k
+        self.subnet = f"10.232.{k}"  # /24
         self.names = [f"pft-bench-{tag}-{r}" for r in range(k)]
         self.veths = [f"{tag}n{r}" for r in range(k)]
         self.bridge = f"{tag}br"
@@ -241,7 +239,7 @@ class Namespaces:
 
     def addr(self, r: int) -> str:
         """Node r's address."""
-        return f"10.232.{self.k}.{r + 1}"
+        return f"{self.subnet}.{r + 1}"
 
     def prefix(self, r: int) -> list[str]:
         """The command prefix that runs a program as node r."""
@@ -386,7 +384,7 @@ def run_nodes(args: argparse.Namespace) -> int:
             print(f"nodes: processes on loopback (not in network namespaces: {why})")
         elif nets:
             print(f"nodes: each in a network namespace of its own, joined by veth pairs to a bridge "
-                  f"({Namespaces.SUBNET}.0/24 for K nodes)")
+                  f"({', '.join(f'{ns.subnet}.0/24' for ns in nets.values())})")
         try:
             _run_settings(args, rows, views, budget, device, dev_name, support, nets)
         finally:
