@@ -11,13 +11,18 @@ import (
 // grows to about twice what is live before a collection: a server of a
 // 1 GB budget took 2 GB, and bench data's memory cgroup (budget + 1 GiB)
 // killed it at 100,000 files. While servers are open the limit is their
-// budgets plus a quarter plus limitSlack (the chunk reads' buffers, gRPC,
-// whatever else Go holds), so the collector runs sooner as the heap nears
-// it. A soft limit is never an error (the collector's CPU share is capped
+// budgets plus an eighth plus limitSlack (gRPC, whatever else Go holds;
+// chunk buffers of 2 MiB and more are mapped outside the heap), so the
+// collector runs sooner as the heap nears it. The samples a server holds
+// are byte slices the collector does not scan, so a collection near the
+// limit costs little: at a quarter plus 256 MiB, a 977 MiB budget's
+// reader took 2 GB of resident memory at 100,000 files of 100 KB, the Go
+// heap up at its limit, and bench data's memory cgroup (budget + 1 GiB,
+// page cache included) had less than 40 MiB to spare. A soft limit is never an error (the collector's CPU share is capped
 // when it cannot keep under it); a lower limit the process had already
 // (GOMEMLIMIT) is kept.
 
-const limitSlack = 256 << 20
+const limitSlack = 64 << 20
 
 var memLimit struct {
 	mu      sync.Mutex
@@ -38,5 +43,5 @@ func holdBudget(n int64) {
 		debug.SetMemoryLimit(memLimit.before)
 		return
 	}
-	debug.SetMemoryLimit(min(memLimit.before, memLimit.budgets+memLimit.budgets/4+limitSlack))
+	debug.SetMemoryLimit(min(memLimit.before, memLimit.budgets+memLimit.budgets/8+limitSlack))
 }

@@ -16,9 +16,9 @@ func TestMemoryLimitFollowsTheBudgets(t *testing.T) {
 
 	debug.SetMemoryLimit(math.MaxInt64)
 	holdBudget(1 << 30)
-	require.Equal(t, int64(1<<30+1<<28+limitSlack), debug.SetMemoryLimit(-1))
+	require.Equal(t, int64(1<<30+1<<27+limitSlack), debug.SetMemoryLimit(-1))
 	holdBudget(1 << 30)
-	require.Equal(t, int64(2<<30+2<<28+limitSlack), debug.SetMemoryLimit(-1), "two servers: both budgets")
+	require.Equal(t, int64(2<<30+2<<27+limitSlack), debug.SetMemoryLimit(-1), "two servers: both budgets")
 	holdBudget(-(1 << 30))
 	holdBudget(-(1 << 30))
 	require.Equal(t, int64(math.MaxInt64), debug.SetMemoryLimit(-1), "the last closed: as before")

@@ -21,6 +21,7 @@ type dataset struct {
 type datasetOpts struct {
 	n, classes int
 	maxSize    int  // sample sizes are 0..maxSize bytes, uniformly
+	fixedSize  bool // every sample maxSize bytes
 	sorted     bool // labels class-sorted by source index (else random)
 	seed       uint64
 }
@@ -36,7 +37,11 @@ func makeDataset(t testing.TB, dir string, o datasetOpts) *dataset {
 		ds.spec.Classes = append(ds.spec.Classes, fmt.Sprintf("class-%02d", c))
 	}
 	for i := range o.n {
-		b := make([]byte, r.IntN(o.maxSize+1))
+		size := o.maxSize
+		if !o.fixedSize {
+			size = r.IntN(o.maxSize + 1)
+		}
+		b := make([]byte, size)
 		for k := range b {
 			b[k] = byte(r.Uint32())
 		}

@@ -2,6 +2,7 @@ package loader
 
 import (
 	"fmt"
+	"math/rand/v2"
 )
 
 // The abstract memory (the paper's section 3.2), sized from a byte budget.
@@ -117,3 +118,62 @@ func (l *Layout) group(c int) int { return c / l.ChunksPerGroup }
 func (l *Layout) groupChunks(g int) (lo, hi int) {
 	return g * l.ChunksPerGroup, min((g+1)*l.ChunksPerGroup, l.Chunks)
 }
+
+// SpareMargin is how far above the predicted peak of the spares
+// (spareBytes) the overflow share must reach for a layout to be taken as
+// serving a random sampler without re-reads: another request order peaks
+// elsewhere, by up to a fifth with one or two groups (their peak is that
+// of a few random walks; many groups average out).
+const SpareMargin = 1.1
+
+// spareOrders is the number of random request orders spareBytes replays.
+const spareOrders = 2
+
+// spareBytes predicts the most bytes the spares of groups of g chunks hold
+// at once over an epoch of a random sampler's requests: the overflow
+// share they need so that no chunk is read twice. Each read of a group's
+// chunk puts one sample in each of its N slots, and a read is made when a
+// request finds its slot with none left, so after r_k requests at slot k
+// the group has read max_k r_k chunks and holds N max r - sum r samples,
+// N of them in its slots. Replayed over spareOrders random orders (fixed
+// seeds: a layout is a function of the pack and the budget), the most
+// held beyond the slots, in samples of the pack's mean size. In theory
+// r_k at a fraction t of the epoch is about Binomial(G, t), so a group
+// holds about N (m sqrt(G)/2 - 1) spares at the epoch's middle, m the
+// expected largest of N standard normals (2.34 for N = 64): a fraction of
+// the data of about m/(2 sqrt(G)), 11% at G = 112, falling only as groups
+// grow. The peak over the epoch lies above that middle, by a third for a
+// single group, hence the replay.
+func spareBytes(ix *Index, g int) int64 {
+	chunks, n, samples := len(ix.Chunks), ix.ChunkSize, len(ix.Samples)
+	if chunks == 0 || samples == 0 {
+		return 0
+	}
+	var total int64
+	for _, c := range ix.Chunks {
+		total += c.DataLength
+	}
+	groups := (chunks + g - 1) / g
+	r, most := make([]int32, groups*n), make([]int32, groups)
+	var peak int64
+	for order := range spareOrders {
+		clear(r)
+		clear(most)
+		var held, top int64 // samples read and not yet requested, slots' included
+		for _, i := range rand.New(rand.NewPCG(spareSeed, uint64(order))).Perm(samples) {
+			grp := i / n / g
+			x := grp*n + i%n
+			if r[x]++; r[x] > most[grp] {
+				most[grp]++
+				held += int64(n)
+				top = max(top, held)
+			}
+			held--
+		}
+		peak = max(peak, top-int64(groups*n))
+	}
+	return max(0, peak) * total / int64(samples)
+}
+
+// spareSeed seeds spareBytes' request orders.
+const spareSeed = 0x5ba4e

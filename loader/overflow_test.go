@@ -87,3 +87,51 @@ func TestClusterReadsTakeRoomFromTheOverflow(t *testing.T) {
 	require.NoError(t, err)
 	require.GreaterOrEqual(t, four.sem.cap, 2*four.Layout().MaxChunkBytes)
 }
+
+// Groups sized for the slots alone leave spares a random epoch's
+// overflow share cannot hold, and each sample dropped for want of room
+// costs its chunk a second read: the server widens them (widen) to the
+// least G whose share holds the spares spareBytes predicts. Each chunk is
+// then read once, the prediction stands beside the epoch's real peak, and
+// the memory stays within the budget.
+func TestWideGroupsHoldARandomEpochsSpares(t *testing.T) {
+	const n = 30000
+	ds, p := newPack(t, datasetOpts{n: n, classes: 10, maxSize: 256, fixedSize: true, seed: 83}, 64)
+	var data int64
+	for _, c := range p.Index.Chunks {
+		data += c.DataLength
+	}
+	reqs := perm(n, 6)
+	for _, share := range []int64{10, 15} {
+		budget := data * share / 100
+		over := int64(float64(budget) * DefaultOverflow)
+		narrow, err := PlanLayout(p.Index, budget-over)
+		require.NoError(t, err)
+		require.Greater(t, float64(spareBytes(p.Index, narrow.ChunksPerGroup))*SpareMargin, float64(over),
+			"budget %d%%: the groups sized for the slots alone need more than the share", share)
+
+		s, err := NewServer(p, ServerOptions{Budget: budget, Seed: 1, Overflow: DefaultOverflow})
+		require.NoError(t, err)
+		lay := s.Layout()
+		g := lay.ChunksPerGroup
+		require.Greater(t, g, narrow.ChunksPerGroup, "budget %d%%: widened", share)
+		require.Equal(t, budget, lay.SlotBytes+lay.OverflowBytes+lay.ReadBytes)
+		require.Equal(t, slotBytes(p.Index, g), lay.SlotBytes)
+		require.LessOrEqual(t, float64(spareBytes(p.Index, g))*SpareMargin, float64(lay.OverflowBytes), "budget %d%%: the share holds the spares", share)
+		wider := min(over, budget-slotBytes(p.Index, g-1)-narrow.ReadBytes)
+		require.Greater(t, float64(spareBytes(p.Index, g-1))*SpareMargin, float64(wider), "budget %d%%: the least G that does", share)
+
+		requireExactlyOnce(t, n, serveAll(t, s, ds, reqs, 256))
+		st := s.Stats()
+		t.Logf("budget %d%%: G %d A %d reads %d peak %.2f%% slots %.2f%% over %.2f%% predicted %.2f%%", share, g, lay.AbstractChunks, st.ChunkReads,
+			100*float64(st.PeakBytes)/float64(data), 100*float64(lay.SlotBytes)/float64(data), 100*float64(lay.OverflowBytes)/float64(data), 100*float64(spareBytes(p.Index, g))/float64(data))
+		require.EqualValues(t, lay.Chunks, st.ChunkReads, "budget %d%%: every chunk read once", share)
+		require.Zero(t, st.WastedBytes)
+		require.LessOrEqual(t, st.PeakBytes, budget)
+		spares := float64(st.PeakBytes - lay.SlotBytes)
+		predicted := float64(spareBytes(p.Index, g))
+		require.InDelta(t, 1, spares/predicted, 0.25, "budget %d%%: spares at their peak %.0f bytes, predicted %.0f", share, spares, predicted)
+		t.Logf("budget %d%% of the data: G %d (slots alone: %d), %d abstract chunks, spares' peak %.1f%% of the data, predicted %.1f%%",
+			share, g, narrow.ChunksPerGroup, lay.AbstractChunks, 100*spares/float64(data), 100*predicted/float64(data))
+	}
+}
