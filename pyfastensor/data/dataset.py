@@ -99,8 +99,10 @@ class ChunkDataset(torch.utils.data.Dataset):
             paper's policy, which with a random sampler and a budget below the data
             reads each chunk 5 to 7 times (85 to 88% of the bytes read wasted,
             ``loader/overflow_test.go``); the default, ``loader.DefaultOverflow``
-            (0.9), reads each chunk once from a budget of about a tenth of the
-            data. The slots and reads keep at least the pack's minimum.
+            (0.9), reads each chunk once from a budget of about 1/sqrt(chunks) of
+            the data (5% at 100,000 samples in chunks of 64): the chunk groups are
+            widened until the share holds the spares a random epoch is predicted to
+            leave. The slots and reads keep at least the pack's minimum.
 
     Raises:
         NotFoundError: ``root`` is not a directory.
