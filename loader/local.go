@@ -33,9 +33,10 @@ import (
 // Get serves a batch (Server.GetBatch: the samples are delivered by it)
 // and keeps its bytes under a ticket. Take writes them, back to back in
 // request order, into the client's shared memory (the file descriptor,
-// mapped here for the copy: one copy per byte, from the server's memory
-// into the memory the client's tensors own, and none through the socket)
-// from offset, and drops the ticket. Return gives the samples back
+// mapped here for the copy and kept mapped for the client's next takes:
+// one copy per byte, from the server's memory into the memory the
+// client's tensors own, and none through the socket) from offset, and
+// drops the ticket. Return gives the samples back
 // (Server.Return). A connection that closes holding tickets, a client
 // that died, gives their samples back, so a killed worker loses no sample
 // and duplicates none. A non-zero status is the caller's status code
@@ -182,6 +183,60 @@ type localConn struct {
 	c       *net.UnixConn
 	next    uint64
 	tickets map[uint64][]Sample
+	maps    []clientMap // the client's shared memories mapped, most recent last
+}
+
+// clientMap is a client's shared memory kept mapped between takes. A
+// worker that reuses its buffers sends the same file each batch; mapping
+// it afresh cost a page fault per page written (and zeroed pages on the
+// first use of each), which with the DataLoader's own shared memory per
+// batch made the kernel the largest share of an epoch's CPU (bench data,
+// 100,000 files). A file is known by its device and inode, which stay its
+// own while it is mapped here.
+type clientMap struct {
+	dev, ino uint64
+	m        []byte
+}
+
+// clientMaps is how many of a client's shared memories stay mapped: a
+// worker's buffers in use at once (pyfastensor's pool holds two), and a
+// few the client dropped, unmapped as newer ones come.
+const clientMaps = 4
+
+// mapped returns the client's shared memory fd of size bytes mapped,
+// from the connection's maps when the same file of the same size is
+// there, else mapped now (populated: its pages are about to be written)
+// and kept, the least recent unmapped beyond clientMaps.
+func (lc *localConn) mapped(fd int, size uint64) ([]byte, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, fmt.Errorf("stat the client's shared memory: %w", err)
+	}
+	dev, ino := uint64(st.Dev), st.Ino
+	for k, cm := range lc.maps {
+		if cm.dev == dev && cm.ino == ino && uint64(len(cm.m)) == size {
+			lc.maps = append(append(lc.maps[:k:k], lc.maps[k+1:]...), cm)
+			return cm.m, nil
+		}
+	}
+	m, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_POPULATE)
+	if err != nil {
+		return nil, fmt.Errorf("map the client's shared memory (%d bytes): %w", size, err)
+	}
+	if len(lc.maps) == clientMaps {
+		_ = unix.Munmap(lc.maps[0].m)
+		lc.maps = append(lc.maps[:0], lc.maps[1:]...)
+	}
+	lc.maps = append(lc.maps, clientMap{dev: dev, ino: ino, m: m})
+	return m, nil
+}
+
+// unmapAll unmaps the client's shared memories (the connection ended).
+func (lc *localConn) unmapAll() {
+	for _, cm := range lc.maps {
+		_ = unix.Munmap(cm.m)
+	}
+	lc.maps = nil
 }
 
 func (l *Local) serve(c *net.UnixConn) {
@@ -190,6 +245,7 @@ func (l *Local) serve(c *net.UnixConn) {
 		for _, batch := range lc.tickets { // the client died holding them
 			l.srv.Return(batch)
 		}
+		lc.unmapAll()
 		l.mu.Lock()
 		delete(l.conns, c)
 		l.mu.Unlock()
@@ -270,7 +326,7 @@ func (l *Local) handle(lc *localConn, body []byte, fds []int) (resp []byte, ok b
 			return fail(fmt.Errorf("%w: take of ticket %d came with %d file descriptors, not one", ErrInvalid, arg, len(fds)))
 		}
 		off, size := binary.LittleEndian.Uint64(payload), binary.LittleEndian.Uint64(payload[8:])
-		if err := copyOut(fds[0], off, size, batch); err != nil {
+		if err := lc.copyOut(fds[0], off, size, batch); err != nil {
 			return fail(fmt.Errorf("loader: take of ticket %d: %w", arg, err))
 		}
 		delete(lc.tickets, arg)
@@ -286,8 +342,8 @@ func (l *Local) handle(lc *localConn, body []byte, fds []int) (resp []byte, ok b
 }
 
 // copyOut writes batch's bytes back to back from off into the shared
-// memory fd of size bytes (mapped for the copy).
-func copyOut(fd int, off, size uint64, batch []Sample) error {
+// memory fd of size bytes (mapped, or kept mapped: mapped).
+func (lc *localConn) copyOut(fd int, off, size uint64, batch []Sample) error {
 	var total uint64
 	for _, s := range batch {
 		total += uint64(len(s.Data))
@@ -301,11 +357,10 @@ func copyOut(fd int, off, size uint64, batch []Sample) error {
 	if size > 1<<46 {
 		return fmt.Errorf("%w: a shared memory of %d bytes", ErrInvalid, size)
 	}
-	m, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	m, err := lc.mapped(fd, size)
 	if err != nil {
-		return fmt.Errorf("map the client's shared memory (%d bytes): %w", size, err)
+		return err
 	}
-	defer func() { _ = unix.Munmap(m) }()
 	at := off
 	for _, s := range batch {
 		at += uint64(copy(m[at:], s.Data))

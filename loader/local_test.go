@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -193,4 +194,61 @@ func TestLocalClientGoneGivesItsBatchBack(t *testing.T) {
 	require.EqualValues(t, 7, st)
 	require.Contains(t, string(out), "do not fit the client's 1 bytes")
 	c.take(ticket, meta2, 0)
+}
+
+// A client that sends the same shared memory for each batch has it
+// mapped once: each batch's bytes land in it, the server keeps at most
+// clientMaps of a client's files mapped (the least recent unmapped), and
+// none once the connection ends.
+func TestLocalKeepsAClientsSharedMemoryMapped(t *testing.T) {
+	ds, p := newPack(t, datasetOpts{n: 120, classes: 4, maxSize: 400, seed: 72}, 8)
+	s := newServer(t, p, maxBudget(p), 2)
+	l := serveLocal(t, s)
+	c := dialLocal(t, l.Addr())
+	mappings := func(name string) int {
+		maps, err := os.ReadFile("/proc/self/maps")
+		require.NoError(t, err)
+		return strings.Count(string(maps), "/memfd:"+name+" ")
+	}
+	memfd := func(name string) int {
+		fd, err := unix.MemfdCreate(name, 0)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = unix.Close(fd) })
+		require.NoError(t, unix.Ftruncate(fd, 8<<10))
+		return fd
+	}
+	reqs, at := perm(120, 4), 0
+	takeInto := func(fd int) {
+		ticket, meta := c.get(reqs[at : at+10])
+		at += 10
+		p := make([]byte, 16)
+		binary.LittleEndian.PutUint64(p[8:], 8<<10)
+		st, _, _, out := c.do(LocalTake, len(meta), ticket, p, fd)
+		require.Zero(t, st, "%s", out)
+		data := make([]byte, 8<<10)
+		_, err := unix.Pread(fd, data, 0)
+		require.NoError(t, err)
+		for _, m := range meta {
+			src, n := int(m[1]), int(m[3])
+			require.Equal(t, ds.data[src], data[:n], "source %d", src)
+			data = data[n:]
+		}
+	}
+	a := memfd("pft-keep-a")
+	for range 3 {
+		takeInto(a)
+		require.Equal(t, 1, mappings("pft-keep-a"), "one mapping, reused")
+	}
+	names := []string{"pft-keep-b", "pft-keep-c", "pft-keep-d", "pft-keep-e"}
+	for _, name := range names {
+		takeInto(memfd(name))
+	}
+	require.Zero(t, mappings("pft-keep-a"), "the least recent unmapped")
+	takeInto(a) // mapped again
+	require.Equal(t, 1, mappings("pft-keep-a"))
+	require.Zero(t, mappings("pft-keep-b"))
+	require.NoError(t, c.c.Close())
+	require.Eventually(t, func() bool {
+		return mappings("pft-keep-a")+mappings("pft-keep-c")+mappings("pft-keep-d")+mappings("pft-keep-e") == 0
+	}, 5*time.Second, 10*time.Millisecond, "unmapped when the connection ends")
 }

@@ -82,8 +82,69 @@ def test_worker_views_share_one_storage(packed):
     (batch,) = [b for b in dl]
     storages = {data.untyped_storage().data_ptr() for data, _ in batch}
     assert len(storages) == 1 and all(data.untyped_storage().is_shared() for data, _ in batch)
-    assert sum(data.numel() for data, _ in batch) == batch[0][0].untyped_storage().nbytes()
+    # The storage is the batch's, with up to an eighth more room (and a page).
+    total = sum(data.numel() for data, _ in batch)
+    assert total <= batch[0][0].untyped_storage().nbytes() <= total + total // 8 + 4096
     ds.close()
+
+
+def _storage_inode(data: torch.Tensor) -> tuple[torch.Tensor, int, int]:
+    fd, _ = data.untyped_storage()._share_fd_cpu_()
+    return data.clone(), os.getpid(), os.fstat(fd).st_ino
+
+
+def _copy_out(batch):
+    return [(data, pid, ino, label) for (data, pid, ino), label in batch]
+
+
+@pytest.mark.skipif(torch.multiprocessing.get_sharing_strategy() != "file_descriptor",
+                    reason="the test names a storage by its file descriptor's inode")
+def test_worker_reuses_its_batch_storage_once_free(packed, source):
+    """A collate that copies the samples frees the batch's storage: the worker's next batches reuse it."""
+    files = source[1]
+    ds = ChunkDataset(packed, memory_budget=1 << 20, transform=_storage_inode)
+    dl = torch.utils.data.DataLoader(ds, batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(4),
+                                     num_workers=2, collate_fn=_copy_out)
+    inodes: dict[int, set[int]] = {}
+    seen, batches = [], 0
+    for batch in dl:
+        batches += 1
+        for data, pid, ino, label in batch:
+            rel, want = files[data.numpy().tobytes()]
+            assert label == want, rel
+            seen.append(rel)
+            inodes.setdefault(pid, set()).add(ino)
+    assert sorted(seen) == sorted(rel for rel, _ in files.values())
+    assert batches >= 8
+    for pid, used in inodes.items():
+        assert len(used) <= _client.BatchBuffers.SIZE, f"worker {pid}: {len(used)} storages for its batches"
+    ds.close()
+
+
+def test_batch_buffers_reuse_only_what_nothing_holds():
+    """A storage is reused once no tensor holds it, and never after torch pickled it for another process."""
+    import io
+    import pickle
+    from multiprocessing.reduction import ForkingPickler
+
+    bufs = _client.BatchBuffers(size=2)
+    a = bufs.get(1000)
+    assert a.nbytes() >= 1000 and a.is_shared()
+    assert bufs.get(1000)._cdata == a._cdata, "free: reused"
+    view = torch.empty(0, dtype=torch.uint8).set_(a)[:10]
+    b = bufs.get(1000)
+    assert b._cdata != a._cdata, "held by a tensor: another"
+    assert bufs.get(5000)._cdata not in (a._cdata, b._cdata), "too small: another"
+    del view
+    assert bufs.get(1000)._cdata in (a._cdata, b._cdata)
+
+    bufs = _client.BatchBuffers(size=1)
+    c = bufs.get(1000)
+    sent = torch.empty(0, dtype=torch.uint8).set_(c)[:10]
+    ForkingPickler(io.BytesIO(), pickle.HIGHEST_PROTOCOL).dump(sent)  # as a worker's result queue does
+    del sent
+    for _ in range(3):
+        assert bufs.get(1000)._cdata != c._cdata, "sent to another process: never reused"
 
 
 def test_main_process_methods_refused_in_a_worker(packed):

@@ -215,6 +215,8 @@ class ChunkDataset(torch.utils.data.Dataset):
         self._token = secrets.token_hex(8)
         self._client: _client.Client | None = None
         self._client_pid = 0
+        self._buffers: _client.BatchBuffers | None = None  # a worker's, for its batches
+        self._buffers_pid = 0
         if not self._in_worker():
             self._live()  # opened here, so a worker can reach it whatever the sampler calls
 
@@ -308,6 +310,11 @@ class ChunkDataset(torch.utils.data.Dataset):
         """
         return ChunkSampler(self, shuffle, self.seed if seed is None else seed)
 
+    def _worker_buffers(self) -> _client.BatchBuffers:
+        if self._buffers is None or self._buffers_pid != os.getpid():
+            self._buffers, self._buffers_pid = _client.BatchBuffers(), os.getpid()
+        return self._buffers
+
     def _worker_client(self) -> _client.Client:
         if self._closed:
             raise ValueError(f"ChunkDataset({self.root!r}) is closed")
@@ -334,7 +341,7 @@ class ChunkDataset(torch.utils.data.Dataset):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_server"], state["_lock"], state["_client"] = None, None, None
+        state["_server"], state["_lock"], state["_client"], state["_buffers"] = None, None, None, None
         state["_store"], state["_rendezvous"] = None, None
         return state
 
@@ -458,7 +465,7 @@ class ChunkDataset(torch.utils.data.Dataset):
         lengths = [meta[k * f + 3] for k in range(len(idx))]
         total = sum(lengths)
         try:
-            storage = torch.UntypedStorage._new_shared(max(total, 1))
+            storage = self._worker_buffers().get(total)
             fd, close_fd = _shared_fd(storage)
             try:
                 client.take(ticket, len(idx), fd, storage.nbytes())
