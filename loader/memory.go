@@ -38,6 +38,11 @@ type Layout struct {
 	OverflowBytes  int64 `json:"overflow_bytes"`  // the spares' share (ServerOptions.Overflow)
 	MaxChunkBytes  int64 `json:"max_chunk_bytes"` // the largest chunk file
 	MinBudget      int64 `json:"min_budget"`      // the least budget this pack can be served from
+	// EpochBudget is about the least budget from which a random sampler's
+	// epoch reads each chunk once (the widest groups, their spares as
+	// spareBytes predicts them with SpareMargin, at the default overflow
+	// share); 0 where the server keeps no spares (ServerOptions.Overflow 0).
+	EpochBudget int64 `json:"epoch_budget"`
 	// Owned lists the abstract chunks this server owns: all of them on
 	// one node; a distributed server would own a disjoint share and send
 	// requests for the others to their owners.

@@ -135,3 +135,37 @@ func TestWideGroupsHoldARandomEpochsSpares(t *testing.T) {
 			share, g, narrow.ChunksPerGroup, lay.AbstractChunks, 100*spares/float64(data), 100*predicted/float64(data))
 	}
 }
+
+// Below what a random epoch's spares need, the overflow share keeps a
+// read's samples for the slots with the fewest spares first, so what it
+// drops is for the slots whose requests are furthest off: the re-reads
+// grow with the shortfall instead of at once. Kept in slot order, the
+// same budget read each chunk about three times.
+func TestShortOverflowKeepsTheSlotsWithFewestSpares(t *testing.T) {
+	const n = 12000
+	ds, p := newPack(t, datasetOpts{n: n, classes: 10, maxSize: 256, fixedSize: true, seed: 84}, 64)
+	var data int64
+	for _, c := range p.Index.Chunks {
+		data += c.DataLength
+	}
+	budget := data * 6 / 100
+	s, err := NewServer(p, ServerOptions{Budget: budget, Seed: 1, Overflow: DefaultOverflow})
+	require.NoError(t, err)
+	lay := s.Layout()
+	require.Equal(t, 1, lay.AbstractChunks, "the widest groups")
+	require.Greater(t, float64(spareBytes(p.Index, lay.ChunksPerGroup)), float64(lay.OverflowBytes), "short of the spares' need")
+	requireExactlyOnce(t, n, serveAll(t, s, ds, perm(n, 7), 256))
+	st := s.Stats()
+	t.Logf("overflow %.1f%% of the data, spares' need %.1f%%: %d reads of %d chunks",
+		100*float64(lay.OverflowBytes)/float64(data), 100*float64(spareBytes(p.Index, lay.ChunksPerGroup))/float64(data), st.ChunkReads, lay.Chunks)
+	require.Less(t, st.ChunkReads, int64(lay.Chunks)*13/10)
+	require.LessOrEqual(t, st.PeakBytes, budget)
+
+	// The layout says what budget would have read each chunk once.
+	require.Greater(t, lay.EpochBudget, budget)
+	enough, err := NewServer(p, ServerOptions{Budget: lay.EpochBudget, Seed: 1, Overflow: DefaultOverflow})
+	require.NoError(t, err)
+	require.LessOrEqual(t, float64(spareBytes(p.Index, enough.Layout().ChunksPerGroup))*SpareMargin, float64(enough.Layout().OverflowBytes))
+	requireExactlyOnce(t, n, serveAll(t, enough, ds, perm(n, 7), 256))
+	require.EqualValues(t, lay.Chunks, enough.Stats().ChunkReads, "from the epoch budget: each chunk once")
+}

@@ -3,6 +3,7 @@ package loader
 import (
 	"bytes"
 	"math/bits"
+	"slices"
 )
 
 // The local protocol (the paper's section 3.3), on the server's state,
@@ -228,7 +229,8 @@ func (s *Server) hasSpares(g int) bool {
 // never evict a sample not yet consumed), as a new fill. The chunk's
 // other samples not filled this epoch, whose slots are occupied, are kept
 // as spares of their slots while they fit the overflow share
-// (ServerOptions.Overflow), in slot order; the rest are the read's waste.
+// (ServerOptions.Overflow), the slots with the fewest spares first; the
+// rest are the read's waste.
 func (s *Server) refill(g, c int) *fill {
 	n, w := s.lay.ChunkSize, s.words
 	empty, unfilled := s.empty[g*w:(g+1)*w], s.unfilled[c*w:(c+1)*w]
@@ -246,9 +248,21 @@ func (s *Server) refill(g, c int) *fill {
 	if s.overflowCap == 0 {
 		return f
 	}
+	// The slots with the fewest spares first: when the share cannot keep
+	// them all, what it drops is for the slots whose requests are furthest
+	// off (each slot's requests come at the same rate), and the re-reads
+	// grow with the shortfall (TestShortOverflowKeepsTheSlotsWithFewestSpares).
+	keep := s.keepOrder[:0]
 	for k := range s.ix.Chunks[c].Samples {
+		if unfilled.has(k) {
+			keep = append(keep, k)
+		}
+	}
+	slices.SortStableFunc(keep, func(a, b int) int { return len(s.spares[g*n+a]) - len(s.spares[g*n+b]) })
+	s.keepOrder = keep
+	for _, k := range keep {
 		size := s.ix.Samples[c*n+k].Length
-		if !unfilled.has(k) || s.overflow+size > s.overflowCap {
+		if s.overflow+size > s.overflowCap {
 			continue
 		}
 		x := g*n + k

@@ -105,13 +105,14 @@ type Server struct {
 	owned []bool   // by abstract chunk
 	words int      // bitset words per chunk: ceil(N/64)
 
-	mu      sync.Mutex
-	closed  bool
-	seed    uint64 // of the tie-break streams (Restore sets it)
-	epoch   uint64
-	tie     *stream
-	ties    []int // choose's scratch
-	noAhead bool  // ServerOptions.NoReadAhead
+	mu        sync.Mutex
+	closed    bool
+	seed      uint64 // of the tie-break streams (Restore sets it)
+	epoch     uint64
+	tie       *stream
+	ties      []int // choose's scratch
+	keepOrder []int // refill's scratch
+	noAhead   bool  // ServerOptions.NoReadAhead
 	// overflowCap: Layout.OverflowBytes; overflow: the bytes of spares a
 	// refill kept there (landed or not).
 	overflowCap, overflow int64
@@ -185,6 +186,7 @@ func NewServer(p *Packed, o ServerOptions) (*Server, error) {
 	}
 	if lay.OverflowBytes > 0 {
 		lay = widen(p.Index, lay, int64(float64(budget)*o.Overflow)-extra, world)
+		lay.EpochBudget = epochBudget(p.Index, lay, o.Overflow, world)
 	}
 	readBytes := lay.ReadBytes
 	if world > 1 {
@@ -557,4 +559,15 @@ func widen(ix *Index, lay Layout, maxOver int64, minGroups int) Layout {
 		lay.Owned[g] = g
 	}
 	return lay
+}
+
+// epochBudget is Layout.EpochBudget for a server of a world of servers
+// (each server's share of the cluster's) with an overflow share of over:
+// at the widest groups, room for their slots, one chunk read and the
+// spares with SpareMargin, those within the share.
+func epochBudget(ix *Index, lay Layout, over float64, world int) int64 {
+	g := max(1, lay.Chunks/world)
+	need := int64(float64(spareBytes(ix, g)) * SpareMargin)
+	total := max(int64(float64(need)/over), need+slotBytes(ix, g)+lay.MaxChunkBytes)
+	return (total + int64(world) - 1) / int64(world)
 }

@@ -598,7 +598,7 @@ def run_bench(
     limit = disk.measure_limit(root, size=min(256 * MiB, max(dataset_bytes, 16 * MiB)))
     device, dev_name = block_device(root)
     support = cgroup_support(device)
-    min_budget = 0
+    min_budget = epoch_budget = 0
     chunk_workers = workers
     chunk_note = ""
     if "chunk" in active:
@@ -606,6 +606,7 @@ def run_bench(
 
         with ChunkDataset(root / "pack", memory_budget=max(dataset_bytes, 1 << 20)) as ds:
             min_budget = int(ds.layout["min_budget"])
+            epoch_budget = int(ds.layout.get("epoch_budget", 0))
         if budget is None:
             budget = max(int(dataset_bytes * budget_fraction), min_budget)
         if budget < min_budget:
@@ -656,7 +657,7 @@ def run_bench(
         "chunk_workers": chunk_workers, "chunk_note": chunk_note, "chunk_size": chunk_size,
         "shard_size": shard_size, "per_shard": layout["per_shard"],
         "mds_shards": _mds_shards(root) if "streaming" in active else None,
-        "wds_shards": layout.get("wds_shards"), "budget": budget, "min_budget": min_budget,
+        "wds_shards": layout.get("wds_shards"), "budget": budget, "min_budget": min_budget, "epoch_budget": epoch_budget,
         "memory_limit": memory_limit, "iops": iops, "rounds": rounds, "seed": seed,
         "device": device, "device_name": dev_name if device else "", "device_note": "" if device else dev_name,
         "cgroups": support, "cold_method": disk.cold_cache_method(),
@@ -803,7 +804,8 @@ def format_report(result: dict[str, Any]) -> str:
         f"pyfastensor bench data: {p['files']} files of {p['file_size']} bytes ({_mib(p['dataset_bytes'])}), "
         f"{p['classes']} classes, class-sorted, at {p['dir']}",
         f"every loader: batch {p['batch_size']}, {p['workers']} workers; ChunkDataset chunks of "
-        f"{p['chunk_size']}, budget {_mib(p['budget'])} (pack minimum {_mib(p['min_budget'])}); "
+        f"{p['chunk_size']}, budget {_mib(p['budget'])} (pack minimum {_mib(p['min_budget'])}; a random "
+        f"epoch reads each chunk once from about {_mib(p.get('epoch_budget'))}); "
         f"MDS and tar shards of {_mib(p['shard_size'])} ({p['per_shard']} samples)",
         "cold: " + p["cold_method"],
         p["limit"] + " (sequential O_DIRECT; the plain disk's 'of disk' column is a loader's MB/s of its read)",

@@ -5,11 +5,12 @@ spawned one would start a server of its own): the main process's server
 listens on a Unix socket and a worker sends it requests, one at a time.
 A batch crosses in two steps, as in the main process: ``get`` serves the
 requests and answers each sample's position, source, label and length
-under a ticket; the worker allocates one shared-memory storage for the
-batch, ``take`` has the server copy the samples into it (the storage's file
-descriptor travels with the request), and the batch's tensors are views
-of that storage, which torch then hands to the main process without a
-copy. If the worker dies between the two, the server gives the batch back.
+under a ticket; the worker provides one shared-memory storage for the
+batch (:class:`BatchBuffers`: reused once nothing holds it), ``take`` has
+the server copy the samples into it (the storage's file descriptor travels
+with the request; the server keeps it mapped), and the batch's tensors are
+views of that storage, which torch then hands to the main process without
+a copy. If the worker dies between the two, the server gives the batch back.
 
 Nothing here imports the native library; errors come back as the same
 exceptions the native calls raise.

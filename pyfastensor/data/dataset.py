@@ -88,7 +88,10 @@ class ChunkDataset(torch.utils.data.Dataset):
             and the chunks being read; at least the pack's minimum (one
             abstract chunk and one chunk read: ``layout["min_budget"]``).
             A larger budget holds more chunk groups, each request then drawing
-            from fewer chunks. Resuming needs a budget giving the same layout.
+            from fewer chunks. With a random sampler, a budget below
+            ``layout["epoch_budget"]`` (about 1/sqrt(chunks) of the data) reads
+            some chunks more than once. Resuming needs a budget giving the same
+            layout.
         seed: the seed of the tie-breaks between chunks, with the epoch. Default: 0.
         transform: called on each sample's uint8 tensor; its result is the item's
             ``data``. Default: None (the bytes).
