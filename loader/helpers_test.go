@@ -78,6 +78,15 @@ func newPack(t testing.TB, o datasetOpts, size int) (*dataset, *Packed) {
 	return ds, ds.pack(t, dir, size, o.seed+1)
 }
 
+// dataBytes is the bytes of p's samples.
+func dataBytes(p *Packed) int64 {
+	var data int64
+	for _, c := range p.Index.Chunks {
+		data += c.DataLength
+	}
+	return data
+}
+
 // maxBudget is a budget that maps every chunk to its own abstract chunk.
 func maxBudget(p *Packed) int64 {
 	l, _ := PlanLayout(p.Index, 1<<62)

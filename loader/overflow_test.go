@@ -13,10 +13,7 @@ import (
 func TestOverflowCutsWastedReads(t *testing.T) {
 	const n = 3000
 	ds, p := newPack(t, datasetOpts{n: n, classes: 10, maxSize: 400, seed: 81}, 32)
-	var data int64
-	for _, c := range p.Index.Chunks {
-		data += c.DataLength
-	}
+	data := dataBytes(p)
 	reqs := perm(n, 5)
 	for _, share := range []int64{10, 25, 50} {
 		budget := data * share / 100
@@ -54,10 +51,7 @@ func TestOverflowCutsWastedReads(t *testing.T) {
 // as they were; one node keeps the layout's read share.
 func TestClusterReadsTakeRoomFromTheOverflow(t *testing.T) {
 	_, p := newPack(t, datasetOpts{n: 3000, classes: 10, maxSize: 400, seed: 82}, 32)
-	var data int64
-	for _, c := range p.Index.Chunks {
-		data += c.DataLength
-	}
+	data := dataBytes(p)
 	least := minBudget(p)
 	for _, budget := range []int64{data / 2, data / 4} {
 		cluster := 4 * budget
@@ -97,10 +91,7 @@ func TestClusterReadsTakeRoomFromTheOverflow(t *testing.T) {
 func TestWideGroupsHoldARandomEpochsSpares(t *testing.T) {
 	const n = 30000
 	ds, p := newPack(t, datasetOpts{n: n, classes: 10, maxSize: 256, fixedSize: true, seed: 83}, 64)
-	var data int64
-	for _, c := range p.Index.Chunks {
-		data += c.DataLength
-	}
+	data := dataBytes(p)
 	reqs := perm(n, 6)
 	for _, share := range []int64{10, 15} {
 		budget := data * share / 100
@@ -144,10 +135,7 @@ func TestWideGroupsHoldARandomEpochsSpares(t *testing.T) {
 func TestShortOverflowKeepsTheSlotsWithFewestSpares(t *testing.T) {
 	const n = 12000
 	ds, p := newPack(t, datasetOpts{n: n, classes: 10, maxSize: 256, fixedSize: true, seed: 84}, 64)
-	var data int64
-	for _, c := range p.Index.Chunks {
-		data += c.DataLength
-	}
+	data := dataBytes(p)
 	budget := data * 6 / 100
 	s, err := NewServer(p, ServerOptions{Budget: budget, Seed: 1, Overflow: DefaultOverflow})
 	require.NoError(t, err)
