@@ -23,7 +23,9 @@ import (
 // (the least G, one, serves every request with the very sample asked for,
 // all the data in memory by the end of the epoch). The greatest, every
 // chunk in one group, is the least memory a pack can be served from:
-// MinBudget.
+// MinBudget. With an overflow share (ServerOptions.Overflow) a server then
+// widens the groups until the share holds the spares a random epoch
+// leaves (widen, spareBytes): those, not the slots, fill its memory.
 
 // Layout is how a server maps a pack onto its abstract memory.
 type Layout struct {
@@ -40,7 +42,7 @@ type Layout struct {
 	MinBudget      int64 `json:"min_budget"`      // the least budget this pack can be served from
 	// EpochBudget is about the least budget from which a random sampler's
 	// epoch reads each chunk once (the widest groups, their spares as
-	// spareBytes predicts them with SpareMargin, at the default overflow
+	// spareBytes predicts them with SpareMargin, at the server's overflow
 	// share); 0 where the server keeps no spares (ServerOptions.Overflow 0).
 	EpochBudget int64 `json:"epoch_budget"`
 	// Owned lists the abstract chunks this server owns: all of them on
