@@ -13,14 +13,13 @@ import (
 // killed it at 100,000 files. While servers are open the limit is their
 // budgets plus an eighth plus limitSlack (gRPC, whatever else Go holds;
 // chunk buffers of 2 MiB and more are mapped outside the heap), so the
-// collector runs sooner as the heap nears it. The samples a server holds
-// are byte slices the collector does not scan, so a collection near the
-// limit costs little: at a quarter plus 256 MiB, a 977 MiB budget's
-// reader took 2 GB of resident memory at 100,000 files of 100 KB, the Go
-// heap up at its limit, and bench data's memory cgroup (budget + 1 GiB,
-// page cache included) had less than 40 MiB to spare. A soft limit is never an error (the collector's CPU share is capped
-// when it cannot keep under it); a lower limit the process had already
-// (GOMEMLIMIT) is kept.
+// collector runs sooner as the heap nears it. The samples are byte slices
+// the collector does not scan, so a collection near the limit costs
+// little. At a quarter plus 256 MiB the reader's resident memory came
+// within 40 MiB of that cgroup's limit (the Go heap at its limit, with
+// torch, the workers' ring and the chunk buffers). A soft limit is never
+// an error (the collector's CPU share is capped when it cannot keep under
+// it); a lower limit the process had already (GOMEMLIMIT) is kept.
 
 const limitSlack = 64 << 20
 
