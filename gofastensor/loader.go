@@ -165,6 +165,7 @@ func (ls *loaderServer) Len() int                                   { return ls.
 func (ls *loaderServer) Epoch() uint64                              { return ls.srv.Epoch() }
 func (ls *loaderServer) GetBatch(is []int) ([]loader.Sample, error) { return ls.backend().GetBatch(is) }
 func (ls *loaderServer) Return(samples []loader.Sample)             { ls.backend().Return(samples) }
+func (ls *loaderServer) Release(samples []loader.Sample)            { ls.backend().Release(samples) }
 
 // distNode is the handle's node, or an error saying it has none.
 func (ls *loaderServer) distNode() (*dist.Node, error) {
@@ -302,6 +303,7 @@ func pft_loader_take(h C.uint64_t, ticket C.uint64_t, n C.int64_t, addrs *unsafe
 			}
 			copy(dst, batch[k].Data)
 		}
+		ls.Release(batch)
 		return nil
 	})
 }

@@ -85,6 +85,7 @@ type Backend interface {
 	Epoch() uint64
 	GetBatch(is []int) ([]Sample, error)
 	Return(samples []Sample)
+	Release(samples []Sample)
 }
 
 // Local is a Server's endpoint for the processes of its node.
@@ -330,6 +331,7 @@ func (l *Local) handle(lc *localConn, body []byte, fds []int) (resp []byte, ok b
 			return fail(fmt.Errorf("loader: take of ticket %d: %w", arg, err))
 		}
 		delete(lc.tickets, arg)
+		l.srv.Release(batch)
 		return response(0, uint32(n), arg, nil), true
 	case LocalReturn:
 		if batch, found := lc.tickets[arg]; found {

@@ -93,12 +93,12 @@ func TestWideGroupsHoldARandomEpochsSpares(t *testing.T) {
 	ds, p := newPack(t, datasetOpts{n: n, classes: 10, maxSize: 256, fixedSize: true, seed: 83}, 64)
 	data := dataBytes(p)
 	reqs := perm(n, 6)
-	for _, share := range []int64{10, 15} {
+	for _, share := range []int64{12, 15} {
 		budget := data * share / 100
 		over := int64(float64(budget) * DefaultOverflow)
 		narrow, err := PlanLayout(p.Index, budget-over)
 		require.NoError(t, err)
-		require.Greater(t, float64(spareBytes(p.Index, narrow.ChunksPerGroup))*SpareMargin, float64(over),
+		require.Greater(t, float64(spareBytes(p.Index, narrow.ChunksPerGroup, 0))*SpareMargin, float64(over),
 			"budget %d%%: the groups sized for the slots alone need more than the share", share)
 
 		s, err := NewServer(p, ServerOptions{Budget: budget, Seed: 1, Overflow: DefaultOverflow})
@@ -108,19 +108,19 @@ func TestWideGroupsHoldARandomEpochsSpares(t *testing.T) {
 		require.Greater(t, g, narrow.ChunksPerGroup, "budget %d%%: widened", share)
 		require.Equal(t, budget, lay.SlotBytes+lay.OverflowBytes+lay.ReadBytes)
 		require.Equal(t, slotBytes(p.Index, g), lay.SlotBytes)
-		require.LessOrEqual(t, float64(spareBytes(p.Index, g))*SpareMargin, float64(lay.OverflowBytes), "budget %d%%: the share holds the spares", share)
+		require.LessOrEqual(t, float64(spareBytes(p.Index, g, 0))*SpareMargin, float64(lay.OverflowBytes), "budget %d%%: the share holds the spares", share)
 		wider := min(over, budget-slotBytes(p.Index, g-1)-narrow.ReadBytes)
-		require.Greater(t, float64(spareBytes(p.Index, g-1))*SpareMargin, float64(wider), "budget %d%%: the least G that does", share)
+		require.Greater(t, float64(spareBytes(p.Index, g-1, 0))*SpareMargin, float64(wider), "budget %d%%: the least G that does", share)
 
 		requireExactlyOnce(t, n, serveAll(t, s, ds, reqs, 256))
 		st := s.Stats()
 		t.Logf("budget %d%%: G %d A %d reads %d peak %.2f%% slots %.2f%% over %.2f%% predicted %.2f%%", share, g, lay.AbstractChunks, st.ChunkReads,
-			100*float64(st.PeakBytes)/float64(data), 100*float64(lay.SlotBytes)/float64(data), 100*float64(lay.OverflowBytes)/float64(data), 100*float64(spareBytes(p.Index, g))/float64(data))
+			100*float64(st.PeakBytes)/float64(data), 100*float64(lay.SlotBytes)/float64(data), 100*float64(lay.OverflowBytes)/float64(data), 100*float64(spareBytes(p.Index, g, 0))/float64(data))
 		require.EqualValues(t, lay.Chunks, st.ChunkReads, "budget %d%%: every chunk read once", share)
 		require.Zero(t, st.WastedBytes)
 		require.LessOrEqual(t, st.PeakBytes, budget)
 		spares := float64(st.PeakBytes - lay.SlotBytes)
-		predicted := float64(spareBytes(p.Index, g))
+		predicted := float64(spareBytes(p.Index, g, 0))
 		require.InDelta(t, 1, spares/predicted, 0.25, "budget %d%%: spares at their peak %.0f bytes, predicted %.0f", share, spares, predicted)
 		t.Logf("budget %d%% of the data: G %d (slots alone: %d), %d abstract chunks, spares' peak %.1f%% of the data, predicted %.1f%%",
 			share, g, narrow.ChunksPerGroup, lay.AbstractChunks, 100*spares/float64(data), 100*predicted/float64(data))
@@ -141,11 +141,11 @@ func TestShortOverflowKeepsTheSlotsWithFewestSpares(t *testing.T) {
 	require.NoError(t, err)
 	lay := s.Layout()
 	require.Equal(t, 1, lay.AbstractChunks, "the widest groups")
-	require.Greater(t, float64(spareBytes(p.Index, lay.ChunksPerGroup)), float64(lay.OverflowBytes), "short of the spares' need")
+	require.Greater(t, float64(spareBytes(p.Index, lay.ChunksPerGroup, 0)), float64(lay.OverflowBytes), "short of the spares' need")
 	requireExactlyOnce(t, n, serveAll(t, s, ds, perm(n, 7), 256))
 	st := s.Stats()
 	t.Logf("overflow %.1f%% of the data, spares' need %.1f%%: %d reads of %d chunks",
-		100*float64(lay.OverflowBytes)/float64(data), 100*float64(spareBytes(p.Index, lay.ChunksPerGroup))/float64(data), st.ChunkReads, lay.Chunks)
+		100*float64(lay.OverflowBytes)/float64(data), 100*float64(spareBytes(p.Index, lay.ChunksPerGroup, 0))/float64(data), st.ChunkReads, lay.Chunks)
 	require.Less(t, st.ChunkReads, int64(lay.Chunks)*13/10)
 	require.LessOrEqual(t, st.PeakBytes, budget)
 
@@ -153,7 +153,7 @@ func TestShortOverflowKeepsTheSlotsWithFewestSpares(t *testing.T) {
 	require.Greater(t, lay.EpochBudget, budget)
 	enough, err := NewServer(p, ServerOptions{Budget: lay.EpochBudget, Seed: 1, Overflow: DefaultOverflow})
 	require.NoError(t, err)
-	require.LessOrEqual(t, float64(spareBytes(p.Index, enough.Layout().ChunksPerGroup))*SpareMargin, float64(enough.Layout().OverflowBytes))
+	require.LessOrEqual(t, float64(spareBytes(p.Index, enough.Layout().ChunksPerGroup, 0))*SpareMargin, float64(enough.Layout().OverflowBytes))
 	requireExactlyOnce(t, n, serveAll(t, enough, ds, perm(n, 7), 256))
 	require.EqualValues(t, lay.Chunks, enough.Stats().ChunkReads, "from the epoch budget: each chunk once")
 }

@@ -52,7 +52,7 @@ func (s *Server) Prefetch(window []int, limit int64) []Sample {
 		used += size
 		e := &s.ix.Samples[t.pos]
 		out = append(out, Sample{Request: i, Position: t.pos, Source: e.Source, Label: e.Label, Epoch: s.epoch, Data: t.data})
-		if f := s.readAhead(g); f != nil {
+		if f := s.readAhead(g, i%n); f != nil {
 			ahead = append(ahead, f)
 		}
 	}

@@ -1,7 +1,6 @@
 package loader
 
 import (
-	"bytes"
 	"math/bits"
 	"slices"
 )
@@ -182,18 +181,45 @@ func (s *Server) choose(g, j int) int {
 	return s.ties[s.tie.uniform(uint64(len(s.ties)))]
 }
 
-// readAhead starts a refill before any request needs it when the request
-// just served left every slot of its abstract chunk g empty (a sampler
-// that finished a group, a sequential one) and the group has samples left
-// to fill: the chunk choose picks for no slot in particular. Decided
+// readAhead starts a refill before any request needs it, after a request
+// at slot j of abstract chunk g, in two cases. The request left every
+// slot of g empty (a sampler that finished a group, a sequential one) and
+// g has samples left to fill: the chunk choose picks for no slot in
+// particular. Or it left slot j with fewer than Layout.ReadAhead of its
+// samples in memory (low) while the overflow share has a chunk's room per
+// abstract chunk this server owns (what their reads on demand keep): the
+// chunk choose picks for j, a read j's requests would make later, made
+// now. With a random sampler the second case is the common one: each
+// group reads up to ReadAhead levels ahead of its requests (a chunk per
+// level, so no more reads; a chunk's samples more held per level and
+// group), and the read overlaps the requester's other work instead of
+// holding up the request that meets the empty slot. Decided
 // under the lock per request, like a request's own refill, so the order
 // stays a function of (seed, epoch, request sequence), whatever the
 // batching; the caller reads the fill without waiting for it. nil when
 // there is none to start.
-func (s *Server) readAhead(g int) *fill {
-	if s.noAhead || s.hasSpares(g) {
+func (s *Server) readAhead(g, j int) *fill {
+	if s.noAhead {
 		return nil
 	}
+	c := -1
+	switch {
+	case s.allEmpty(g) && !s.hasSpares(g):
+		c = s.choose(g, -1)
+	case s.low(g, j) && s.overflowCap-s.overflow >= s.lay.MaxChunkBytes*int64(len(s.lay.Owned)):
+		c = s.choose(g, j)
+	}
+	if c < 0 {
+		return nil
+	}
+	f := s.refill(g, c)
+	f.started = true
+	s.stats.AheadReads++
+	return f
+}
+
+// allEmpty reports whether every slot of abstract chunk g is empty.
+func (s *Server) allEmpty(g int) bool {
 	n, w := s.lay.ChunkSize, s.words
 	for k, word := range s.empty[g*w : (g+1)*w] {
 		all := ^uint64(0) // the word's bits of slots
@@ -201,16 +227,22 @@ func (s *Server) readAhead(g int) *fill {
 			all = 1<<rest - 1
 		}
 		if word&all != all {
-			return nil // a slot holds a sample
+			return false // a slot holds a sample
 		}
 	}
-	c := s.choose(g, -1)
-	if c < 0 {
-		return nil
+	return true
+}
+
+// low reports whether slot j of abstract chunk g holds fewer than
+// Layout.ReadAhead of its undelivered samples in memory (its own and its
+// spares) and has more left: a read for it is due.
+func (s *Server) low(g, j int) bool {
+	x := g*s.lay.ChunkSize + j
+	held := len(s.spares[x])
+	if !s.empty[g*s.words:].has(j) {
+		held++
 	}
-	f := s.refill(g, c)
-	f.started = true
-	return f
+	return held < s.lay.ReadAhead && s.left[x] > held
 }
 
 // hasSpares reports whether a slot of abstract chunk g holds spares.
@@ -274,16 +306,17 @@ func (s *Server) refill(g, c int) *fill {
 	return f
 }
 
-// land distributes a fill's chunk bytes (buf, or the error that took
+// land distributes a fill's samples (data, the bytes of f.samples[k] at
+// k, copied out of the chunk read's read bytes; or the error that took
 // them): each sample a request took goes to the fill's out, each still in
 // its slot to the slot, but the damaged ones (bad), which fail the
 // requests that take them. A sample whose slot was reset since (SetEpoch,
 // Restore) is dropped.
-func (s *Server) land(f *fill, buf []byte, err error, bad map[int]error) {
+func (s *Server) land(f *fill, data [][]byte, read int64, err error, bad map[int]error) {
 	f.landed, f.bad = true, bad
-	if buf != nil {
+	if data != nil {
 		s.stats.ChunkReads++
-		s.stats.BytesRead += int64(len(buf))
+		s.stats.BytesRead += read
 	}
 	if err != nil {
 		f.err = err
@@ -292,33 +325,33 @@ func (s *Server) land(f *fill, buf []byte, err error, bad map[int]error) {
 	}
 	n := s.lay.ChunkSize
 	var useful int64
-	for _, pos := range f.samples {
+	for k, pos := range f.samples {
 		e := &s.ix.Samples[pos]
 		if bad[pos] != nil {
 			continue
 		}
-		data := buf[e.Offset : e.Offset+e.Length]
+		data := data[k]
 		if _, taken := f.out[pos]; taken {
-			f.out[pos] = bytes.Clone(data)
+			f.out[pos] = data
 			useful += e.Length
 			continue
 		}
 		x := s.lay.group(f.chunk)*n + pos%n
 		if s.slotFill[x] == f && s.slotChunk[x]*n+pos%n == pos {
-			s.slotData[x] = bytes.Clone(data)
+			s.slotData[x] = data
 			s.held += e.Length
 			useful += e.Length
 			continue
 		}
 		for k := range s.spares[x] {
 			if sp := &s.spares[x][k]; sp.f == f && sp.pos == pos && !sp.ready {
-				sp.data, sp.ready = bytes.Clone(data), true
+				sp.data, sp.ready = data, true
 				s.held += e.Length
 				useful += e.Length
 			}
 		}
 	}
-	s.stats.WastedBytes += int64(len(buf)) - useful
+	s.stats.WastedBytes += read - useful
 	s.notePeak()
 	close(f.done)
 }

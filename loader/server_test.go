@@ -230,3 +230,42 @@ func TestServerReadsAhead(t *testing.T) {
 	requireExactlyOnce(t, 40, got)
 	require.EqualValues(t, 5, s.Stats().ChunkReads, "one read per chunk: nothing wasted")
 }
+
+// With room in the overflow share, a request that leaves its slot with
+// fewer than Layout.ReadAhead of its samples in memory starts the read
+// its slot's next requests would make: with a random sampler nearly every
+// read is made before a request needs it, and the reads are the same
+// (each chunk once), the memory within the budget. Decided in request
+// order, so the delivered order is still a function of the requests.
+func TestServerReadsAheadOfARandomSampler(t *testing.T) {
+	const n = 6000
+	ds, p := newPack(t, datasetOpts{n: n, classes: 10, maxSize: 512, fixedSize: true, seed: 47}, 64)
+	budget := dataBytes(p) * 3 / 10
+	reqs := perm(n, 8)
+	var orders [][]int
+	for _, noAhead := range []bool{true, false} {
+		s, err := NewServer(p, ServerOptions{Budget: budget, Seed: 1, Overflow: DefaultOverflow, NoReadAhead: noAhead})
+		require.NoError(t, err)
+		lay := s.Layout()
+		got := serveAll(t, s, ds, reqs, 128)
+		requireExactlyOnce(t, n, got)
+		st := s.Stats()
+		require.EqualValues(t, lay.Chunks, st.ChunkReads, "read ahead %v: each chunk once", !noAhead)
+		require.LessOrEqual(t, st.PeakBytes, budget)
+		t.Logf("read ahead %v: %d of %d reads ahead, peak %d of %d bytes", !noAhead, st.AheadReads, st.ChunkReads, st.PeakBytes, budget)
+		if noAhead {
+			require.Zero(t, lay.ReadAhead)
+			require.Zero(t, st.AheadReads, "every read made by the request that needs it")
+		} else {
+			require.Equal(t, ReadAheadLevels, lay.ReadAhead, "the share has room for every level")
+			require.Greater(t, st.AheadReads, st.ChunkReads*9/10, "read before a request needed them")
+		}
+		orders = append(orders, positions(got))
+	}
+	require.NotEqual(t, orders[0], orders[1], "reading ahead picks chunks earlier, for fewer empty slots")
+
+	// The same requests in other batches: the same order.
+	s, err := NewServer(p, ServerOptions{Budget: budget, Seed: 1, Overflow: DefaultOverflow})
+	require.NoError(t, err)
+	require.Equal(t, orders[1], positions(serveAll(t, s, ds, reqs, 7)))
+}

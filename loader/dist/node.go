@@ -678,6 +678,12 @@ func (n *Node) Return(samples []loader.Sample) {
 	_ = n.giveBack(by)
 }
 
+// Release gives the memory of samples a GetBatch delivered, whose bytes
+// the requester copied out, to this node's server for its later reads
+// (loader.Server.Release; the bytes of samples from other nodes are the
+// node's own copies, reused as well).
+func (n *Node) Release(samples []loader.Sample) { n.srv.Release(samples) }
+
 // Drop gives every sample of the remote memory back to its owner, after
 // the calls in flight: before a State, on every node before any node's
 // State (the owners' states then hold them as spares).

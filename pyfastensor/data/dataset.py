@@ -593,7 +593,8 @@ class ChunkDataset(torch.utils.data.Dataset):
         self._barrier("every node to load its state_dict")
 
     def stats(self) -> dict[str, Any]:
-        """The server's counters: this epoch's ``served``, ``chunk_reads``, ``bytes_read``,
+        """The server's counters: this epoch's ``served``, ``chunk_reads`` (of them
+        ``ahead_reads`` started by the read-ahead, before a request needed them), ``bytes_read``,
         ``wasted_bytes``, ``bytes_delivered``; memory now (``held_bytes``,
         ``in_flight_bytes``) and at most (``peak_bytes``, over the server's life),
         against ``budget``. Distributed, ``served`` counts the samples of this rank's
