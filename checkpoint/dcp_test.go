@@ -289,9 +289,10 @@ func TestCommitDCPRemovesOnlyEarlierDataFiles(t *testing.T) {
 	assert.Equal(t, "meta", string(got))
 }
 
-// Without a chooser, reads follow transfer.Default, as every read: a cold
-// extent of transfer.DirectThreshold and up goes direct, a smaller one and a
-// cached one through the page cache.
+// Without a chooser, whole-record reads follow transfer.Default, as every
+// read: a cold extent of transfer.DirectThreshold and up goes direct, a
+// smaller one and a cached one through the page cache; a resharded read
+// goes through the page cache.
 func TestDCPReadsThroughTheDefaultChooser(t *testing.T) {
 	dir := t.TempDir()
 	if !transfer.Probe(dir).Direct {
@@ -312,6 +313,24 @@ func TestDCPReadsThroughTheDefaultChooser(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, []string{"direct"}, slices.Collect(maps.Keys(st.Engines)), "cold, large: %v", st.Engines)
 	assert.Equal(t, items[1].Data, large[0].Dst)
+
+	// A resharded read (a range that is part of a record) goes through the
+	// page cache whole, the large record read with it included: ranks on
+	// one machine share the pages at their ranges' edges.
+	evict(t, path)
+	tail := transfer.DirectThreshold + 5000 - 4096 // large enough to go direct on its own
+	parts := []DCPRange{{Record: 1, Off: 4096, Dst: make([]byte, tail)}, {Record: 2, Off: 100, Dst: make([]byte, 500)},
+		{Record: 0, Dst: make([]byte, 3000)}}
+	st, err = ReadDCP(path, recs, parts, ReadOptions{})
+	require.NoError(t, err)
+	assert.Equal(t, []string{"posix"}, slices.Collect(maps.Keys(st.Engines)), "resharded: %v", st.Engines)
+	assert.Equal(t, items[1].Data[4096:], parts[0].Dst)
+	assert.Equal(t, items[2].Data[100:600], parts[1].Dst)
+	assert.Equal(t, items[0].Data, parts[2].Dst)
+	evict(t, path)
+	st, err = ReadDCP(path, recs, parts[:1], ReadOptions{Chooser: transfer.Fixed("direct")})
+	require.NoError(t, err)
+	assert.Equal(t, []string{"direct"}, slices.Collect(maps.Keys(st.Engines)), "a chooser named: %v", st.Engines)
 
 	_, err = os.ReadFile(path) // now cached
 	require.NoError(t, err)
