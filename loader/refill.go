@@ -306,9 +306,9 @@ func (s *Server) refill(g, c int) *fill {
 	return f
 }
 
-// land distributes a fill's samples (data, the bytes of f.samples[k] at
-// k, copied out of the chunk read's read bytes; or the error that took
-// them): each sample a request took goes to the fill's out, each still in
+// land distributes a fill's samples (data[k] holds the bytes of
+// f.samples[k], copied out of the chunk's read bytes; or the error that
+// took them): each sample a request took goes to the fill's out, each still in
 // its slot to the slot, but the damaged ones (bad), which fail the
 // requests that take them. A sample whose slot was reset since (SetEpoch,
 // Restore) is dropped.
@@ -330,22 +330,22 @@ func (s *Server) land(f *fill, data [][]byte, read int64, err error, bad map[int
 		if bad[pos] != nil {
 			continue
 		}
-		data := data[k]
+		b := data[k]
 		if _, taken := f.out[pos]; taken {
-			f.out[pos] = data
+			f.out[pos] = b
 			useful += e.Length
 			continue
 		}
 		x := s.lay.group(f.chunk)*n + pos%n
 		if s.slotFill[x] == f && s.slotChunk[x]*n+pos%n == pos {
-			s.slotData[x] = data
+			s.slotData[x] = b
 			s.held += e.Length
 			useful += e.Length
 			continue
 		}
 		for k := range s.spares[x] {
 			if sp := &s.spares[x][k]; sp.f == f && sp.pos == pos && !sp.ready {
-				sp.data, sp.ready = data, true
+				sp.data, sp.ready = b, true
 				s.held += e.Length
 				useful += e.Length
 			}
