@@ -148,15 +148,15 @@ const spareOrders = 2
 // request finds its slot with none left, so after r_k requests at slot k
 // the group has read max_k r_k chunks and holds N max r - sum r samples,
 // N of them in its slots; a read-ahead of levels keeps max r up to levels
-// above the slot just requested (refill.go, readAhead). Replayed over spareOrders random orders (fixed
-// seeds: a layout is a function of the pack and the budget), the most
-// held beyond the slots, in samples of the pack's mean size. In theory
-// r_k at a fraction t of the epoch is about Binomial(G, t), so a group
-// holds about N (m sqrt(G)/2 - 1) spares at the epoch's middle, m the
-// expected largest of N standard normals (2.34 for N = 64): a fraction of
-// the data of about m/(2 sqrt(G)), 11% at G = 112, falling only as groups
-// grow. The peak over the epoch lies above that middle, by a third for a
-// single group, hence the replay.
+// above the slot just requested (refill.go, readAhead). Replayed over
+// spareOrders random orders (fixed seeds: a layout is a function of the
+// pack and the budget), the most held beyond the slots, in samples of the
+// pack's mean size. In theory r_k at a fraction t of the epoch is about
+// Binomial(G, t), so a group holds about N (m sqrt(G)/2 - 1) spares at the
+// epoch's middle, m the expected largest of N standard normals (2.34 for
+// N = 64): a fraction of the data of about m/(2 sqrt(G)), 11% at G = 112,
+// falling only as groups grow. The peak over the epoch lies above that
+// middle, by a third for a single group, hence the replay.
 func spareBytes(ix *Index, g, levels int) int64 {
 	chunks, n, samples := len(ix.Chunks), ix.ChunkSize, len(ix.Samples)
 	if chunks == 0 || samples == 0 {
