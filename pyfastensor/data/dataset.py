@@ -105,7 +105,10 @@ class ChunkDataset(torch.utils.data.Dataset):
             (0.9), reads each chunk once from a budget of about 1/sqrt(chunks) of
             the data (5% at 100,000 samples in chunks of 64): the chunk groups are
             widened until the share holds the spares a random epoch is predicted to
-            leave. The slots and reads keep at least the pack's minimum.
+            leave. The slots and reads keep at least the pack's minimum. Where the
+            share has room beyond those spares, the server also reads ahead of a
+            random sampler (``layout["read_ahead"]`` samples per slot, up to 4):
+            the reads then overlap the batches instead of holding them up.
 
     Raises:
         NotFoundError: ``root`` is not a directory.
