@@ -1,6 +1,7 @@
 package loader
 
 import (
+	"cmp"
 	"math/bits"
 	"slices"
 )
@@ -81,7 +82,7 @@ func (s *Server) assign(i int) ticket {
 			t.data, t.ready = e.data, true
 			s.held -= int64(len(e.data))
 		case e.f.landed:
-			t.err = cmpErr(e.f.err, e.f.bad[e.pos])
+			t.err = cmp.Or(e.f.err, e.f.bad[e.pos])
 		default:
 			e.f.out[e.pos] = nil
 		}
@@ -99,7 +100,7 @@ func (s *Server) assign(i int) ticket {
 		t.data, t.ready = s.slotData[x], true
 		s.held -= int64(len(t.data))
 	case f.landed:
-		t.err = cmpErr(f.err, f.bad[pos])
+		t.err = cmp.Or(f.err, f.bad[pos])
 	default:
 		f.out[pos] = nil
 	}

@@ -1,6 +1,7 @@
 package loader
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"slices"
@@ -367,11 +368,11 @@ func (s *Server) GetBatch(is []int) ([]Sample, error) {
 	for k := range tickets {
 		t := &tickets[k]
 		if !t.ready && t.err == nil {
-			t.data, t.err = t.f.out[t.pos], cmpErr(t.f.err, t.f.bad[t.pos])
+			t.data, t.err = t.f.out[t.pos], cmp.Or(t.f.err, t.f.bad[t.pos])
 			delete(t.f.out, t.pos)
 		}
 		if t.err != nil {
-			first = cmpErr(first, t.err)
+			first = cmp.Or(first, t.err)
 			continue
 		}
 		e := &s.ix.Samples[t.pos]
@@ -381,13 +382,6 @@ func (s *Server) GetBatch(is []int) ([]Sample, error) {
 		return nil, first
 	}
 	return out, nil
-}
-
-func cmpErr(first, err error) error {
-	if first != nil {
-		return first
-	}
-	return err
 }
 
 // admit checks a batch before any of it is served.

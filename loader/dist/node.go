@@ -28,6 +28,7 @@
 package dist
 
 import (
+	"cmp"
 	"context"
 	"crypto/subtle"
 	"errors"
@@ -547,7 +548,7 @@ func (n *Node) GetBatch(is []int) ([]loader.Sample, error) {
 	first := missing
 	if len(local) > 0 {
 		if smps, err := n.srv.GetBatch(local); err != nil {
-			first = cmpErr(first, fmt.Errorf("loader/dist: node %d: %w", n.o.Rank, err))
+			first = cmp.Or(first, fmt.Errorf("loader/dist: node %d: %w", n.o.Rank, err))
 		} else {
 			for j, k := range localAt {
 				out[k], got[k] = smps[j], true
@@ -591,7 +592,7 @@ func (n *Node) GetBatch(is []int) ([]loader.Sample, error) {
 			close(c.done)
 			n.reserved -= c.free
 		}
-		first = cmpErr(first, c.err)
+		first = cmp.Or(first, c.err)
 	}
 	n.stats.RemotePeakBytes = max(n.stats.RemotePeakBytes, n.held)
 	if first != nil {
@@ -610,13 +611,6 @@ func (n *Node) GetBatch(is []int) ([]loader.Sample, error) {
 		return nil, first
 	}
 	return out, nil
-}
-
-func cmpErr(first, err error) error {
-	if first != nil {
-		return first
-	}
-	return err
 }
 
 func fromPB(s *distpb.Sample, epoch uint64) loader.Sample {
@@ -654,7 +648,7 @@ func (n *Node) giveBack(by map[int][]loader.Sample) error {
 		_, err := p.c.GiveBack(ctx, req)
 		cancel()
 		if err != nil {
-			first = cmpErr(first, n.callErr(p, fmt.Sprintf("giving back %d samples", len(smps)), err))
+			first = cmp.Or(first, n.callErr(p, fmt.Sprintf("giving back %d samples", len(smps)), err))
 		}
 	}
 	return first
