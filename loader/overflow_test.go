@@ -93,7 +93,7 @@ func TestWideGroupsHoldARandomEpochsSpares(t *testing.T) {
 	ds, p := newPack(t, datasetOpts{n: n, classes: 10, maxSize: 256, fixedSize: true, seed: 83}, 64)
 	data := dataBytes(p)
 	reqs := perm(n, 6)
-	for _, share := range []int64{12, 15} {
+	for _, share := range []int64{10, 15} {
 		budget := data * share / 100
 		over := int64(float64(budget) * DefaultOverflow)
 		narrow, err := PlanLayout(p.Index, budget-over)
