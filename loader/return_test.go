@@ -13,7 +13,9 @@ func TestReturnServesTheSamplesAgain(t *testing.T) {
 	ds, p := newPack(t, datasetOpts{n: 60, classes: 3, maxSize: 300, seed: 61}, 6)
 	for k, budget := range []int64{minBudget(p), 2 * minBudget(p), maxBudget(p), 3 * minBudget(p)} {
 		over := []float64{0, 0, 0, DefaultOverflow}[k] // and with spares kept already
-		s, err := NewServer(p, ServerOptions{Budget: budget, Seed: 3, Overflow: over})
+		// NoReadAhead: the reads counted are the requests' own (a read-ahead
+		// lands whenever its read ends).
+		s, err := NewServer(p, ServerOptions{Budget: budget, Seed: 3, Overflow: over, NoReadAhead: true})
 		require.NoError(t, err)
 		reqs := perm(60, 7)
 		got := serveAll(t, s, ds, reqs[:20], 5)
