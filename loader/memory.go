@@ -204,12 +204,11 @@ func spareBytes(ix *Index, g, levels int) int64 {
 // MiB for 0 to 4 levels, in a share of 879 MiB (2 levels); an epoch read
 // ahead by 4 peaked at 856 MiB of spares and read each chunk once.
 func aheadLevels(ix *Index, lay Layout) int {
-	for l := ReadAheadLevels; l > 0; l-- {
-		if spareBytes(ix, lay.ChunksPerGroup, l) <= lay.OverflowBytes {
-			return l
-		}
+	l := 0 // the spares grow with the levels: the first that does not fit ends the replays
+	for l < ReadAheadLevels && spareBytes(ix, lay.ChunksPerGroup, l+1) <= lay.OverflowBytes {
+		l++
 	}
-	return 0
+	return l
 }
 
 // spareSeed seeds spareBytes' request orders.
