@@ -214,6 +214,19 @@ func MakePlan(t *Trace, hw Hardware) (MigrationPlan, error) {
 		return false
 	}
 	hostUse := make([]int64, len(t.Ops))
+	// fitsHost: host memory holds c's tensor over its period beside what
+	// is planned there already.
+	fitsHost := func(c *candidate) bool {
+		if c.p.After < 0 {
+			return false
+		}
+		for _, k := range c.p.Ops {
+			if hostUse[k]+c.p.Bytes > hw.HostBytes {
+				return false
+			}
+		}
+		return true
+	}
 	var lk links
 	type chosen struct {
 		c         *candidate
@@ -272,6 +285,14 @@ func MakePlan(t *Trace, hw Hardware) (MigrationPlan, error) {
 				}
 			}
 			m.tail, m.pf, m.sync, m.prefetchT = 0, len(c.p.Ops), true, float64(c.p.EndNs)
+			if m.tier == TierSSD && fitsHost(c) {
+				// The op now waits for the transfers: the faster link.
+				lk.take(lk.route(hw, c, TierHost, true))
+				m.tier = TierHost
+				for _, k := range c.p.Ops {
+					hostUse[k] += c.p.Bytes
+				}
+			}
 			continue
 		}
 		// The SSD first (section 4.3), unless it is saturated: the
@@ -282,18 +303,13 @@ func MakePlan(t *Trace, hw Hardware) (MigrationPlan, error) {
 		// their own traffic, free more. The window planned is the
 		// section's own (uncontended transfers, latest safe prefetch);
 		// the link timelines only choose the tier.
-		hostFits := c.p.After >= 0
-		for _, k := range c.p.Ops {
-			if hostUse[k]+c.p.Bytes > hw.HostBytes {
-				hostFits = false
-			}
-		}
+		hostFits := fitsHost(c)
 		r := lk.route(hw, c, TierSSD, bestSync)
-		if hostFits && r.queued {
+		if hostFits && bestSync {
+			r = lk.route(hw, c, TierHost, true) // the op waits for the transfers: the faster link
+		} else if hostFits && r.queued {
 			h := lk.route(hw, c, TierHost, bestSync)
-			if bestSync {
-				r = h // the op waits for the transfers: the faster link
-			} else if t0, p0 := c.window(hw, TierSSD, false); benefit(c, r.tail, r.pf) < benefit(c, t0, p0) &&
+			if t0, p0 := c.window(hw, TierSSD, false); benefit(c, r.tail, r.pf) < benefit(c, t0, p0) &&
 				benefit(c, h.tail, h.pf) > benefit(c, r.tail, r.pf) {
 				r = h
 			}

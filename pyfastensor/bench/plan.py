@@ -23,13 +23,17 @@ each; small kernels run further below peak on a CPU than on a GPU, so it
 understates the gap rather than overstates it. ``--speedup 1`` keeps the CPU
 times (every transfer then hides behind slow compute).
 
+The models run at the seed's widths by default (BERT and ViT 768 as in
+BERT-base and ViT-B, ResNet 64 channels and up as in ResNet-152; 4 layers,
+for this CPU's time) and at batches 64 to 256, where saved activations
+outweigh the weights and optimizer state as in Figure 11's large batches.
 Compute per activation byte grows with the width (a layer's FLOPs per byte
-it saves are about proportional to it), so the built-in models at their
-small default widths save far more bytes per FLOP than the seed's BERT-base,
-ViT-B (width 768) and ResNet-152 (64 channels and up) do; ``--width`` sets
-the width of every model (``--width 768`` for BERT and ViT is the paper's).
-The ``bound`` column says, per row, the most throughput the links allow at
-that capacity (``offload.BoundNs``): below the 90% target, no plan meets it.
+it saves are about proportional to it): at the models' own small widths
+(``--width bert=64,vit=64,resnet=16``) or small batches the traces save far
+more bytes per FLOP than the seed's models do, and every policy is bound by
+the links. The ``bound`` column says, per row, the most throughput the links
+allow at that capacity (``offload.BoundNs``): below the 90% target, no plan
+meets it.
 
 ``--runtime`` (or ``--runtime-only``, which skips the simulation) adds the
 measured half: real training steps on this machine's CPU, with spill files
@@ -60,7 +64,9 @@ G10_OVER_FLASHNEURON = 1.3
 #: The seed's device (Table 2): an A100's FP32 peak rate, FLOP/s.
 A100_FP32_FLOPS = 19.5e12
 
-DEFAULT_BATCHES = (8, 16, 24, 32)
+DEFAULT_BATCHES = (64, 128, 192, 256)
+#: The seed's widths: BERT-base and ViT-B 768, ResNet-152's first stage 64 channels.
+DEFAULT_WIDTHS = {"bert": 768, "vit": 768, "resnet": 64}
 DEFAULT_DEMANDS = (1.5, 2.0, 3.0, 4.0)
 
 
@@ -282,9 +288,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="memory demand over device capacity, as ratios or percentages "
                         "(default 150%%,200%%,300%%,400%%)")
     p.add_argument("--layers", type=int, default=4, help="model depth (default 4)")
-    p.add_argument("--width", type=_widths, default=None,
-                   help="model width: one for every model, or per model (bert=768,vit=768,resnet=64: the "
-                        "paper's); default each model's (bert, vit 64; resnet 16)")
+    p.add_argument("--width", type=_widths, default=DEFAULT_WIDTHS,
+                   help="model width: one for every model, or per model (default bert=768,vit=768,resnet=64: "
+                        "the paper's; the models' own are bert, vit 64 and resnet 16)")
     p.add_argument("--speedup", type=_speedup, default=None,
                    help="divide the CPU op times by this, for the seed's device; 'auto' (the default): the A100's "
                         "FP32 peak over this CPU's measured FP32 matmul rate")
@@ -300,7 +306,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="also time training steps under policy='planned' against 'scheduled', 'all' and no "
                         "offload at the same budget")
     r.add_argument("--runtime-only", action="store_true", help="the run-time part only (implies --runtime)")
-    r.add_argument("--rounds", type=int, default=7, help="timed rounds of the run-time part (default 7)")
+    r.add_argument("--rounds", type=int, default=21,
+                   help="timed rounds of the run-time part (default 21: steps of 20-250 ms on a shared machine "
+                        "need that many for a stable median)")
     r.add_argument("--budget-fraction", type=float, default=0.5,
                    help="run-time budget as a fraction of no offload's saved-tensor peak (default 0.5)")
     r.add_argument("--full", action="store_true", help="run-time part on bench offload's full-size models "
@@ -349,7 +357,7 @@ PLANNED_OVER_NONE = 1.10
 RUNTIME_ROWS = ("none", "all", "scheduled", "planned")
 
 
-def run_runtime(directory: str | os.PathLike[str], *, quick: bool = True, rounds: int = 7, warmup: int = 2,
+def run_runtime(directory: str | os.PathLike[str], *, quick: bool = True, rounds: int = 21, warmup: int = 2,
                 budget_fraction: float = 0.5, min_size: int = 256 << 10,
                 models: list[tuple[Any, int]] | None = None) -> dict[str, Any]:
     """Time training steps under ``policy="planned"`` against ``"scheduled"``, ``"all"`` and no offload.
