@@ -287,6 +287,8 @@ func MakePlan(t *Trace, hw Hardware) (MigrationPlan, error) {
 			m.tail, m.pf, m.sync, m.prefetchT = 0, len(c.p.Ops), true, float64(c.p.EndNs)
 			if m.tier == TierSSD && fitsHost(c) {
 				// The op now waits for the transfers: the faster link.
+				// The SSD time reserved for the narrower window stays
+				// reserved (timelines do not release): conservative.
 				lk.take(lk.route(hw, c, TierHost, true))
 				m.tier = TierHost
 				for _, k := range c.p.Ops {
@@ -300,7 +302,9 @@ func MakePlan(t *Trace, hw Hardware) (MigrationPlan, error) {
 		// this period frees (Algorithm 1, lines 7-17, with the prefetch's
 		// reads counted beside the eviction's writes). Then host memory,
 		// if it holds the tensor over the period and its links, with
-		// their own traffic, free more. The window planned is the
+		// their own traffic, free more; a migration whose op waits for
+		// it (sync) takes the host link whenever host memory holds the
+		// tensor, as it is the faster one. The window planned is the
 		// section's own (uncontended transfers, latest safe prefetch);
 		// the link timelines only choose the tier.
 		hostFits := fitsHost(c)
