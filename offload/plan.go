@@ -214,6 +214,12 @@ func MakePlan(t *Trace, hw Hardware) (MigrationPlan, error) {
 		return false
 	}
 	hostUse := make([]int64, len(t.Ops))
+	// hostFaster: moving c out and back over the host link takes less
+	// time than over the SSD's (what decides a migration its op waits for).
+	hostFaster := func(c *candidate) bool {
+		b := c.p.Bytes
+		return hw.evictNs(TierHost, b)+hw.fetchNs(TierHost, b) < hw.evictNs(TierSSD, b)+hw.fetchNs(TierSSD, b)
+	}
 	// fitsHost: host memory holds c's tensor over its period beside what
 	// is planned there already.
 	fitsHost := func(c *candidate) bool {
@@ -285,7 +291,7 @@ func MakePlan(t *Trace, hw Hardware) (MigrationPlan, error) {
 				}
 			}
 			m.tail, m.pf, m.sync, m.prefetchT = 0, len(c.p.Ops), true, float64(c.p.EndNs)
-			if m.tier == TierSSD && fitsHost(c) {
+			if m.tier == TierSSD && hostFaster(c) && fitsHost(c) {
 				// The op now waits for the transfers: the faster link.
 				// The SSD time reserved for the narrower window stays
 				// reserved (timelines do not release): conservative.
@@ -304,12 +310,12 @@ func MakePlan(t *Trace, hw Hardware) (MigrationPlan, error) {
 		// if it holds the tensor over the period and its links, with
 		// their own traffic, free more; a migration whose op waits for
 		// it (sync) takes the host link whenever host memory holds the
-		// tensor, as it is the faster one. The window planned is the
+		// tensor and that link is the faster. The window planned is the
 		// section's own (uncontended transfers, latest safe prefetch);
 		// the link timelines only choose the tier.
 		hostFits := fitsHost(c)
 		r := lk.route(hw, c, TierSSD, bestSync)
-		if hostFits && bestSync {
+		if hostFits && bestSync && hostFaster(c) {
 			r = lk.route(hw, c, TierHost, true) // the op waits for the transfers: the faster link
 		} else if hostFits && r.queued {
 			h := lk.route(hw, c, TierHost, bestSync)
