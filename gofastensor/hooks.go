@@ -66,14 +66,32 @@ func pft_store_open(tier, dir, engine *C.char, workers C.int, threads C.int, tas
 	})
 }
 
-// pft_store_put starts writing n bytes at addr into a new slot.
+// pft_store_account opens an account in the store (hooks.Store.NewAccount):
+// the slots put in it count their transfers there too, for one of the
+// store's several users.
+//
+//export pft_store_account
+func pft_store_account(h C.uint64_t, acct *C.uint64_t, errbuf *C.char, errlen C.size_t) C.int {
+	return call(errbuf, errlen, func() error {
+		s, err := lookup[*hooks.Store](h)
+		if err != nil {
+			return err
+		}
+		a, err := s.NewAccount()
+		*acct = C.uint64_t(a)
+		return err
+	})
+}
+
+// pft_store_put starts writing n bytes at addr into a new slot, counted in
+// account acct (0: none) as well as in the store's totals.
 //
 // Memory: the caller keeps [addr, addr+n) alive and unchanged until the
 // slot's write completes (pft_store_wait returns, pft_store_poll reports it
 // done, or pft_store_free / pft_store_close returns).
 //
 //export pft_store_put
-func pft_store_put(h C.uint64_t, addr unsafe.Pointer, n C.size_t, slot *C.uint64_t, errbuf *C.char, errlen C.size_t) C.int {
+func pft_store_put(h, acct C.uint64_t, addr unsafe.Pointer, n C.size_t, slot *C.uint64_t, errbuf *C.char, errlen C.size_t) C.int {
 	return call(errbuf, errlen, func() error {
 		s, err := lookup[*hooks.Store](h)
 		if err != nil {
@@ -83,7 +101,7 @@ func pft_store_put(h C.uint64_t, addr unsafe.Pointer, n C.size_t, slot *C.uint64
 		if err != nil {
 			return err
 		}
-		id, err := s.Put(p)
+		id, err := s.PutIn(hooks.Account(acct), p)
 		*slot = C.uint64_t(id)
 		return err
 	})
@@ -207,16 +225,21 @@ func pft_store_free(h, slot C.uint64_t, errbuf *C.char, errlen C.size_t) C.int {
 	})
 }
 
-// pft_store_stats returns the store's totals as JSON (hooks.Stats).
+// pft_store_stats returns account acct's figures as JSON (hooks.Stats;
+// acct 0: the store's totals).
 //
 //export pft_store_stats
-func pft_store_stats(h C.uint64_t, out **C.char, errbuf *C.char, errlen C.size_t) C.int {
+func pft_store_stats(h, acct C.uint64_t, out **C.char, errbuf *C.char, errlen C.size_t) C.int {
 	return call(errbuf, errlen, func() error {
 		s, err := lookup[*hooks.Store](h)
 		if err != nil {
 			return err
 		}
-		return putJSON(out, s.Stats())
+		st, err := s.StatsOf(hooks.Account(acct))
+		if err != nil {
+			return err
+		}
+		return putJSON(out, st)
 	})
 }
 

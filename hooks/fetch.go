@@ -33,9 +33,11 @@ func (s *Store) Prefetch(id SlotID, dst []byte) error {
 		pf.buf, pf.owned = make([]byte, sl.n), true
 	}
 	sl.pf = pf
-	s.c.prefetches++
-	s.c.prefetchBytes += sl.n
-	s.c.peakPrefetch = max(s.c.peakPrefetch, s.c.prefetchBytes)
+	s.count(sl, func(c *counters) {
+		c.prefetches++
+		c.prefetchBytes += sl.n
+		c.peakPrefetch = max(c.peakPrefetch, c.prefetchBytes)
+	})
 	start := false
 	select {
 	case <-sl.written:
@@ -59,7 +61,7 @@ func (s *Store) runRead(sl *slot, pf *fetch) {
 	eng, err := guard(func() (string, error) { return s.be.read(sl.ext, pf.buf) })
 	s.mu.Lock()
 	sl.rdur, sl.rengine = time.Since(t), eng
-	s.c.read(sl.n, sl.rdur, eng)
+	s.count(sl, func(c *counters) { c.read(sl.n, sl.rdur, eng) })
 	s.mu.Unlock()
 	pf.err = err
 }
@@ -81,8 +83,11 @@ func (s *Store) Get(id SlotID, dst []byte) error {
 	t := time.Now()
 	defer func() {
 		s.mu.Lock()
-		s.c.gets++
-		s.c.stall += time.Since(t)
+		stall := time.Since(t)
+		s.count(sl, func(c *counters) {
+			c.gets++
+			c.stall += stall
+		})
 		s.mu.Unlock()
 	}()
 	<-sl.written
@@ -97,10 +102,10 @@ func (s *Store) Get(id SlotID, dst []byte) error {
 		s.mu.Lock()
 		if sl.pf == pf {
 			sl.pf = nil
-			s.c.prefetchBytes -= sl.n
+			s.count(sl, func(c *counters) { c.prefetchBytes -= sl.n })
 		}
 		if pf.err == nil {
-			s.c.hits++
+			s.count(sl, func(c *counters) { c.hits++ })
 		}
 		s.mu.Unlock()
 		if pf.err == nil {
@@ -114,7 +119,7 @@ func (s *Store) Get(id SlotID, dst []byte) error {
 	eng, err := s.be.read(sl.ext, dst)
 	s.mu.Lock()
 	sl.rdur, sl.rengine = time.Since(rt), eng
-	s.c.read(sl.n, sl.rdur, eng)
+	s.count(sl, func(c *counters) { c.read(sl.n, sl.rdur, eng) })
 	s.mu.Unlock()
 	if err != nil {
 		return fmt.Errorf("slot %d (%d bytes): %w", id, sl.n, err)

@@ -1,21 +1,54 @@
 package hooks
 
 import (
+	"fmt"
 	"maps"
 	"os"
 	"time"
+
+	"github.com/pyfastensor/pyfastensor/gds"
 )
 
 // defaultDir is the spill directory when none is given.
 func defaultDir() string { return os.TempDir() }
 
-// counters are the store's running totals, guarded by Store.mu.
+// counters are the store's running totals, or an account's, guarded by
+// Store.mu.
 type counters struct {
 	puts, gets, prefetches, hits, failed int64
 	written, readBytes                   int64
 	writeTime, readTime, stall           time.Duration
 	prefetchBytes, peakPrefetch          int64
 	engineBytes                          map[string]int64
+}
+
+func newCounters() counters { return counters{engineBytes: map[string]int64{}} }
+
+// Account names counters of their own in a store (NewAccount): the
+// transfers of the slots put in it (PutIn), for one of several users of a
+// store, each of whom wants its own figures. 0 is no account.
+type Account uint64
+
+// NewAccount opens an account: from now on, StatsOf(it) counts the
+// transfers of the slots put in it. Accounts last as long as the store.
+func (s *Store) NewAccount() (Account, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return 0, ErrClosed
+	}
+	c := newCounters()
+	s.accounts = append(s.accounts, &c)
+	return Account(len(s.accounts)), nil
+}
+
+// count applies f to the store's totals and to the account sl was put in.
+// The caller holds s.mu.
+func (s *Store) count(sl *slot, f func(c *counters)) {
+	f(&s.c)
+	if sl.acct != nil {
+		f(sl.acct)
+	}
 }
 
 func (c *counters) wrote(n int64, d time.Duration, eng string, err error) {
@@ -59,10 +92,26 @@ type Stats struct {
 
 // Stats returns the store's totals.
 func (s *Store) Stats() Stats {
+	st, _ := s.StatsOf(0)
+	return st
+}
+
+// StatsOf returns account acct's figures (its slots' transfers: puts,
+// gets, prefetches, hits, bytes, times, engines, prefetch bytes) beside
+// the store's occupancy (stored, peak stored and file bytes, live slots),
+// which are the whole store's; account 0 is the store's totals. An unknown
+// account is an error.
+func (s *Store) StatsOf(acct Account) (Stats, error) {
 	used, peak, size := s.be.usage()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	c := &s.c
+	if acct != 0 {
+		if int(acct) > len(s.accounts) {
+			return Stats{}, fmt.Errorf("%w: account %d (the store has %d)", gds.ErrInvalid, acct, len(s.accounts))
+		}
+		c = s.accounts[acct-1]
+	}
 	return Stats{
 		Puts: c.puts, Gets: c.gets, Prefetches: c.prefetches, PrefetchHits: c.hits,
 		FailedWrites: c.failed, BytesWritten: c.written, BytesRead: c.readBytes,
@@ -70,7 +119,7 @@ func (s *Store) Stats() Stats {
 		StoredBytes: used, PeakStoredBytes: peak, FileBytes: size,
 		PrefetchBytes: c.prefetchBytes, PeakPrefetchBytes: c.peakPrefetch,
 		LiveSlots: len(s.slots), EngineBytes: maps.Clone(c.engineBytes),
-	}
+	}, nil
 }
 
 // SlotInfo is what the store measured for one slot, for the profiling

@@ -8,6 +8,7 @@
 // the same API:
 //
 //	id, _ := s.Put(p)        // async write; p must stay valid until Wait(id)
+//	id, _ = s.PutIn(acct, p) // the same, counted in an account too (NewAccount)
 //	_ = s.Wait(id)           // write done (or failed: ENOSPC is reported here)
 //	_ = s.Prefetch(id, nil)  // optional: start reading ahead
 //	_ = s.Get(id, dst)       // read into dst (from the prefetch if any)
@@ -54,6 +55,7 @@ type Config struct {
 type slot struct {
 	n       int64
 	ext     extent
+	acct    *counters     // the account its transfers also count in, or nil
 	written chan struct{} // closed when the write finished, ok or not
 	// Set before written is closed, read after.
 	werr    error
@@ -87,6 +89,9 @@ type Store struct {
 	done   []SlotID // writes finished since the last Completed
 	closed bool
 	c      counters
+	// accounts are counters of their own for the slots put in them
+	// (PutIn), for several users of one store; ids from 1.
+	accounts []*counters
 }
 
 // Open creates a store. For the ssd tier it creates the unlinked spill file
@@ -120,7 +125,7 @@ func Open(cfg Config) (*Store, error) {
 		return nil, fmt.Errorf("%w: tier %q (expected \"ssd\" or \"host\")", gds.ErrInvalid, cfg.Tier)
 	}
 	s := &Store{be: be, q: newQueue(), slots: map[SlotID]*slot{}}
-	s.c.engineBytes = map[string]int64{}
+	s.c = newCounters()
 	n := cfg.Workers
 	if n <= 0 {
 		n = max(runtime.NumCPU(), 2)
@@ -151,7 +156,12 @@ func (s *Store) Describe() Description { return s.be.describe() }
 //
 // Memory: p is read until the write finishes; the caller keeps it valid and
 // unchanged until Wait or Poll reports the slot done (or Free returns).
-func (s *Store) Put(p []byte) (SlotID, error) {
+func (s *Store) Put(p []byte) (SlotID, error) { return s.PutIn(0, p) }
+
+// PutIn is Put with the slot's transfers (its write, prefetch, gets)
+// counted in account acct as well as in the store's totals; account 0 is
+// none. An unknown account is an error.
+func (s *Store) PutIn(acct Account, p []byte) (SlotID, error) {
 	n := int64(len(p))
 	ext, err := s.be.alloc(n)
 	if err != nil {
@@ -163,11 +173,20 @@ func (s *Store) Put(p []byte) (SlotID, error) {
 		s.be.release(ext)
 		return 0, ErrClosed
 	}
+	var ac *counters
+	if acct != 0 {
+		if int(acct) > len(s.accounts) {
+			s.mu.Unlock()
+			s.be.release(ext)
+			return 0, fmt.Errorf("%w: account %d (the store has %d)", gds.ErrInvalid, acct, len(s.accounts))
+		}
+		ac = s.accounts[acct-1]
+	}
 	s.next++
 	id := s.next
-	sl := &slot{n: n, ext: ext, written: make(chan struct{})}
+	sl := &slot{n: n, ext: ext, acct: ac, written: make(chan struct{})}
 	s.slots[id] = sl
-	s.c.puts++
+	s.count(sl, func(c *counters) { c.puts++ })
 	s.mu.Unlock()
 	s.q.push(false, func() { s.runWrite(id, sl, p) })
 	return id, nil
@@ -182,7 +201,7 @@ func (s *Store) runWrite(id SlotID, sl *slot, p []byte) {
 	}
 	s.mu.Lock()
 	sl.werr, sl.wdur, sl.wengine = err, d, eng
-	s.c.wrote(sl.n, d, eng, err)
+	s.count(sl, func(c *counters) { c.wrote(sl.n, d, eng, err) })
 	s.done = append(s.done, id)
 	close(sl.written)
 	// A prefetch asked for before the write finished starts now.
@@ -283,7 +302,7 @@ func (s *Store) settle(sl *slot) {
 	pf := sl.pf
 	sl.pf = nil
 	if pf != nil {
-		s.c.prefetchBytes -= sl.n
+		s.count(sl, func(c *counters) { c.prefetchBytes -= sl.n })
 	}
 	s.mu.Unlock()
 	if pf != nil {

@@ -288,3 +288,68 @@ func TestStallCountsTheTimeGetWaits(t *testing.T) {
 		assert.Zero(t, st.PrefetchHits)
 	})
 }
+
+// Two users of one store each see their own slots' transfers in their
+// account; the store's totals hold both, and slots put in no account count
+// only there.
+func TestAccountsCountTheirOwnSlots(t *testing.T) {
+	forEachTier(t, func(t *testing.T, s *Store) {
+		a, err := s.NewAccount()
+		require.NoError(t, err)
+		b, err := s.NewAccount()
+		require.NoError(t, err)
+		put := func(acct Account, n int, seed uint64) SlotID {
+			id, err := s.PutIn(acct, pattern(n, seed))
+			require.NoError(t, err)
+			require.NoError(t, s.Wait(id))
+			return id
+		}
+		ida := put(a, 3<<20, 1)
+		idb1, idb2 := put(b, 1<<20, 2), put(b, 5000, 3)
+		idn := put(0, 7000, 4)
+		require.NoError(t, s.Prefetch(idb1, nil))
+		require.NoError(t, s.Get(idb1, make([]byte, 1<<20)))
+		require.NoError(t, s.Get(ida, make([]byte, 3<<20)))
+		for _, id := range []SlotID{ida, idb1, idb2, idn} {
+			require.NoError(t, s.Free(id))
+		}
+		sa, err := s.StatsOf(a)
+		require.NoError(t, err)
+		sb, err := s.StatsOf(b)
+		require.NoError(t, err)
+		all := s.Stats()
+		assert.EqualValues(t, 1, sa.Puts)
+		assert.EqualValues(t, 3<<20, sa.BytesWritten)
+		assert.EqualValues(t, 3<<20, sa.BytesRead)
+		assert.EqualValues(t, 1, sa.Gets)
+		assert.Zero(t, sa.Prefetches)
+		assert.EqualValues(t, 2, sb.Puts)
+		assert.EqualValues(t, 1<<20+5000, sb.BytesWritten)
+		assert.EqualValues(t, 1<<20, sb.BytesRead)
+		assert.EqualValues(t, 1, sb.Prefetches)
+		assert.EqualValues(t, 1, sb.PrefetchHits)
+		assert.Zero(t, sb.PrefetchBytes)
+		var engA, engB, engAll int64
+		for _, n := range sa.EngineBytes {
+			engA += n
+		}
+		for _, n := range sb.EngineBytes {
+			engB += n
+		}
+		for _, n := range all.EngineBytes {
+			engAll += n
+		}
+		assert.Equal(t, sa.BytesWritten, engA)
+		assert.Equal(t, sb.BytesWritten, engB)
+		assert.EqualValues(t, 4, all.Puts)
+		assert.Equal(t, sa.BytesWritten+sb.BytesWritten+7000, all.BytesWritten)
+		assert.Equal(t, all.BytesWritten, engAll)
+		assert.Equal(t, sa.Gets+sb.Gets, all.Gets)
+
+		_, err = s.StatsOf(3)
+		assert.ErrorIs(t, err, gds.ErrInvalid)
+		_, err = s.PutIn(3, []byte{1})
+		assert.ErrorIs(t, err, gds.ErrInvalid)
+		assert.Contains(t, err.Error(), "account 3")
+	})
+}

@@ -335,3 +335,27 @@ def test_read_buffers_are_reused_across_steps(tmp_path):
     assert 0 < reserved[0] <= reserved[1] == reserved[2] <= 8 << 20, f"read buffers not reused: {reserved}"
     off.close()
     assert off.summary().read_buffer_bytes == 0, "close() keeps read buffers"
+
+
+def test_summaries_of_objects_sharing_a_store_are_their_own(tmp_path):
+    # Two offload objects on one spill directory share the process's store;
+    # each summary counts its own step's transfers, not the other's (their
+    # steps interleave: each summary is read after the other's step ran).
+    mlp, mlp_batch = inputs("mlp")
+    cnn, cnn_batch = inputs("cnn")
+    a = pyfastensor.offload(spill_dir=str(tmp_path), min_size=SMALL, module=mlp)
+    b = pyfastensor.offload(spill_dir=str(tmp_path), min_size=SMALL, module=cnn)
+    for _ in range(3):
+        train(mlp, mlp_batch, steps=1, ctx=lambda: a)
+        train(cnn, cnn_batch, steps=1, ctx=lambda: b)
+        assert a._store is b._store
+        for off in (a, b):
+            got = off.summary()
+            written = got.bytes_offloaded["ssd"]
+            # raw codec: what was written is exactly this object's own offloaded bytes
+            assert written == got.raw_bytes_offloaded > 0, f"{got}"
+            assert sum(got.engines.values()) == written
+            assert 0 < got.bytes_read <= written
+    assert a.summary().raw_bytes_offloaded != b.summary().raw_bytes_offloaded  # two different models
+    a.close()
+    b.close()

@@ -22,9 +22,9 @@ def puts(monkeypatch):
     seen: list[tuple[int, int]] = []
     real = SpillStore.put
 
-    def spy(self, addr, n):
+    def spy(self, addr, n, account=0):
         seen.append((addr, n))
-        return real(self, addr, n)
+        return real(self, addr, n, account)
 
     monkeypatch.setattr(SpillStore, "put", spy)
     return seen

@@ -32,14 +32,15 @@ from .. import _lib, config
 _lib.register({
     "pft_store_open": [_lib.c_char_p, _lib.c_char_p, _lib.c_char_p, _lib.c_int, _lib.c_int, _lib.i64,
                        ctypes.POINTER(_lib.u64)],
-    "pft_store_put": [_lib.u64, _lib.c_void_p, _lib.size_t, ctypes.POINTER(_lib.u64)],
+    "pft_store_account": [_lib.u64, ctypes.POINTER(_lib.u64)],
+    "pft_store_put": [_lib.u64, _lib.u64, _lib.c_void_p, _lib.size_t, ctypes.POINTER(_lib.u64)],
     "pft_store_wait": [_lib.u64, _lib.u64],
     "pft_store_poll": [_lib.u64, _lib.u64, ctypes.POINTER(_lib.c_int)],
     "pft_store_completed": [_lib.u64, ctypes.POINTER(_lib.u64), _lib.i64, ctypes.POINTER(_lib.i64)],
     "pft_store_prefetch": [_lib.u64, _lib.u64, _lib.c_void_p, _lib.size_t],
     "pft_store_get": [_lib.u64, _lib.u64, _lib.c_void_p, _lib.size_t],
     "pft_store_free": [_lib.u64, _lib.u64],
-    "pft_store_stats": [_lib.u64, ctypes.POINTER(_lib.c_void_p)],
+    "pft_store_stats": [_lib.u64, _lib.u64, ctypes.POINTER(_lib.c_void_p)],
     "pft_store_describe": [_lib.u64, ctypes.POINTER(_lib.c_void_p)],
     "pft_store_slot_info": [_lib.u64, _lib.u64, ctypes.POINTER(_lib.c_void_p)],
     "pft_store_close": [_lib.u64],
@@ -112,6 +113,7 @@ class SpillStore:
         self._handle = out.value
         self.description: dict[str, Any] = self._json("pft_store_describe")
         self.last_stats: dict[str, Any] = {}
+        self._accounts: dict[int, dict[str, Any]] = {}  # account -> its figures when the store closed
         # put_after: ids handed out -> their puts; native slot -> id; the thread issuing them.
         self._deferred: dict[int, _Deferred] = {}
         self._by_native: dict[int, int] = {}
@@ -156,17 +158,31 @@ class SpillStore:
     def closed(self) -> bool:
         return not self._handle
 
-    def put(self, addr: int, nbytes: int) -> int:
+    def account(self) -> int:
+        """Open an account: :meth:`stats` of it counts the transfers of the slots put in it.
+
+        For one of several users of a shared store (each offload object), whose
+        figures are its own; accounts last as long as the store.
+        """
+        acct = _lib.u64()
+        _lib.call("pft_store_account", self._live(), ctypes.byref(acct))
+        with self._lock:
+            self._accounts[acct.value] = {}
+        return acct.value
+
+    def put(self, addr: int, nbytes: int, account: int = 0) -> int:
         """Start writing ``nbytes`` at ``addr`` into a new slot; return its id.
 
         The caller keeps the memory alive and unchanged until :meth:`poll`
         or :meth:`wait` reports the write done, or :meth:`free` returns.
+        The slot's transfers count in ``account`` too (0: none; see
+        :meth:`account`).
         """
         slot = _lib.u64()
-        _lib.call("pft_store_put", self._live(), addr, nbytes, ctypes.byref(slot))
+        _lib.call("pft_store_put", self._live(), account, addr, nbytes, ctypes.byref(slot))
         return slot.value
 
-    def put_after(self, ready: Callable[[], None], addr: int, nbytes: int) -> int:
+    def put_after(self, ready: Callable[[], None], addr: int, nbytes: int, account: int = 0) -> int:
         """Like :meth:`put`, for memory still being filled: the write starts once ``ready()``
         has returned (the event of a device-to-host copy, say), and this returns at once.
 
@@ -186,7 +202,7 @@ class SpillStore:
             if self._putter is None:
                 self._putter = threading.Thread(target=self._put_loop, name="pyfastensor-put", daemon=True)
                 self._putter.start()
-        self._queue.put((d, slot, ready, addr, nbytes))
+        self._queue.put((d, slot, ready, addr, nbytes, account))
         return slot
 
     def _put_loop(self) -> None:
@@ -194,10 +210,10 @@ class SpillStore:
             item = self._queue.get()
             if item is None:
                 return
-            d, slot, ready, addr, nbytes = item
+            d, slot, ready, addr, nbytes, account = item
             try:
                 ready()
-                d.slot = self.put(addr, nbytes)
+                d.slot = self.put(addr, nbytes, account)
                 with self._lock:
                     self._by_native[d.slot] = slot
             except BaseException as e:  # noqa: BLE001 - handed to whoever waits for the slot
@@ -263,12 +279,16 @@ class SpillStore:
                 return
             _lib.call("pft_store_free", self._handle, slot)
 
-    def stats(self) -> dict[str, Any]:
-        """The store's totals (see ``hooks.Stats``); the last ones once closed."""
+    def stats(self, account: int = 0) -> dict[str, Any]:
+        """The store's totals (see ``hooks.Stats``), or an account's transfers beside the
+        store's occupancy (:meth:`account`); the last ones once closed."""
         with self._lock:
             if self._handle:
-                self.last_stats = self._json("pft_store_stats")
-        return self.last_stats
+                got = self._json("pft_store_stats", account)
+                if not account:
+                    self.last_stats = got
+                return got
+            return self._accounts.get(account, {}) if account else self.last_stats
 
     def slot_info(self, slot: int) -> dict[str, Any]:
         """What the store measured for a slot: size, write/read times and engines."""
@@ -286,7 +306,9 @@ class SpillStore:
             self._putter = None
         with self._lock:
             if self._handle:
-                self.last_stats = self._json("pft_store_stats")
+                self.last_stats = self._json("pft_store_stats", 0)
+                for acct in self._accounts:
+                    self._accounts[acct] = self._json("pft_store_stats", acct)
                 h, self._handle = self._handle, 0
                 try:
                     _lib.call("pft_store_close", h)
@@ -294,9 +316,9 @@ class SpillStore:
                     if self._dictionaries is not None:
                         self._dictionaries.close()
 
-    def _json(self, fn: str) -> dict[str, Any]:
+    def _json(self, fn: str, *args: int) -> dict[str, Any]:
         ptr = _lib.c_void_p()
-        _lib.call(fn, self._handle, ctypes.byref(ptr))
+        _lib.call(fn, self._handle, *args, ctypes.byref(ptr))
         return json.loads(_lib.take_string(ptr))
 
     def _live(self) -> int:

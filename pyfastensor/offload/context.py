@@ -57,8 +57,8 @@ class Offload:
     configuration (tier, ``spill_dir``, engine choice), shared by the
     offload objects that ask for the same one and kept from step to step:
     the spill file grows to the largest step and its space is reused.
-    :meth:`summary` describes the last step (counters of the store over
-    that step). :meth:`close` releases the store, as does the last object
+    :meth:`summary` describes the last step (this object's own transfers
+    over that step, from its account in the store). :meth:`close` releases the store, as does the last object
     using it going away. An exception inside the context frees the step's
     slots at once (and closes the store if no other object uses it).
     ``policy="none"`` opens no store.
@@ -223,7 +223,8 @@ class Offload:
         self._watch: ModuleWatch | None = None  # without module=: the modules run in the step
         self._store: SpillStore | None = None  # kept across steps; None before the first and after close
         self._closed_store: SpillStore | None = None  # closed (exception, close()): the summary's stats
-        self._base: dict[str, Any] = {}  # the store's totals when the step began
+        self._base: dict[str, Any] = {}  # this object's account's totals when the step began
+        self._account = 0  # this object's account in its store (SpillStore.account)
         self._meter = Meter()
         self._pool = BufferPool()  # read-back buffers, reused across steps
         self._order: list[int] | None = None  # unpack order of the profiling step
@@ -241,7 +242,7 @@ class Offload:
         if self.policy != "none" and (self._store is None or self._store.closed):
             self._store = self._open_store()  # "none" offloads nothing: no store
         self._closed_store = None
-        self._base = self._store.stats() if self._store is not None else {}
+        self._base = self._store.stats(self._account) if self._store is not None else {}
         self._pool.lend_idle()  # reclaimable during forward; reused without faults if not reclaimed
         self._reset_step()
         if self.policy in ("scheduled", "planned") and self._plan is None and self._placement is None:
@@ -345,6 +346,7 @@ class Offload:
 
         store = shared(key, open_store)
         store.users.add(self)
+        self._account = store.account()  # this object's figures, apart from other users'
         return store
 
     def _reset_step(self) -> None:
@@ -536,10 +538,10 @@ class Offload:
                 # returns at once, and the store's write starts on its own thread once the
                 # copy's event has completed (SpillStore.put_after).
                 payload, landed = staging.to_host(payload)
-                slot = store.put_after(landed, payload.data_ptr(), payload.numel())
+                slot = store.put_after(landed, payload.data_ptr(), payload.numel(), self._account)
                 entry.staging = staging
             else:
-                slot = store.put(payload.data_ptr(), payload.numel())
+                slot = store.put(payload.data_ptr(), payload.numel(), self._account)
         except NoSpaceError as e:  # the file could not even grow
             self._full_disk(e)
             return self._keep(entry, raw)
@@ -653,7 +655,7 @@ class Offload:
     # -- reporting -------------------------------------------------------------
 
     def _make_summary(self, store: SpillStore | None) -> OffloadSummary:
-        st = _since(store.stats(), self._base) if store is not None else {}
+        st = _since(store.stats(self._account), self._base) if store is not None else {}
         desc = store.description if store is not None else {}
         tier = desc.get("tier", "")
         written = int(st.get("bytes_written", 0))

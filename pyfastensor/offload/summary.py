@@ -9,6 +9,10 @@ from dataclasses import dataclass, field
 class OffloadSummary:
     """Totals of one step (one entry of an offload context).
 
+    The transfers counted are this offload object's own, also when other
+    offload objects of the process share its store (the store keeps an
+    account per object); the spill file's size is the store's.
+
     Attributes:
         step: the step number (0 is the profiling step).
         tier: the tier that served the step (``"ssd"`` or ``"host"``).
