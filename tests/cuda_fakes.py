@@ -211,7 +211,8 @@ def _child(path: str, map_location: str, fault: bool) -> None:
         fake_lib.fake_fail_next(7, 5030, 2)  # the third cuFileRead fails: CU_FILE_INTERNAL_ERROR
     try:
         with _device.using(fake):
-            got = pyfastensor.load(path, map_location=map_location)
+            got = pyfastensor.load(path, map_location=map_location,
+                                   engine=os.environ.get("PFT_TEST_ENGINE") or None)  # load's engine=, for the tests
         want = torch.load(path, map_location="cpu")
         result["equal"] = sorted(got) == sorted(want) and all(
             bytes(got[k].untyped_storage()) == bytes(want[k].untyped_storage())

@@ -180,6 +180,67 @@ def test_forcing_cufile_where_it_cannot_work_says_why(tmp_path: Path, monkeypatc
     assert _cuda.last_route["route"] == "pinned" and _cuda.last_route["reason"].startswith("cuFile unavailable: ")
 
 
+def test_an_engine_name_takes_the_pinned_ring_through_that_engine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PYFASTENSOR_PINNED_POOL", str(POOL))
+    monkeypatch.setenv("PYFASTENSOR_CUDA_LOAD", "auto")  # engine= decides, not the setting
+    path = tmp_path / "s.pt"
+    pyfastensor.save(state(), path)
+    engines: list[Any] = []
+    real_read, real_part = _cuda.Archive.read, _cuda.read_part
+
+    def read(self: Any, reads: Any, **kw: Any) -> Any:
+        engines.append(kw.get("engine"))
+        return real_read(self, reads, **kw)
+
+    def part(*args: Any, **kw: Any) -> int:
+        engines.append(kw.get("engine"))
+        return real_part(*args, **kw)
+
+    monkeypatch.setattr(_cuda.Archive, "read", read)
+    monkeypatch.setattr(_cuda, "read_part", part)
+    with _device.using(FakeCuda()):
+        got = pyfastensor.load(path, map_location="cuda", engine="posix")
+    assert_bit_identical(got, torch.load(path, map_location="cpu"))
+    assert _cuda.last_route["route"] == "pinned" and _cuda.last_route["reason"] == "engine='posix'"
+    # the pickle first, as on the CPU path (default choice); then every storage read through posix
+    assert engines[0] is None and len(engines) > 2 and set(engines[1:]) == {"posix"}, engines
+
+
+def test_engine_cufile_where_it_cannot_work_says_why(tmp_path: Path) -> None:
+    if pyfastensor.info(tmp_path)["engines"]["cufile"]["available"]:
+        pytest.skip("GPUDirect Storage works on this machine")
+    path = tmp_path / "s.pt"
+    pyfastensor.save({"w": torch.ones(10)}, path)
+    with _device.using(FakeCuda()), pytest.raises(EngineUnavailableError,
+                                                  match=r"engine='cufile', but cuFile cannot read .*s\.pt"):
+        pyfastensor.load(path, map_location="cuda", engine="cufile")
+
+
+@pytest.mark.parametrize("progress", [True, False])
+def test_a_long_cuda_load_shows_a_progress_bar(
+    tmp_path: Path, small_pool: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    progress: bool,
+) -> None:
+    from pyfastensor.checkpoint import _progress
+
+    monkeypatch.setattr(_progress, "DELAY", 0.0)  # every load is long enough
+    monkeypatch.setattr(_progress, "MIN_BYTES", 0)
+    path = tmp_path / "s.pt"
+    pyfastensor.save(state(), path)
+    with _device.using(FakeCuda()):
+        got = pyfastensor.load(path, map_location="cuda", progress=progress)
+    assert_bit_identical(got, torch.load(path, map_location="cpu"))
+    err = capsys.readouterr().err
+    if not progress:
+        assert "load s.pt" not in err
+        return
+    total = sum(e.size for e in _cuda.Archive(str(path)).entries if "/data/" in e.name)
+    assert "load s.pt" in err and "100%" in err, err
+    assert total > 360_000
+
+
 def test_a_bad_cuda_load_setting_names_the_variable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "s.pt"
     pyfastensor.save({"w": torch.ones(10)}, path)
@@ -230,6 +291,18 @@ def test_missing_libcufile_falls_back_to_the_pinned_ring(tmp_path: Path, fake_cu
     out = run_child(path, "cuda", env)
     assert out["error"].startswith("EngineUnavailableError: PYFASTENSOR_CUDA_LOAD=cufile, but cuFile cannot read")
     assert "libcufile not found" in out["error"]
+
+
+def test_engine_cufile_takes_the_cufile_route_whatever_the_setting(tmp_path: Path, fake_cufile: Path) -> None:
+    path = tmp_path / "s.pt"
+    pyfastensor.save(state(), path)
+    env = fake_cufile_env(fake_cufile, PYFASTENSOR_CUDA_LOAD="pinned", PFT_TEST_ENGINE="cufile")
+    out = run_child(path, "cuda", env)
+    assert out.get("error") is None, out
+    assert out["route"] == "cufile" and out["equal"] and out["cufile_reads"] >= 40
+    env["PYFASTENSOR_CUFILE_LIB"] = str(tmp_path / "nowhere" / "libcufile.so.0")
+    out = run_child(path, "cuda", env)
+    assert out["error"].startswith("EngineUnavailableError: engine='cufile', but cuFile cannot read"), out
 
 
 def test_a_failed_cufile_read_falls_back_to_the_pinned_ring(tmp_path: Path, fake_cufile: Path) -> None:

@@ -27,6 +27,12 @@ are then moved by one of two routes, decided once per load
   each piece as it lands onto the sum of the pieces before it, and checking
   the total at the last one.
 
+``engine=`` of :func:`pyfastensor.load` picks the route too: ``"cufile"``
+is the cuFile route or an error saying why it cannot be (as
+``PYFASTENSOR_CUDA_LOAD=cufile``); any other engine name is the pinned ring,
+its reads through that engine. ``progress=`` shows a bar as the CPU path's
+loads do.
+
 Either way the bytes are the file's, checked against its CRC-32s, so the
 result is bit-identical to ``torch.load(f, map_location=...)``: the same
 unpickling (torch's ``_load``), the same storages shared by key.
@@ -47,6 +53,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import pickle
 from collections.abc import Callable
 from typing import Any
@@ -56,7 +63,8 @@ import torch
 from .. import _device, _lib, config
 from ..engines import EngineFile
 from ..errors import CorruptFileError, EngineUnavailableError, FastensorError
-from ._native import Archive
+from . import _progress
+from ._native import Archive, _engine
 from ._torchzip import PreloadedZip, key_paths
 from ._unpickle import refused, unpickle
 
@@ -156,12 +164,14 @@ class _Placer:
 def load(
     path: str, to_torch: Callable[[str], Any], map_location: Any, module: Any, weights_only: bool,
     verify: bool, pickle_load_args: dict[str, Any], *, backend: _device.Backend | None = None,
+    engine: str | None = None, progress: bool | None = None,
 ) -> Any:
     """``pyfastensor.load(path, map_location=...)`` for a map location :func:`wants` (see the module docstring).
 
     ``to_torch`` loads with torch.load itself, for files this cannot read
     (TorchScript, compressed, another byte order); ``module`` is the
-    unpickling module (torch's weights-only one or the user's).
+    unpickling module (torch's weights-only one or the user's); ``engine``
+    and ``progress`` are :func:`pyfastensor.load`'s.
     """
     b = backend or _device.backend()
     with Archive(path) as archive:
@@ -183,30 +193,43 @@ def load(
             if not weights_only:
                 raise
             raise refused(path, e) from None
+        total = sum(t.numel() for _, t in placer.host + placer.device)
+        bar = _progress.Manual(total, f"load {os.path.basename(path)}", progress)
         try:
             if placer.host:
-                archive.read([(i, t.data_ptr(), t.numel()) for i, t in placer.host], verify=verify)
+                archive.read([(i, t.data_ptr(), t.numel()) for i, t in placer.host], verify=verify,
+                             engine=None if engine == "cufile" else engine)
+                bar.add(sum(t.numel() for _, t in placer.host))
             if placer.device:
-                fill(archive, placer.device, verify=verify, backend=b)
+                fill(archive, placer.device, verify=verify, backend=b, engine=engine, done=bar.add)
         except CorruptFileError as e:
             paths = key_paths(archive, prefix, str(e))
             if not paths:
                 raise
             raise CorruptFileError(f"{e} (tensor {', '.join(paths[:5])}{' ...' if len(paths) > 5 else ''})") from None
+        finally:
+            bar.close()
         return obj
 
 
 def fill(archive: Archive, records: list[tuple[int, torch.Tensor]], *, verify: bool,
-         backend: _device.Backend) -> str:
+         backend: _device.Backend, engine: str | None = None, done: Callable[[int], None] | None = None) -> str:
     """Fill device memory from records of ``archive``: ``records`` holds ``(entry index, uint8
     device tensor of the record's size)``. Returns the route taken (``"cufile"`` or ``"pinned"``).
 
+    Args:
+        engine: ``"cufile"`` for the cuFile route (or an error), another engine name for the
+            pinned ring reading through it, None to choose (see the module docstring).
+        done: called with the bytes of each step as it is read.
+
     Raises:
         CorruptFileError: a record's CRC-32 does not match (``verify``).
-        EngineUnavailableError: ``PYFASTENSOR_CUDA_LOAD=cufile`` where cuFile cannot read the file.
+        EngineUnavailableError: ``PYFASTENSOR_CUDA_LOAD=cufile`` or ``engine="cufile"`` where
+            cuFile cannot read the file.
     """
     records = sorted(records, key=lambda r: archive.entries[r[0]].offset)  # one pass over the file
-    route, reason, cufile = _choose(archive)
+    route, reason, cufile = _choose(archive, engine)
+    done = done or (lambda n: None)
     last_route.clear()
     last_route.update(path=archive.path, route=route, reason=reason)
     if reason:
@@ -218,28 +241,33 @@ def fill(archive: Archive, records: list[tuple[int, torch.Tensor]], *, verify: b
             reads = [(i, t.data_ptr(), t.numel()) for i, t in records if t.numel()]
             try:
                 archive.read(reads, verify=False, engine="cufile")  # the Go core never touches device memory
+                done(sum(r[2] for r in reads))
             except (FastensorError, OSError) as e:
-                if config.cuda_load() == "cufile":
+                if config.cuda_load() == "cufile" or engine == "cufile":
                     raise
                 route, reason = "pinned", f"cuFile read failed, the load went through the pinned ring: {e}"
                 last_route.update(route=route, reason=reason)
                 _log.warning("pyfastensor.load %s: %s", archive.path, reason)
                 cufile = None
         if cufile is None:
-            _Upload(archive, ring, backend, verify).run(records)
+            _Upload(archive, ring, backend, verify, engine, done).run(records)
         elif verify:
             _read_back(archive, records, ring, backend)
     return route
 
 
-def _choose(archive: Archive) -> tuple[str, str, EngineFile | None]:
+def _choose(archive: Archive, engine: str | None = None) -> tuple[str, str, EngineFile | None]:
     """The route of a load: ``(route, why not cuFile, the file opened through cuFile or None)``."""
     mode = config.cuda_load()
-    if mode == "pinned":
+    if engine is not None and engine != "cufile":
+        return "pinned", f"engine={engine!r}", None
+    if mode == "pinned" and engine is None:
         return "pinned", "PYFASTENSOR_CUDA_LOAD=pinned", None
     try:
         return "cufile", "", EngineFile(archive.source, "r", engine="cufile")
     except (FastensorError, OSError) as e:  # no libcufile or driver, or cuFile refuses this file
+        if engine == "cufile":
+            raise EngineUnavailableError(f"engine='cufile', but cuFile cannot read {archive.path}: {e}") from None
         if mode == "cufile":
             raise EngineUnavailableError(
                 f"PYFASTENSOR_CUDA_LOAD=cufile, but cuFile cannot read {archive.path}: {e}"
@@ -251,8 +279,10 @@ class _Upload:
     """The pinned ring's pipeline (see the module docstring): read into a slot, copy it to the
     device on the side stream, go on with the next slot while the copy runs."""
 
-    def __init__(self, archive: Archive, ring: _device.Ring, backend: _device.Backend, verify: bool) -> None:
+    def __init__(self, archive: Archive, ring: _device.Ring, backend: _device.Backend, verify: bool,
+                 engine: str | None = None, done: Callable[[int], None] | None = None) -> None:
         self.archive, self.ring, self.b, self.verify = archive, ring, backend, verify
+        self.engine, self.done = engine, done or (lambda n: None)
         self.streams: dict[torch.device, Any] = {}
         self.batch: list[tuple[int, torch.Tensor, int]] = []  # (entry, device memory, offset in slot)
         self.fill = 0
@@ -305,7 +335,9 @@ class _Upload:
             return
         slot, buf = self.ring.take()
         base = buf.data_ptr()
-        self.archive.read([(i, base + at, t.numel()) for i, t, at in self.batch if t.numel()], verify=self.verify)
+        reads = [(i, base + at, t.numel()) for i, t, at in self.batch if t.numel()]
+        self.archive.read(reads, verify=self.verify, engine=self.engine)
+        self.done(sum(r[2] for r in reads))
         self._upload(slot, [(t, buf[at:at + t.numel()]) for _, t, at in self.batch if t.numel()])
         self.batch, self.fill = [], 0
 
@@ -315,19 +347,22 @@ class _Upload:
         for lo in range(0, e.size, self.ring.slot_bytes):
             n = min(self.ring.slot_bytes, e.size - lo)
             slot, buf = self.ring.take()
-            crc = read_part(self.archive, i, lo, buf.data_ptr(), n, crc, verify=self.verify)
+            crc = read_part(self.archive, i, lo, buf.data_ptr(), n, crc, verify=self.verify, engine=self.engine)
+            self.done(n)
             self._upload(slot, [(t[lo:lo + n], buf[:n])])
 
 
-def read_part(archive: Archive, index: int, offset: int, addr: int, nbytes: int, crc: int, *, verify: bool) -> int:
-    """Read ``nbytes`` of record ``index`` from ``offset`` of its data into ``addr``, its CRC-32 summed
-    by the Go core as it lands onto ``crc`` (that of the bytes before ``offset``); return the new sum.
+def read_part(archive: Archive, index: int, offset: int, addr: int, nbytes: int, crc: int, *, verify: bool,
+              engine: str | None = None) -> int:
+    """Read ``nbytes`` of record ``index`` from ``offset`` of its data into ``addr`` (through ``engine``,
+    None: the default choice), its CRC-32 summed by the Go core as it lands onto ``crc`` (that of the
+    bytes before ``offset``); return the new sum.
 
     Raises:
         CorruptFileError: at the record's last part, when the sum is not the central directory's.
     """
     out = _lib.i64()
-    _lib.call("pft_ckpt_read_part", archive._live(), index, offset, addr, nbytes, crc, int(verify), None,
+    _lib.call("pft_ckpt_read_part", archive._live(), index, offset, addr, nbytes, crc, int(verify), _engine(engine),
               config.threads(), config.task_size(), 0, ctypes.byref(out))
     return int(out.value)
 

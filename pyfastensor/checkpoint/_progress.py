@@ -12,7 +12,7 @@ import ctypes
 import threading
 import time
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from .. import config
 
@@ -84,3 +84,37 @@ class Pending(Generic[T]):
         if self._error:
             raise self._error[0]
         return self._result[0]
+
+
+class Manual:
+    """A bar for work done on the caller's own thread, in steps it reports (:meth:`add`).
+
+    Shown, when bars are on and ``total`` is at least :data:`MIN_BYTES`, from
+    the first step after :data:`DELAY` seconds; :meth:`close` ends it. For
+    work that must stay on its thread (CUDA copies on the caller's streams).
+    """
+
+    def __init__(self, total: int, desc: str, progress: bool | None) -> None:
+        self._on = enabled(progress) and total >= MIN_BYTES
+        self._total, self._desc, self._done = total, desc, 0
+        self._started = time.monotonic()
+        self._bar: Any = None
+
+    def add(self, n: int) -> None:
+        """Count ``n`` more bytes done."""
+        self._done += n
+        if not self._on:
+            return
+        if self._bar is None and time.monotonic() - self._started >= DELAY:
+            from tqdm.auto import tqdm
+
+            self._bar = tqdm(total=self._total, unit="B", unit_scale=True, unit_divisor=1024, desc=self._desc)
+        if self._bar is not None:
+            self._bar.update(self._done - self._bar.n)
+
+    def close(self) -> None:
+        """End the bar, if one is shown."""
+        if self._bar is not None:
+            self._bar.update(self._done - self._bar.n)
+            self._bar.close()
+            self._bar = None

@@ -105,6 +105,9 @@ def load(
         engine: one I/O engine for every record, or open
             :class:`pyfastensor.dictionary.Dictionaries` to choose per record
             size from the read dictionary. Default: the page cache (posix).
+            To CUDA: ``"cufile"`` reads through GPUDirect Storage or raises
+            saying why it cannot; another engine name reads through it into
+            the pinned ring; default: cuFile where it works.
         progress: show a progress bar for loads longer than about two seconds.
             Default: the ``PYFASTENSOR_PROGRESS`` setting (on).
         pickle_load_args: passed to the unpickler, as in :func:`torch.load`.
@@ -199,7 +202,8 @@ def _load_path(
 ) -> Any:
     if not mmap and _cuda.wants(map_location):  # records straight into device memory
         module = torch.serialization._weights_only_unpickler if weights_only else pickle_module
-        return _cuda.load(path, to_torch, map_location, module, weights_only, verify, pickle_load_args)
+        return _cuda.load(path, to_torch, map_location, module, weights_only, verify, pickle_load_args,
+                          engine=engine, progress=progress)
     # The Go core decides how to read the file (checkpoint/loadplan.go);
     # this carries the decision out.
     plan = plan_load(path, mapped=mmap, chosen=engine is not None)
