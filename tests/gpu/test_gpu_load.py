@@ -85,3 +85,14 @@ def test_corrupt_record_is_caught(tmp_path: Path, route: str) -> None:
         f.write(bytes([b[0] ^ 1]))
     with pytest.raises(CorruptFileError, match='record "archive/data/0"'):
         pyfastensor.load(path, map_location="cuda")
+
+
+@pytest.mark.parametrize("engine", ["posix", "direct", "cufile"])
+def test_engine_argument_picks_the_route(tmp_path: Path, route: str, engine: str) -> None:
+    if engine == "cufile" and route != "cufile":
+        pytest.skip("engine='cufile' is checked with the cufile route's fixture (cuFile available)")
+    path = tmp_path / "s.pt"
+    pyfastensor.save(state(), path)
+    got = pyfastensor.load(path, map_location="cuda", engine=engine)
+    assert_bit_identical(got, torch.load(path, map_location="cuda"))
+    assert _cuda.last_route["route"] == ("cufile" if engine == "cufile" else "pinned")
