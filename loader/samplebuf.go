@@ -40,6 +40,7 @@ type samplePool struct {
 	mu    sync.Mutex
 	idle  map[int][][]byte // by capacity, a size class
 	bytes int64            // idle bytes
+	peak  int64            // the most idle bytes held at once
 	limit int64
 }
 
@@ -80,4 +81,12 @@ func (p *samplePool) put(b []byte) {
 	}
 	p.idle[c] = append(p.idle[c], b[:c])
 	p.bytes += int64(c)
+	p.peak = max(p.peak, p.bytes)
+}
+
+// usage returns the idle bytes held now and at most.
+func (p *samplePool) usage() (idle, peak int64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.bytes, p.peak
 }

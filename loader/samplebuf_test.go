@@ -36,6 +36,10 @@ func TestSamplePoolReusesWithinItsLimit(t *testing.T) {
 	p.put(make([]byte, 100, sampleBufMin/2)) // small
 	require.EqualValues(t, 3*102400, p.bytes)
 	require.Len(t, p.idle, 1)
+	p.get(100_000)
+	idle, peak := p.usage()
+	require.EqualValues(t, 2*102400, idle)
+	require.EqualValues(t, 3*102400, peak, "the most held at once")
 }
 
 // A requester that copied a batch out releases it, and the next reads'
@@ -74,4 +78,11 @@ func TestServerReusesReleasedSamples(t *testing.T) {
 	}
 	t.Logf("%d of %d samples in memory released before", reused, n)
 	require.Greater(t, reused, n/10)
+	st := s.Stats()
+	idle, peak := s.mem.usage()
+	require.Equal(t, idle, st.IdleSampleBytes, "stats report the pool's idle bytes")
+	require.Equal(t, peak, st.PeakIdleSampleBytes)
+	require.Positive(t, st.PeakIdleSampleBytes, "released samples were held for reuse")
+	require.GreaterOrEqual(t, st.PeakIdleSampleBytes, st.IdleSampleBytes)
+	require.LessOrEqual(t, st.PeakIdleSampleBytes, s.mem.limit)
 }

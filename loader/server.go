@@ -102,6 +102,10 @@ type Stats struct {
 	InFlightBytes int64 `json:"in_flight_bytes"` // of chunk reads now
 	PeakBytes     int64 `json:"peak_bytes"`      // held plus in flight, at most
 	Budget        int64 `json:"budget"`
+	// IdleSampleBytes is sample memory kept for reuse (samplebuf.go), now
+	// and at most: beside the budget, up to its read share.
+	IdleSampleBytes     int64 `json:"idle_sample_bytes"`
+	PeakIdleSampleBytes int64 `json:"peak_idle_sample_bytes"`
 }
 
 // Server serves one opened pack from an abstract memory within a budget:
@@ -303,6 +307,7 @@ func (s *Server) Stats() Stats {
 	defer s.mu.Unlock()
 	st := s.stats
 	st.HeldBytes, st.InFlightBytes = s.held, s.inflight
+	st.IdleSampleBytes, st.PeakIdleSampleBytes = s.mem.usage()
 	return st
 }
 

@@ -600,7 +600,9 @@ class ChunkDataset(torch.utils.data.Dataset):
         ``ahead_reads`` started by the read-ahead, before a request needed them), ``bytes_read``,
         ``wasted_bytes``, ``bytes_delivered``; memory now (``held_bytes``,
         ``in_flight_bytes``) and at most (``peak_bytes``, over the server's life),
-        against ``budget``. Distributed, ``served`` counts the samples of this rank's
+        against ``budget``; sample memory kept idle for reuse beside the budget (at
+        most its read share), now and at most (``idle_sample_bytes``,
+        ``peak_idle_sample_bytes``). Distributed, ``served`` counts the samples of this rank's
         slots, to any rank, and ``dist`` this node's: ``local_requests``,
         ``remote_hits`` (served from prefetched samples), ``remote_misses`` (asked
         of their owner), ``remote_requests`` (calls to owners), ``prefetched``,
