@@ -164,14 +164,15 @@ class _Placer:
 def load(
     path: str, to_torch: Callable[[str], Any], map_location: Any, module: Any, weights_only: bool,
     verify: bool, pickle_load_args: dict[str, Any], *, backend: _device.Backend | None = None,
-    engine: str | None = None, progress: bool | None = None,
+    engine: Any = None, progress: bool | None = None,
 ) -> Any:
     """``pyfastensor.load(path, map_location=...)`` for a map location :func:`wants` (see the module docstring).
 
     ``to_torch`` loads with torch.load itself, for files this cannot read
     (TorchScript, compressed, another byte order); ``module`` is the
     unpickling module (torch's weights-only one or the user's); ``engine``
-    and ``progress`` are :func:`pyfastensor.load`'s.
+    (an engine name, open :class:`~pyfastensor.dictionary.Dictionaries` or
+    None) and ``progress`` are :func:`pyfastensor.load`'s.
     """
     b = backend or _device.backend()
     with Archive(path) as archive:
@@ -213,13 +214,14 @@ def load(
 
 
 def fill(archive: Archive, records: list[tuple[int, torch.Tensor]], *, verify: bool,
-         backend: _device.Backend, engine: str | None = None, done: Callable[[int], None] | None = None) -> str:
+         backend: _device.Backend, engine: Any = None, done: Callable[[int], None] | None = None) -> str:
     """Fill device memory from records of ``archive``: ``records`` holds ``(entry index, uint8
     device tensor of the record's size)``. Returns the route taken (``"cufile"`` or ``"pinned"``).
 
     Args:
-        engine: ``"cufile"`` for the cuFile route (or an error), another engine name for the
-            pinned ring reading through it, None to choose (see the module docstring).
+        engine: ``"cufile"`` for the cuFile route (or an error), another engine name (or
+            open dictionaries) for the pinned ring reading through it, None to choose (see the
+            module docstring).
         done: called with the bytes of each step as it is read.
 
     Raises:
@@ -256,7 +258,7 @@ def fill(archive: Archive, records: list[tuple[int, torch.Tensor]], *, verify: b
     return route
 
 
-def _choose(archive: Archive, engine: str | None = None) -> tuple[str, str, EngineFile | None]:
+def _choose(archive: Archive, engine: Any = None) -> tuple[str, str, EngineFile | None]:
     """The route of a load: ``(route, why not cuFile, the file opened through cuFile or None)``."""
     mode = config.cuda_load()
     if engine is not None and engine != "cufile":
@@ -280,7 +282,7 @@ class _Upload:
     device on the side stream, go on with the next slot while the copy runs."""
 
     def __init__(self, archive: Archive, ring: _device.Ring, backend: _device.Backend, verify: bool,
-                 engine: str | None = None, done: Callable[[int], None] | None = None) -> None:
+                 engine: Any = None, done: Callable[[int], None] | None = None) -> None:
         self.archive, self.ring, self.b, self.verify = archive, ring, backend, verify
         self.engine, self.done = engine, done or (lambda n: None)
         self.streams: dict[torch.device, Any] = {}
@@ -353,7 +355,7 @@ class _Upload:
 
 
 def read_part(archive: Archive, index: int, offset: int, addr: int, nbytes: int, crc: int, *, verify: bool,
-              engine: str | None = None) -> int:
+              engine: Any = None) -> int:
     """Read ``nbytes`` of record ``index`` from ``offset`` of its data into ``addr`` (through ``engine``,
     None: the default choice), its CRC-32 summed by the Go core as it lands onto ``crc`` (that of the
     bytes before ``offset``); return the new sum.
