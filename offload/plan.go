@@ -220,6 +220,12 @@ func MakePlan(t *Trace, hw Hardware) (MigrationPlan, error) {
 		b := c.p.Bytes
 		return hw.evictNs(TierHost, b)+hw.fetchNs(TierHost, b) < hw.evictNs(TierSSD, b)+hw.fetchNs(TierSSD, b)
 	}
+	// holdOnHost plans c's tensor in host memory over its period.
+	holdOnHost := func(c *candidate) {
+		for _, k := range c.p.Ops {
+			hostUse[k] += c.p.Bytes
+		}
+	}
 	// fitsHost: host memory holds c's tensor over its period beside what
 	// is planned there already.
 	fitsHost := func(c *candidate) bool {
@@ -297,9 +303,7 @@ func MakePlan(t *Trace, hw Hardware) (MigrationPlan, error) {
 				// reserved (timelines do not release): conservative.
 				lk.take(lk.route(hw, c, TierHost, true))
 				m.tier = TierHost
-				for _, k := range c.p.Ops {
-					hostUse[k] += c.p.Bytes
-				}
+				holdOnHost(c)
 			}
 			continue
 		}
@@ -335,9 +339,7 @@ func MakePlan(t *Trace, hw Hardware) (MigrationPlan, error) {
 			pressure[c.p.Ops[q]] -= c.p.Bytes
 		}
 		if tier == TierHost {
-			for _, k := range c.p.Ops {
-				hostUse[k] += c.p.Bytes
-			}
+			holdOnHost(c)
 		}
 		pt := float64(c.p.EndNs)
 		if pf < len(c.st) {

@@ -236,9 +236,7 @@ def test_a_long_cuda_load_shows_a_progress_bar(
     if not progress:
         assert "load s.pt" not in err
         return
-    total = sum(e.size for e in _cuda.Archive(str(path)).entries if "/data/" in e.name)
     assert "load s.pt" in err and "100%" in err, err
-    assert total > 360_000
 
 
 def test_a_bad_cuda_load_setting_names_the_variable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

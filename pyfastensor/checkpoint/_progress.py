@@ -72,10 +72,7 @@ class Pending(Generic[T]):
         t = self._thread
         t.join(max(0.0, DELAY - (time.monotonic() - self._started)) if self._bar else None)
         if t.is_alive():
-            from tqdm.auto import tqdm
-
-            with tqdm(total=self._total, unit="B", unit_scale=True, unit_divisor=1024,
-                      desc=self._desc) as bar:
+            with _bar(self._total, self._desc) as bar:
                 while t.is_alive():
                     t.join(0.1)
                     bar.update(self._counter.value - bar.n)
@@ -106,9 +103,7 @@ class Manual:
         if not self._on:
             return
         if self._bar is None and time.monotonic() - self._started >= DELAY:
-            from tqdm.auto import tqdm
-
-            self._bar = tqdm(total=self._total, unit="B", unit_scale=True, unit_divisor=1024, desc=self._desc)
+            self._bar = _bar(self._total, self._desc)
         if self._bar is not None:
             self._bar.update(self._done - self._bar.n)
 
@@ -118,3 +113,10 @@ class Manual:
             self._bar.update(self._done - self._bar.n)
             self._bar.close()
             self._bar = None
+
+
+def _bar(total: int, desc: str) -> Any:
+    """A tqdm bar of ``total`` bytes (tqdm imported on first use)."""
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=desc)
