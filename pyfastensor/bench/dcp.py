@@ -129,6 +129,12 @@ def _entry(rank: int, fn: Any, world: int, port: int, cfg: dict[str, Any]) -> No
         dist.barrier()
     finally:
         dist.destroy_process_group()
+    # Leave without interpreter finalization: a gloo worker thread that drops a
+    # finished collective's tensors after it began aborts the process
+    # ("terminate called without an active exception", pytorch/pytorch#190489).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _spawn(fn: Any, world: int, cfg: dict[str, Any]) -> None:
