@@ -51,6 +51,32 @@ def test_report_prints_ours_theirs_limit_and_targets():
     assert "pyfastensor 2.08x needed, FileSystemReader 4.00x" in text
 
 
+def test_bound_is_dcps_own_time_plus_the_bytes_at_the_limit():
+    result = _result()
+    # Round k: ours 1.5 s with 1.2 s in the backend (DCP's own 0.3 s), theirs
+    # 2.0 s with 1.9 s (0.1 s): the smaller, 0.1 s, plus 1 GB at 1000 MB/s.
+    result["worlds"][2] = [
+        {"tool": t, "round": k, "save_s": total, "load_s": total, "save_storage_s": storage,
+         "load_storage_s": storage}
+        for k in range(3) for t, total, storage in (("pyfastensor", 1.5, 1.2), ("filesystem", 2.0 + k, 1.9 + k))]
+    s = bench.summarize(result)
+    save = s["worlds"][2]["save"]
+    assert save["dcp_own_s"] == pytest.approx(0.1)
+    assert save["bound_s"] == pytest.approx(1.1)
+    assert save["best_ratio"] == pytest.approx(3.0 / 1.1)  # the median of 2/1.1, 3/1.1, 4/1.1
+    assert save["best_spread"] == "1.82-3.64"
+    assert s["worlds"][2]["load"]["bound_s"] == pytest.approx(0.6)  # read limit 2000 MB/s
+    text = bench.format_report(result)
+    assert "  100ms  1.10s  2.73x" in text
+    assert "the most any backend could show: 2.73x (rounds 1.82-3.64)" in text
+
+
+def test_rows_without_storage_times_have_no_bound():
+    s = bench.summarize(_result())
+    assert "bound_s" not in s["worlds"][2]["save"]
+    assert "-      -      -" in bench.format_report(_result())
+
+
 def test_registered_as_bench_dcp():
     p = argparse.ArgumentParser()
     add_parsers(p.add_subparsers(dest="cmd"))
