@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from pyfastensor.bench import checkpoint as bench
@@ -125,6 +126,23 @@ def test_ratios_and_fractions_pair_rounds():
     assert "1.00 GB/s = 50% of 2.00 GB/s" in got["cold load >= 90% of the read into new memory"]["figures"]
     assert not got["cold load >= 90% of the read into new memory"]["met"]
     assert got["cold load faster than every peer"]["met"]
+
+
+def test_verify_bound_adds_the_crc_spread_over_the_cores_to_the_unverified_load():
+    # 1 GB summed at 10 GB/s on each of 2 cores: 50 ms beside each unverified load.
+    rounds = {
+        "pyfastensor": [{"save_s": 1.0, "cold_s": 1.0, "warm_s": w} for w in (0.3, 0.3, 0.3)],
+        "pyfastensor-noverify": [{"warm_s": w} for w in (0.2, 0.45, 0.95)],
+    }
+    rows = bench.summarize(10**9, rounds, [])
+    m = {"rows": rows, "nbytes": 10**9}
+    crc = {"cached_gbps": 10.0, "memory_gbps": 5.0}
+    assert bench.verify_bound(m, crc, cores=2) == pytest.approx(0.45 / 0.5)  # rounds 0.8, 0.9, 0.95
+    assert bench.verify_bound(m, None) is None
+    assert bench.verify_bound({"rows": {"pyfastensor": rows["pyfastensor"]}, "nbytes": 10**9}, crc) is None
+    got = {t["what"]: t for t in bench.targets({"workloads": {"gpt2": m}, "crc": crc})}
+    figures = got["warm load, every CRC checked, within 10% of verify=False"]["figures"]
+    assert "; at most " in figures and "at 10.0 GB/s on each of" in figures
 
 
 def test_each_round_starts_with_another_tool(tmp_path, monkeypatch):
