@@ -89,8 +89,9 @@ func TestPlanLoadDecides(t *testing.T) {
 	require.ErrorIs(t, err, os.ErrNotExist)
 }
 
-// A record-by-record load puts cold large records in aligned memory and
-// everything else in the allocator's, from one residency measure.
+// A record-by-record load puts large records in aligned memory, cold or
+// cached, and the rest in the allocator's; the residency is kept for the
+// engines.
 func TestOpenForLoadPlansMemory(t *testing.T) {
 	path, _ := savedSample(t)
 	evict(t, path)
@@ -108,8 +109,13 @@ func TestOpenForLoadPlansMemory(t *testing.T) {
 	b, err := OpenForLoad(path, 1)
 	require.NoError(t, err)
 	defer b.Close()
-	for _, e := range b.Entries {
-		assert.Equal(t, MemoryAllocator, e.Memory, "cached: %s", e.Name)
+	for i, e := range b.Entries {
+		want := MemoryAllocator
+		if e.Size >= transfer.AlignedMin {
+			want = MemoryAligned
+		}
+		assert.Equal(t, want, e.Memory, "cached: %s", e.Name)
+		assert.Equal(t, 1.0, b.resident[i])
 	}
 }
 

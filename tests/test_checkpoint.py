@@ -383,15 +383,19 @@ def test_cold_large_storages_load_page_aligned_and_shareable(tmp_path):
         pyfastensor.load(path)["big"].untyped_storage().resize_(8)
 
 
-def test_cached_large_storages_load_into_torch_memory(tmp_path):
-    """A record the page cache holds is copied from it into torch's own (reused) memory."""
+def test_cached_large_storages_load_into_aligned_memory_too(tmp_path):
+    """A large record the page cache holds is copied from it into page-aligned memory of its
+    own (huge pages: a fault per 2 MiB); a small one into torch's."""
     path = tmp_path / "big.pt"
-    sd = {"big": torch.randn(1 << 20)}
+    sd = {"big": torch.randn(1 << 20), "small": torch.randn(100)}
     pyfastensor.save(sd, path)
     path.read_bytes()  # now cached
     got = pyfastensor.load(path)
-    assert torch.equal(got["big"], sd["big"])
-    got["big"].untyped_storage().resize_(8)  # torch's allocator: resizable
+    assert torch.equal(got["big"], sd["big"]) and torch.equal(got["small"], sd["small"])
+    assert got["big"].data_ptr() % 4096 == 0
+    with pytest.raises(RuntimeError, match="not resizable"):
+        got["big"].untyped_storage().resize_(8)
+    got["small"].untyped_storage().resize_(8)  # torch's allocator: resizable
 
 
 def test_load_falls_back_to_torch_memory_when_mappings_run_out(tmp_path, monkeypatch):

@@ -47,8 +47,9 @@ class PreloadedZip:
             self._from_arena(arena, data)
             return
         # Each storage goes where the load planner put it (Entry.memory):
-        # page-aligned memory of its own that a direct read fills in place
-        # ("aligned"), or torch's memory, which the page cache copies into.
+        # page-aligned memory of its own, in huge pages, that a direct read
+        # fills in place or the page cache copies into ("aligned": large
+        # records), or torch's memory (the rest).
         # A mapped load (storages=False) takes its storages from the mapping
         # instead.
         for e in archive.entries:

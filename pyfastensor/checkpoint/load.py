@@ -64,9 +64,10 @@ def load(
     checked from memory (for files whose records average 64 KiB and
     up; smaller ones are read record by record); each storage of
     64 KiB and up keeps its own pages of that area (freed with it), the
-    smaller ones are copied out. Otherwise storages of 1 MiB and more read
-    with O_DIRECT get page-aligned memory of their own, which O_DIRECT
-    fills without a copy. Like those of ``torch.load(..., mmap=True)``,
+    smaller ones are copied out. Otherwise storages of 1 MiB and more get
+    page-aligned memory of their own (huge pages where the kernel allows),
+    which O_DIRECT fills without a copy and a copy out of the page cache
+    faults in 2 MiB at a time. Like those of ``torch.load(..., mmap=True)``,
     such storages cannot be resized (``untyped_storage().resize_()``);
     everything else, sharing between processes included, works as with
     torch's allocator.
