@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from pyfastensor.bench.dcp import exit_without_finalizing
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -39,22 +41,7 @@ def _entry(rank: int, fn: Callable[..., None], world: int, port: int, args: tupl
         dist.barrier()
     finally:
         dist.destroy_process_group()
-    _exit_without_finalizing()
-
-
-def _exit_without_finalizing() -> None:
-    """Leave a worker that succeeded without running interpreter finalization.
-
-    A gloo worker thread may still drop the last reference to a finished
-    collective's tensors after the interpreter began finalizing; taking the GIL
-    then ends the thread inside a noexcept destructor and the process aborts
-    ("terminate called without an active exception", pytorch/pytorch#190489).
-    """
-    import sys
-
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_without_finalizing()
 
 
 def full_state() -> dict[str, torch.Tensor]:

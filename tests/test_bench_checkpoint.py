@@ -138,8 +138,8 @@ def test_verify_bound_adds_the_crc_spread_over_the_cores_to_the_unverified_load(
     m = {"rows": rows, "nbytes": 10**9}
     crc = {"cached_gbps": 10.0, "memory_gbps": 5.0}
     assert bench.verify_bound(m, crc, cores=2) == pytest.approx(0.45 / 0.5)  # rounds 0.8, 0.9, 0.95
-    assert bench.verify_bound(m, None) is None
-    assert bench.verify_bound({"rows": {"pyfastensor": rows["pyfastensor"]}, "nbytes": 10**9}, crc) is None
+    assert bench.verify_bound(m, None, 2) is None
+    assert bench.verify_bound({"rows": {"pyfastensor": rows["pyfastensor"]}, "nbytes": 10**9}, crc, 2) is None
     got = {t["what"]: t for t in bench.targets({"workloads": {"gpt2": m}, "crc": crc})}
     figures = got["warm load, every CRC checked, within 10% of verify=False"]["figures"]
     assert "; at most " in figures and "at 10.0 GB/s on each of" in figures

@@ -591,7 +591,7 @@ def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def verify_bound(m: dict[str, Any], crc: dict[str, Any] | None, cores: int | None = None) -> float | None:
+def verify_bound(m: dict[str, Any], crc: dict[str, Any] | None, cores: int) -> float | None:
     """The most the paired ratio of a warm load with every CRC checked to the same load with
     ``verify=False`` can be on this machine: per round, ``t / (t + bytes / (CRC rate x cores))``
     with ``t`` the unverified load's seconds, the CRC rate that over a cached 1 MiB block (the
@@ -601,7 +601,7 @@ def verify_bound(m: dict[str, Any], crc: dict[str, Any] | None, cores: int | Non
     rows = m["rows"].get("pyfastensor-noverify")
     if not crc or not rows or not crc.get("cached_gbps"):
         return None
-    rate = crc["cached_gbps"] * 1e9 * (cores or os.cpu_count() or 1)
+    rate = crc["cached_gbps"] * 1e9 * cores
     best = [x["warm_s"] / (x["warm_s"] + m["nbytes"] / rate) for x in rows["rounds"] if x.get("warm_s")]
     return statistics.median(best) if best else None
 
@@ -642,12 +642,13 @@ def _workload_targets(name: str, m: dict[str, Any], lim: dict[str, Any],
             found = slowest_peer(rows, "pyfastensor", key)
             if found:
                 versus("pyfastensor", found[0], key, 1.0 + 1e-9, f"{doing} faster than every peer")
-        bound = verify_bound(m, crc)
+        cores = os.cpu_count() or 1
+        bound = verify_bound(m, crc, cores)
         versus("pyfastensor", "pyfastensor-noverify", "warm", 1 / (1 + VERIFY_COST_MAX),
                f"warm load, every CRC checked, within {VERIFY_COST_MAX:.0%} of verify=False",
                "" if bound is None else
                f"; at most {bound:.2f} with every byte summed once at {crc['cached_gbps']:.1f} GB/s "
-               f"on each of {os.cpu_count()} cores beside the unverified load")
+               f"on each of {cores} cores beside the unverified load")
         versus("pyfastensor", "torch", "warm", WARM_TARGET, f"warm load >= {WARM_TARGET}x torch.load")
         versus("pyfastensor-mmap", "torch-mmap", "warm", 1.0,
                "warm mmap=True load, every CRC checked, no slower than torch.load(mmap=True)")

@@ -131,9 +131,17 @@ def _entry(rank: int, fn: Any, world: int, port: int, cfg: dict[str, Any]) -> No
         dist.barrier()
     finally:
         dist.destroy_process_group()
-    # Leave without interpreter finalization: a gloo worker thread that drops a
-    # finished collective's tensors after it began aborts the process
-    # ("terminate called without an active exception", pytorch/pytorch#190489).
+    exit_without_finalizing()
+
+
+def exit_without_finalizing() -> None:
+    """Leave a spawned worker that succeeded without running interpreter finalization.
+
+    A gloo worker thread may still drop the last reference to a finished
+    collective's tensors after the interpreter began finalizing; taking the GIL
+    then ends the thread inside a noexcept destructor and the process aborts
+    ("terminate called without an active exception", pytorch/pytorch#190489).
+    """
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
