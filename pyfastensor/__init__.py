@@ -40,6 +40,7 @@ __all__ = [
     "UnsupportedError",
     "__version__",
     "async_save",
+    "empty_cache",
     "info",
     "load",
     "open",
@@ -50,7 +51,7 @@ __all__ = [
 # Checkpoint and offload import torch, so they load on first use: importing
 # pyfastensor stays cheap (no torch, no Go runtime).
 _LAZY = {"save": ".checkpoint", "load": ".checkpoint", "open": ".checkpoint",
-         "async_save": ".checkpoint", "Offload": ".offload", "OffloadSummary": ".offload"}
+         "async_save": ".checkpoint", "empty_cache": "._buffers", "Offload": ".offload", "OffloadSummary": ".offload"}
 
 
 def __getattr__(name: str) -> object:

@@ -1,11 +1,14 @@
-"""Memory addresses of Python buffers, for handing to the native library."""
+"""Memory for the native library: addresses of Python buffers, and the page-aligned
+memory loads read into (kept for reuse once freed, see :class:`FreedPages`)."""
 
 from __future__ import annotations
 
 import bisect
+import collections
 import ctypes
 import mmap
 import os
+import threading
 import warnings
 from typing import Any
 
@@ -38,22 +41,26 @@ def address_of(buf: Any, *, writable: bool) -> tuple[int, int, Any]:
 
 
 def empty_aligned(nbytes: int) -> Any:
-    """Return an uninitialised uint8 tensor of ``nbytes`` in its own page-aligned mapping.
+    """Return an uninitialised uint8 tensor of ``nbytes`` in page-aligned pages of its own.
 
     Loads read into these: O_DIRECT moves straight into page-aligned
     memory (torch's allocator returns addresses 64 bytes past a page,
-    which need a bounce copy), and the mapping is advised for transparent
-    huge pages, so first touch costs one fault per 2 MiB instead of one per
-    4 KiB and the device gets requests of several MiB. The tensor owns the
-    mapping (unmapped when its storage is freed); like ``torch.load(...,
-    mmap=True)`` storages, its storage cannot be resized.
+    which need a bounce copy), and new mappings are advised for
+    transparent huge pages, so first touch costs one fault per 2 MiB
+    instead of one per 4 KiB and the device gets requests of several MiB.
+    The pages are a run some earlier tensor freed (:data:`FREED`), else a
+    new mapping. The tensor owns them until its storage is freed; like
+    ``torch.load(..., mmap=True)`` storages, its storage cannot be resized.
     """
     import torch  # deferred: `import pyfastensor` does not load torch
 
-    m = aligned_mapping(nbytes) if nbytes > 0 else None
-    if m is None:  # empty, or out of mappings (vm.max_map_count) or address space: torch's allocator
-        return torch.empty(max(nbytes, 0), dtype=torch.uint8)
-    return tensor_over(m)
+    if nbytes <= 0:
+        return torch.empty(0, dtype=torch.uint8)
+    maplen = -(-nbytes // _PAGE) * _PAGE
+    addr = FREED.take(maplen) or _map_pages(maplen)
+    if addr is None:  # out of mappings (vm.max_map_count) or address space: torch's allocator
+        return torch.empty(nbytes, dtype=torch.uint8)
+    return torch.from_numpy(np.asarray(_Pages(addr, nbytes, maplen)))
 
 
 def aligned_mapping(nbytes: int) -> mmap.mmap | None:
@@ -97,17 +104,146 @@ _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 _MAP_FAILED = ctypes.c_void_p(-1).value
 
 
+_MADV_FREE = getattr(mmap, "MADV_FREE", 8)
+
+
+def _map_pages(maplen: int) -> int | None:
+    """A new anonymous private mapping of ``maplen`` bytes (whole pages), advised for huge
+    pages from 2 MiB; None if refused."""
+    addr = _libc.mmap(None, maplen, mmap.PROT_READ | mmap.PROT_WRITE,
+                      mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
+    if addr in (None, _MAP_FAILED):
+        return None
+    if maplen >= 2 << 20 and hasattr(mmap, "MADV_HUGEPAGE"):
+        _libc.madvise(addr, maplen, mmap.MADV_HUGEPAGE)
+    return addr
+
+
 class _Pages:
-    """Owner of a run of pages of a :class:`PageArena`, seen by numpy as a uint8
-    array (``__array_interface__``); the pages are unmapped when it is freed,
-    that is when the last tensor over them is."""
+    """Owner of a run of pages (:func:`empty_aligned`, or a :class:`PageArena`'s), seen by
+    numpy as a uint8 array (``__array_interface__``); when it is freed, that is when the
+    last tensor over them is, the pages go to :data:`FREED`."""
 
     def __init__(self, addr: int, nbytes: int, maplen: int) -> None:
         self.__array_interface__ = {"data": (addr, False), "shape": (nbytes,), "typestr": "|u1", "version": 3}
         self._range = (addr, maplen)
 
     def __del__(self) -> None:
-        _libc.munmap(*self._range)
+        FREED.give(*self._range)  # unmaps it when not kept
+
+
+class FreedPages:
+    """Page runs of freed loaded tensors, kept for the next load's tensors of the same size.
+
+    A process that loads again (an evaluation over checkpoints, a bench,
+    a retry) would otherwise fault every page of new memory in again, where
+    torch's allocator hands back the heap its last load freed (a warm
+    ResNet-50 load: 7,344 page faults on torch's second load against
+    25,051 on its first). Runs of :attr:`MIN` bytes and up are kept, the
+    oldest unmapped first past ``limit`` bytes; each is advised
+    ``MADV_FREE``, so under memory pressure the kernel takes its pages back
+    without writing them anywhere (a reuse then faults in zeroed pages: the
+    run's bytes are overwritten anyway). ``pyfastensor.empty_cache()``
+    unmaps them all.
+
+    A free never waits: when another thread holds the lock (or the free
+    happens inside :meth:`take`), the run is unmapped instead.
+    """
+
+    #: Runs smaller than this are unmapped at once: loads give such records torch's memory.
+    MIN = 1 << 20
+
+    def __init__(self, limit: int | None = None) -> None:
+        self._limit = limit
+        self._lock = threading.Lock()
+        self._by_len: dict[int, list[int]] = {}  # run length -> addresses, most recent last
+        self._order: collections.OrderedDict[int, int] = collections.OrderedDict()  # address -> length, oldest first
+        #: Bytes kept now.
+        self.nbytes = 0
+
+    @property
+    def limit(self) -> int:
+        """Most bytes kept: ``PYFASTENSOR_KEEP_FREED`` unless set here (read once)."""
+        if self._limit is None:
+            from .config import keep_freed
+
+            self._limit = keep_freed()
+        return self._limit
+
+    def give(self, addr: int, maplen: int) -> None:
+        """Keep the run ``[addr, addr + maplen)`` for reuse, or unmap it."""
+        try:
+            limit = self.limit
+        except ValueError:  # a malformed setting: load's take() reports it
+            limit = 0
+        if maplen < self.MIN or maplen > limit or not self._lock.acquire(blocking=False):
+            _libc.munmap(addr, maplen)
+            return
+        try:
+            while self.nbytes + maplen > limit:
+                self._unmap(*self._order.popitem(last=False))
+            _libc.madvise(addr, maplen, _MADV_FREE)
+            self._by_len.setdefault(maplen, []).append(addr)
+            self._order[addr] = maplen
+            self.nbytes += maplen
+        finally:
+            self._lock.release()
+
+    def take(self, maplen: int) -> int | None:
+        """The address of a kept run of exactly ``maplen`` bytes, now the caller's; None if none.
+
+        Raises:
+            ValueError: ``PYFASTENSOR_KEEP_FREED`` is not a size (read on first use).
+        """
+        if not self.limit or not self._by_len.get(maplen) or not self._lock.acquire(blocking=False):
+            return None
+        try:
+            runs = self._by_len.get(maplen)
+            if not runs:
+                return None
+            addr = runs.pop()
+            del self._order[addr]
+            self.nbytes -= maplen
+            return addr
+        finally:
+            self._lock.release()
+
+    def release(self) -> int:
+        """Unmap every kept run; return the bytes released."""
+        with self._lock:
+            released = self.nbytes
+            while self._order:
+                self._unmap(*self._order.popitem(last=False))
+            return released
+
+    def _unmap(self, addr: int, maplen: int) -> None:  # lock held
+        runs = self._by_len[maplen]
+        runs.remove(addr)
+        if not runs:
+            del self._by_len[maplen]
+        self.nbytes -= maplen
+        _libc.munmap(addr, maplen)
+
+
+#: The process's kept runs (:class:`FreedPages`).
+FREED = FreedPages()
+
+
+def empty_cache() -> int:
+    """Release the memory that freed loaded tensors left for the next load to reuse.
+
+    :func:`pyfastensor.load` puts records of 1 MiB and up in page-aligned
+    memory of their own; when such a tensor is freed its pages are kept,
+    up to ``PYFASTENSOR_KEEP_FREED`` bytes (default 1G, or an eighth of
+    the machine's memory if less), for the next load, as torch's allocator
+    keeps its heap (see :class:`FreedPages`). The kernel may take them back
+    under memory pressure anyway; this unmaps them now, as
+    :func:`torch.cuda.empty_cache` does for CUDA memory.
+
+    Returns:
+        The bytes released.
+    """
+    return FREED.release()
 
 
 class PageArena:
@@ -129,14 +265,11 @@ class PageArena:
         #: Bytes asked for; :attr:`size` is that rounded up to pages.
         self.nbytes = nbytes
         self.size = max(_PAGE, -(-nbytes // _PAGE) * _PAGE)
-        addr = _libc.mmap(None, self.size, mmap.PROT_READ | mmap.PROT_WRITE,
-                          mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
-        if addr in (None, _MAP_FAILED):
+        addr = _map_pages(self.size)
+        if addr is None:
             err = ctypes.get_errno()
             raise OSError(err, f"cannot map {self.size} bytes: {os.strerror(err)}")
         self.addr: int = addr
-        if self.size >= 2 << 20 and hasattr(mmap, "MADV_HUGEPAGE"):
-            _libc.madvise(addr, self.size, mmap.MADV_HUGEPAGE)
         self._given: list[tuple[int, int]] = []  # page runs handed out, [lo, hi) offsets, sorted
         self._closed = False
 

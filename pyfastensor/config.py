@@ -14,6 +14,7 @@ naming the variable and what it accepts.
 ``PYFASTENSOR_DATA_HOST``      address a distributed ChunkDataset listens on
 ``PYFASTENSOR_PINNED_POOL``    bytes of pinned host memory for CUDA staging (default 64M)
 ``PYFASTENSOR_CUDA_LOAD``      ``auto``, ``cufile`` or ``pinned``: how loads reach CUDA
+``PYFASTENSOR_KEEP_FREED``     bytes of freed load memory kept for the next load (default 1G)
 =============================  ==========================================
 """
 
@@ -137,6 +138,27 @@ PINNED_POOL_DEFAULT = 64 << 20
 #: Slots of the pinned ring a CUDA load reads through: one being read, one
 #: being copied to the device, two to absorb jitter between the two.
 PINNED_RING_SLOTS = 4
+
+
+#: Default of :func:`keep_freed`: at most this, and at most an eighth of the machine's memory.
+KEEP_FREED_DEFAULT = 1 << 30
+
+
+def keep_freed() -> int:
+    """``PYFASTENSOR_KEEP_FREED``: bytes of page-aligned load memory that freed tensors leave
+    for the next load to reuse (``pyfastensor.empty_cache()`` releases them; ``0`` keeps
+    none). Default: 1G, or an eighth of the machine's memory if less."""
+    raw = os.environ.get("PYFASTENSOR_KEEP_FREED")
+    if not raw:
+        try:
+            eighth = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 8
+        except (ValueError, OSError):
+            eighth = KEEP_FREED_DEFAULT
+        return min(KEEP_FREED_DEFAULT, eighth)
+    try:
+        return parse_size(raw)
+    except ValueError as e:
+        raise ValueError(f"PYFASTENSOR_KEEP_FREED: {e}") from None
 
 
 def pinned_pool() -> int:

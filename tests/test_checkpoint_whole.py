@@ -13,7 +13,7 @@ from checkpoint_helpers import assert_same, evict
 
 import pyfastensor
 from pyfastensor import CorruptFileError, _lib
-from pyfastensor._buffers import PageArena
+from pyfastensor._buffers import FREED, PageArena
 from pyfastensor.checkpoint._native import plan_load
 
 load_mod = importlib.import_module("pyfastensor.checkpoint.load")
@@ -39,6 +39,16 @@ def mapped() -> list[tuple[int, int]]:
 
 def mapped_within(lo: int, hi: int) -> list[tuple[int, int]]:
     return [(max(a, lo), min(b, hi)) for a, b in mapped() if a < hi and b > lo]
+
+
+def left_mapped(lo: int, hi: int) -> list[tuple[int, int]]:
+    """What stays mapped of ``[lo, hi)`` once the runs kept for reuse are released: they are
+    mapped only while kept (pyfastensor.empty_cache unmaps them)."""
+    kept = sorted((a, a + n) for a, n in FREED._order.items() if a < hi and a + n > lo)
+    within = _merged(mapped_within(lo, hi))
+    assert all(any(a <= k0 and k1 <= b for a, b in within) for k0, k1 in kept)
+    pyfastensor.empty_cache()
+    return mapped_within(lo, hi)
 
 
 @pytest.fixture
@@ -83,15 +93,17 @@ def test_large_records_get_their_pages_and_the_rest_is_unmapped(saved, arenas):
     # Only the two records' pages are still mapped; the small ones were copied out.
     assert mapped_within(lo, hi) == runs or _merged(mapped_within(lo, hi)) == _merged(runs)
     assert not lo <= got["small"].data_ptr() < hi and not lo <= got["step"].data_ptr() < hi
-    # Each tensor owns its pages: freeing one unmaps them and leaves the other intact.
+    # Each tensor owns its pages: freeing one keeps them for reuse (a run of 1 MiB and up),
+    # then unmaps them, and leaves the other intact.
     big_run = (got["big"].data_ptr(), runs[[r[0] for r in runs].index(got["big"].data_ptr())][1])
     del got["big"]
-    assert not any(a < big_run[1] and b > big_run[0] for a, b in mapped_within(lo, hi))
+    assert FREED._order.get(big_run[0]) == big_run[1] - big_run[0]
+    assert not any(a < big_run[1] and b > big_run[0] for a, b in left_mapped(lo, hi))
     assert torch.equal(got["mid"], state()["mid"])
     got["mid"].mul_(2)  # writable, private
     assert torch.equal(got["mid"], state()["mid"] * 2)
     del got
-    assert mapped_within(lo, hi) == []
+    assert left_mapped(lo, hi) == []
 
 
 def _merged(runs: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -128,7 +140,7 @@ def test_damaged_record_raises_and_unmaps_everything(saved, arenas, record, key)
     (arena,) = arenas
     del e
     gc.collect()  # the traceback's frames held the records' tensors
-    assert mapped_within(arena.addr, arena.addr + arena.size) == []
+    assert left_mapped(arena.addr, arena.addr + arena.size) == []
 
 
 def test_damaged_local_header_is_caught_from_memory(saved, arenas):
@@ -140,7 +152,7 @@ def test_damaged_local_header_is_caught_from_memory(saved, arenas):
     with pytest.raises(CorruptFileError, match=str(saved)):
         pyfastensor.load(saved)
     (arena,) = arenas
-    assert mapped_within(arena.addr, arena.addr + arena.size) == []
+    assert left_mapped(arena.addr, arena.addr + arena.size) == []
 
 
 def test_whole_read_only_for_files_of_records_not_too_small(saved, go_settings):

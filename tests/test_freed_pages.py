@@ -1,0 +1,127 @@
+"""Freed load memory is kept for the next load (pyfastensor._buffers.FreedPages), within its limit."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+import torch
+from checkpoint_helpers import assert_same
+
+import pyfastensor
+from pyfastensor import _buffers
+from pyfastensor._buffers import FREED, FreedPages, _map_pages
+
+PAGE = os.sysconf("SC_PAGE_SIZE")
+MIB = 1 << 20
+
+
+def is_mapped(addr: int, n: int) -> bool:
+    with open("/proc/self/maps") as f:
+        for line in f:
+            lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+            if lo <= addr and addr + n <= hi:
+                return True
+    return False
+
+
+def state(seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {"a": torch.randn(3 * MIB // 4, generator=g),  # 3 MiB
+            "b": torch.randn(3 * MIB // 4, generator=g),
+            "c": torch.randn(MIB // 2 + 5, generator=g),  # just over 2 MiB, not whole pages
+            "small": torch.randn(100, generator=g)}
+
+
+@pytest.fixture(autouse=True)
+def released():
+    pyfastensor.empty_cache()
+    yield
+    pyfastensor.empty_cache()
+
+
+def test_next_load_reuses_the_pages_a_freed_load_left_and_fills_them(tmp_path):
+    first, second = tmp_path / "1.pt", tmp_path / "2.pt"
+    pyfastensor.save(state(1), first)
+    pyfastensor.save(state(2), second)  # same shapes, other values
+    first.read_bytes(), second.read_bytes()  # cached: records of 1 MiB and up get pages of their own
+    got = pyfastensor.load(first)
+    assert_same(got, state(1))
+    large = {got[k].data_ptr() for k in ("a", "b", "c")}
+    assert all(p % PAGE == 0 for p in large)
+    del got
+    assert large <= set(FREED._order) and FREED.nbytes == 8 * MIB + PAGE
+    again = pyfastensor.load(second)
+    assert {again[k].data_ptr() for k in ("a", "b", "c")} == large  # the same pages, every byte rewritten
+    assert_same(again, state(2))
+    assert FREED.nbytes == 0
+
+
+def test_runs_past_the_limit_unmap_the_oldest_first():
+    kept = FreedPages(limit=5 * MIB)
+    runs = [_map_pages(2 * MIB) for _ in range(3)]
+    for r in runs:
+        kept.give(r, 2 * MIB)
+    assert kept.nbytes == 4 * MIB
+    assert not is_mapped(runs[0], 2 * MIB) and is_mapped(runs[1], 2 * MIB) and is_mapped(runs[2], 2 * MIB)
+    assert kept.take(2 * MIB) == runs[2]  # the most recent run of the length
+    assert kept.take(3 * MIB) is None  # only exact lengths are reused
+    assert kept.release() == 2 * MIB
+    assert kept.nbytes == 0 and not is_mapped(runs[1], 2 * MIB)
+    _buffers._libc.munmap(runs[2], 2 * MIB)
+
+
+def test_small_runs_and_runs_over_the_limit_are_unmapped_at_once():
+    kept = FreedPages(limit=2 * MIB)
+    small, big = _map_pages(MIB - PAGE), _map_pages(4 * MIB)
+    kept.give(small, MIB - PAGE)
+    kept.give(big, 4 * MIB)
+    assert kept.nbytes == 0 and not is_mapped(small, MIB - PAGE) and not is_mapped(big, 4 * MIB)
+
+
+def test_a_free_never_waits_for_the_lock():
+    kept = FreedPages(limit=8 * MIB)
+    run = _map_pages(2 * MIB)
+    kept._lock.acquire()  # another thread is taking or giving
+    done = threading.Event()
+    t = threading.Thread(target=lambda: (kept.give(run, 2 * MIB), done.set()))
+    t.start()
+    assert done.wait(5), "give() waited for the lock"
+    kept._lock.release()
+    t.join()
+    assert kept.nbytes == 0 and not is_mapped(run, 2 * MIB)
+
+
+def test_keep_freed_zero_keeps_nothing(monkeypatch, tmp_path):
+    monkeypatch.setenv("PYFASTENSOR_KEEP_FREED", "0")
+    monkeypatch.setattr(_buffers, "FREED", FreedPages())
+    path = tmp_path / "ck.pt"
+    pyfastensor.save(state(1), path)
+    path.read_bytes()
+    got = pyfastensor.load(path)
+    a = got["a"].data_ptr()
+    del got
+    assert _buffers.FREED.nbytes == 0 and not is_mapped(a, 3 * MIB)
+
+
+def test_malformed_keep_freed_names_the_setting(monkeypatch, tmp_path):
+    monkeypatch.setenv("PYFASTENSOR_KEEP_FREED", "lots")
+    monkeypatch.setattr(_buffers, "FREED", FreedPages())
+    path = tmp_path / "ck.pt"
+    pyfastensor.save(state(1), path)
+    path.read_bytes()
+    with pytest.raises(ValueError, match="PYFASTENSOR_KEEP_FREED"):
+        pyfastensor.load(path)
+
+
+def test_empty_cache_unmaps_and_counts_what_it_released(tmp_path):
+    path = tmp_path / "ck.pt"
+    pyfastensor.save(state(1), path)
+    path.read_bytes()
+    got = pyfastensor.load(path)
+    a = got["a"].data_ptr()
+    del got
+    assert is_mapped(a, 3 * MIB)
+    assert pyfastensor.empty_cache() == 8 * MIB + PAGE
+    assert not is_mapped(a, 3 * MIB) and pyfastensor.empty_cache() == 0
