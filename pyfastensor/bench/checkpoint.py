@@ -422,16 +422,19 @@ def read_into_new_memory(path: str) -> float:
     page reporting), the first touch of such memory can cost more than the
     disk's read, so this, not the disk's limit alone, bounds a cold load.
     """
-    from .._buffers import empty_aligned
+    from .._buffers import aligned_mapping, tensor_over
     from ..checkpoint._native import read_raw
 
     size = os.path.getsize(path)
     start = time.perf_counter()
-    buf = empty_aligned(size)
+    mapping = aligned_mapping(size)  # new memory, unmapped when freed (never kept for reuse)
+    if mapping is None:
+        raise MemoryError(f"cannot map {size} bytes to read {path} into")
+    buf = tensor_over(mapping)
     base, piece = buf.data_ptr(), 8 * MiB
     read_raw(path, [(o, base + o, min(piece, size - o)) for o in range(0, size, piece)], engine="direct")
     seconds = time.perf_counter() - start
-    del buf
+    del buf, mapping
     return seconds
 
 

@@ -67,6 +67,10 @@ class Pending(Generic[T]):
         self._thread = threading.Thread(target=work, name="pyfastensor-io", daemon=True)
         self._thread.start()
 
+    def settle(self) -> None:
+        """Wait for ``fn`` to finish, dropping its result or exception (another error wins)."""
+        self._thread.join()
+
     def wait(self) -> T:
         """Return ``fn``'s result once it has finished, or raise its exception."""
         t = self._thread

@@ -205,21 +205,25 @@ def _load_path(
         module = torch.serialization._weights_only_unpickler if weights_only else pickle_module
         return _cuda.load(path, to_torch, map_location, module, weights_only, verify, pickle_load_args,
                           engine=engine, progress=progress)
-    # The Go core decides how to read the file (checkpoint/loadplan.go);
-    # this carries the decision out.
-    plan = plan_load(path, mapped=mmap, chosen=engine is not None)
-    arena, archive = _read_whole(path, plan, verify, progress) if plan["whole"] else (None, None)
-    if archive is None:
-        # A mapped load takes every storage from the mapping: where each record
-        # would be read to (Entry.memory, from the records' residency, which
-        # costs a cachestat per record: 5 ms on GPT-2) is of no use to it.
-        archive = Archive(path, for_load=not mmap, resident=plan["resident"])
-    try:  # the archive closes first, when the load is over; then the arena it was read into
-        return _load_archive(path, archive, arena, to_torch, map_location, pickle_module, weights_only,
-                             verify, engine, progress, pickle_load_args, mmap=mmap)
-    finally:
-        if arena is not None:
-            arena.close()
+    # A load makes a few objects per tensor (entries, storages, tensors) and
+    # keeps all of them: the collector's passes over the process's heap in
+    # the meantime find nothing to free (about 15% of a 10,000-tensor load).
+    with _gc_paused():
+        # The Go core decides how to read the file (checkpoint/loadplan.go);
+        # this carries the decision out.
+        plan = plan_load(path, mapped=mmap, chosen=engine is not None)
+        arena, archive = _read_whole(path, plan, verify, progress) if plan["whole"] else (None, None)
+        if archive is None:
+            # A mapped load takes every storage from the mapping: where each record
+            # would be read to (Entry.memory, from the records' residency, which
+            # costs a cachestat per record: 5 ms on GPT-2) is of no use to it.
+            archive = Archive(path, for_load=not mmap, resident=plan["resident"])
+        try:  # the archive closes first, when the load is over; then the arena it was read into
+            return _load_archive(path, archive, arena, to_torch, map_location, pickle_module, weights_only,
+                                 verify, engine, progress, pickle_load_args, mmap=mmap)
+        finally:
+            if arena is not None:
+                arena.close()
 
 
 def _read_whole(
@@ -260,10 +264,7 @@ def _load_archive(
     map_location: MapLocation, pickle_module: Any, weights_only: bool, verify: bool, engine: str | None,
     progress: bool | None, pickle_load_args: dict[str, Any], *, mmap: bool = False,
 ) -> Any:
-    # A load makes a few objects per tensor (entries, storages, tensors) and
-    # keeps all of them: the collector's passes over the process's heap in
-    # the meantime find nothing to free (about 15% of a 10,000-tensor load).
-    with _gc_paused(), opened as archive:
+    with opened as archive:
         names = [e.name for e in archive.entries]
         prefix = names[0].split("/", 1)[0] + "/" if names else ""
         if (
@@ -273,9 +274,10 @@ def _load_archive(
             return to_torch(path)  # TorchScript, compressed, or not torch's layout
         zf = PreloadedZip(archive, prefix, storages=not mmap, arena=arena)
         overall = None
+        pending = None
         try:
-            zf.read_small(verify=verify)
             if mmap:
+                zf.read_small(verify=verify)
                 overall = _map(archive.source, archive.size)
                 base = overall.data_ptr()
                 entries = archive.entries
@@ -284,11 +286,14 @@ def _load_archive(
                 pending = _progress.Pending(
                     lambda counter: archive.verify(records, counter=counter),
                     zf.data_bytes if verify else 0, f"verify {os.path.basename(path)}", progress)
-            else:
+            else:  # the storages' read first; the pickle and the other small records beside it
                 pending = _progress.Pending(
                     lambda counter: zf.read_storages(verify=verify, engine=engine, counter=counter),
                     zf.data_bytes, f"load {os.path.basename(path)}", progress)
+                zf.read_small(verify=verify)
         except CorruptFileError as e:
+            if pending is not None:  # its memory is freed with the error: let it finish first
+                pending.settle()
             raise CorruptFileError(_with_keys(str(e), archive, prefix)) from None
         # Unpickle while the storages are read, when nothing in unpickling
         # looks at their bytes: CPU storages, in our byte order, to the CPU.
