@@ -34,6 +34,21 @@ def state(seed: int) -> dict[str, torch.Tensor]:
             "small": torch.randn(100, generator=g)}
 
 
+def cached(tmp_path, seed: int = 1, name: str = "ck.pt"):
+    """A checkpoint of ``state(seed)`` whose pages are cached: its records of 1 MiB and up
+    load into pages of their own."""
+    path = tmp_path / name
+    pyfastensor.save(state(seed), path)
+    path.read_bytes()
+    return path
+
+
+def with_setting(monkeypatch, value: str) -> None:
+    """``PYFASTENSOR_KEEP_FREED=value`` for a pool read afresh."""
+    monkeypatch.setenv("PYFASTENSOR_KEEP_FREED", value)
+    monkeypatch.setattr(_buffers, "FREED", FreedPages())
+
+
 @pytest.fixture(autouse=True)
 def released():
     pyfastensor.empty_cache()
@@ -42,10 +57,7 @@ def released():
 
 
 def test_next_load_reuses_the_pages_a_freed_load_left_and_fills_them(tmp_path):
-    first, second = tmp_path / "1.pt", tmp_path / "2.pt"
-    pyfastensor.save(state(1), first)
-    pyfastensor.save(state(2), second)  # same shapes, other values
-    first.read_bytes(), second.read_bytes()  # cached: records of 1 MiB and up get pages of their own
+    first, second = cached(tmp_path, 1, "1.pt"), cached(tmp_path, 2, "2.pt")  # same shapes, other values
     got = pyfastensor.load(first)
     assert_same(got, state(1))
     large = {got[k].data_ptr() for k in ("a", "b", "c")}
@@ -94,32 +106,21 @@ def test_a_free_never_waits_for_the_lock():
 
 
 def test_keep_freed_zero_keeps_nothing(monkeypatch, tmp_path):
-    monkeypatch.setenv("PYFASTENSOR_KEEP_FREED", "0")
-    monkeypatch.setattr(_buffers, "FREED", FreedPages())
-    path = tmp_path / "ck.pt"
-    pyfastensor.save(state(1), path)
-    path.read_bytes()
-    got = pyfastensor.load(path)
+    with_setting(monkeypatch, "0")
+    got = pyfastensor.load(cached(tmp_path))
     a = got["a"].data_ptr()
     del got
     assert _buffers.FREED.nbytes == 0 and not is_mapped(a, 3 * MIB)
 
 
 def test_malformed_keep_freed_names_the_setting(monkeypatch, tmp_path):
-    monkeypatch.setenv("PYFASTENSOR_KEEP_FREED", "lots")
-    monkeypatch.setattr(_buffers, "FREED", FreedPages())
-    path = tmp_path / "ck.pt"
-    pyfastensor.save(state(1), path)
-    path.read_bytes()
+    with_setting(monkeypatch, "lots")
     with pytest.raises(ValueError, match="PYFASTENSOR_KEEP_FREED"):
-        pyfastensor.load(path)
+        pyfastensor.load(cached(tmp_path))
 
 
 def test_empty_cache_unmaps_and_counts_what_it_released(tmp_path):
-    path = tmp_path / "ck.pt"
-    pyfastensor.save(state(1), path)
-    path.read_bytes()
-    got = pyfastensor.load(path)
+    got = pyfastensor.load(cached(tmp_path))
     a = got["a"].data_ptr()
     del got
     assert is_mapped(a, 3 * MIB)
