@@ -139,7 +139,7 @@ class FreedPages:
     a retry) would otherwise fault every page of new memory in again, where
     torch's allocator hands back the heap its last load freed (a warm
     ResNet-50 load: 7,344 page faults on torch's second load against
-    25,051 on its first). Runs of :attr:`MIN` bytes and up are kept, the
+    25,051 on its first). Runs of :attr:`min_run` bytes and up are kept, the
     oldest unmapped first past ``limit`` bytes; each is advised
     ``MADV_FREE``, so under memory pressure the kernel takes its pages back
     without writing them anywhere (a reuse then faults in zeroed pages: the
@@ -150,11 +150,9 @@ class FreedPages:
     happens inside :meth:`take`), the run is unmapped instead.
     """
 
-    #: Runs smaller than this are unmapped at once: loads give such records torch's memory.
-    MIN = 1 << 20
-
     def __init__(self, limit: int | None = None) -> None:
         self._limit = limit
+        self._min: int | None = None
         self._lock = threading.Lock()
         self._by_len: dict[int, list[int]] = {}  # run length -> addresses, most recent last
         self._order: collections.OrderedDict[int, int] = collections.OrderedDict()  # address -> length, oldest first
@@ -170,13 +168,23 @@ class FreedPages:
             self._limit = keep_freed()
         return self._limit
 
+    @property
+    def min_run(self) -> int:
+        """Runs under this are unmapped at once: the Go core's ``aligned_min``
+        (``transfer.AlignedMin``), below which loads give records torch's memory."""
+        if self._min is None:
+            from . import _lib
+
+            self._min = int(_lib.settings()["aligned_min"])
+        return self._min
+
     def give(self, addr: int, maplen: int) -> None:
         """Keep the run ``[addr, addr + maplen)`` for reuse, or unmap it."""
         try:
             limit = self.limit
         except ValueError:  # a malformed setting: load's take() reports it
             limit = 0
-        if maplen < self.MIN or maplen > limit or not self._lock.acquire(blocking=False):
+        if maplen > limit or maplen < self.min_run or not self._lock.acquire(blocking=False):
             _libc.munmap(addr, maplen)
             return
         try:
@@ -235,8 +243,8 @@ def empty_cache() -> int:
     :func:`pyfastensor.load` puts records of 1 MiB and up in page-aligned
     memory of their own; when such a tensor is freed its pages are kept,
     up to ``PYFASTENSOR_KEEP_FREED`` bytes (default 1G, or an eighth of
-    the machine's memory if less), for the next load, as torch's allocator
-    keeps its heap (see :class:`FreedPages`). The kernel may take them back
+    the machine's memory if less), for the next load, as glibc keeps the
+    heap torch's allocator takes from (see :class:`FreedPages`). The kernel may take them back
     under memory pressure anyway; this unmaps them now, as
     :func:`torch.cuda.empty_cache` does for CUDA memory.
 

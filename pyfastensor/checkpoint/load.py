@@ -292,7 +292,7 @@ def _load_archive(
                     zf.data_bytes, f"load {os.path.basename(path)}", progress)
                 zf.read_small(verify=verify)
         except CorruptFileError as e:
-            if pending is not None:  # its memory is freed with the error: let it finish first
+            if pending is not None:  # the archive closes with the error: let its read finish first
                 pending.settle()
             raise CorruptFileError(_with_keys(str(e), archive, prefix)) from None
         # Unpickle while the storages are read, when nothing in unpickling
