@@ -57,7 +57,7 @@ def empty_aligned(nbytes: int) -> Any:
     if nbytes <= 0:
         return torch.empty(0, dtype=torch.uint8)
     maplen = -(-nbytes // _PAGE) * _PAGE
-    addr = FREED.take(maplen) or _map_pages(maplen)
+    addr = FREED.take(maplen) or _map_pages(maplen, reuse_instead=True)
     if addr is None:  # out of mappings (vm.max_map_count) or address space: torch's allocator
         return torch.empty(nbytes, dtype=torch.uint8)
     return torch.from_numpy(np.asarray(_Pages(addr, nbytes, maplen)))
@@ -107,9 +107,15 @@ _MAP_FAILED = ctypes.c_void_p(-1).value
 _MADV_FREE = getattr(mmap, "MADV_FREE", 8)
 
 
-def _map_pages(maplen: int) -> int | None:
+def _map_pages(maplen: int, *, reuse_instead: bool = False) -> int | None:
     """A new anonymous private mapping of ``maplen`` bytes (whole pages), advised for huge
-    pages from 2 MiB; None if refused."""
+    pages from 2 MiB; None if refused.
+
+    ``reuse_instead``: memory a load maps where it could not reuse a kept run; as
+    much kept memory is unmapped first (:meth:`FreedPages.trim`).
+    """
+    if reuse_instead:
+        FREED.trim(maplen)
     addr = _libc.mmap(None, maplen, mmap.PROT_READ | mmap.PROT_WRITE,
                       mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
     if addr in (None, _MAP_FAILED):
@@ -216,6 +222,26 @@ class FreedPages:
         finally:
             self._lock.release()
 
+    def trim(self, nbytes: int) -> None:
+        """Unmap the oldest kept runs, ``nbytes`` of them or more (all when fewer are kept).
+
+        A load that maps new memory, because no kept run has its length
+        (a cold load's arena never has), gives back as much: what is kept
+        then stays what the last loads freed beyond what later ones took,
+        instead of filling up to :attr:`limit` in a process whose loads
+        never reuse it.
+        """
+        if not self.nbytes or not self._lock.acquire(blocking=False):
+            return
+        try:
+            released = 0
+            while self._order and released < nbytes:
+                addr, maplen = self._order.popitem(last=False)
+                self._unmap(addr, maplen)
+                released += maplen
+        finally:
+            self._lock.release()
+
     def release(self) -> int:
         """Unmap every kept run; return the bytes released."""
         with self._lock:
@@ -224,7 +250,7 @@ class FreedPages:
                 self._unmap(*self._order.popitem(last=False))
             return released
 
-    def _unmap(self, addr: int, maplen: int) -> None:  # lock held
+    def _unmap(self, addr: int, maplen: int) -> None:  # lock held, addr already out of _order
         runs = self._by_len[maplen]
         runs.remove(addr)
         if not runs:
@@ -273,7 +299,7 @@ class PageArena:
         #: Bytes asked for; :attr:`size` is that rounded up to pages.
         self.nbytes = nbytes
         self.size = max(_PAGE, -(-nbytes // _PAGE) * _PAGE)
-        addr = _map_pages(self.size)
+        addr = _map_pages(self.size, reuse_instead=True)
         if addr is None:
             err = ctypes.get_errno()
             raise OSError(err, f"cannot map {self.size} bytes: {os.strerror(err)}")

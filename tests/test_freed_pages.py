@@ -126,3 +126,29 @@ def test_empty_cache_unmaps_and_counts_what_it_released(tmp_path):
     assert is_mapped(a, 3 * MIB)
     assert pyfastensor.empty_cache() == 8 * MIB + PAGE
     assert not is_mapped(a, 3 * MIB) and pyfastensor.empty_cache() == 0
+
+
+def test_a_load_that_maps_new_memory_gives_back_as_much_kept(tmp_path):
+    """A process whose loads never reuse what is kept (cold loads read into a new arena)
+    keeps what its last load freed, not up to the limit."""
+    path = cached(tmp_path)
+    got = pyfastensor.load(path)
+    old = {got[k].data_ptr() for k in ("a", "b", "c")}
+    del got
+    assert FREED.nbytes == 8 * MIB + PAGE
+    arena = _buffers.PageArena(8 * MIB)  # what a cold load maps: no kept run has its length
+    assert FREED.nbytes == 0 and not FREED._order
+    # unmapped, unless the kernel placed the arena where they were
+    assert all(not is_mapped(a, MIB) or arena.addr <= a < arena.addr + arena.size for a in old)
+    arena.close()
+
+
+def test_trim_unmaps_the_oldest_runs_first():
+    kept = FreedPages(limit=16 * MIB)
+    runs = [_map_pages(2 * MIB) for _ in range(3)]
+    for r in runs:
+        kept.give(r, 2 * MIB)
+    kept.trim(3 * MIB)  # two runs cover it
+    assert kept.nbytes == 2 * MIB and not is_mapped(runs[0], 2 * MIB) and not is_mapped(runs[1], 2 * MIB)
+    assert kept.take(2 * MIB) == runs[2]
+    _buffers._libc.munmap(runs[2], 2 * MIB)
