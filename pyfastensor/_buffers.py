@@ -57,7 +57,7 @@ def empty_aligned(nbytes: int) -> Any:
     if nbytes <= 0:
         return torch.empty(0, dtype=torch.uint8)
     maplen = -(-nbytes // _PAGE) * _PAGE
-    addr = FREED.take(maplen) or _map_pages(maplen, reuse_instead=True)
+    addr = FREED.take(maplen) or _map_pages(maplen)
     if addr is None:  # out of mappings (vm.max_map_count) or address space: torch's allocator
         return torch.empty(nbytes, dtype=torch.uint8)
     return torch.from_numpy(np.asarray(_Pages(addr, nbytes, maplen)))
@@ -107,15 +107,11 @@ _MAP_FAILED = ctypes.c_void_p(-1).value
 _MADV_FREE = getattr(mmap, "MADV_FREE", 8)
 
 
-def _map_pages(maplen: int, *, reuse_instead: bool = False) -> int | None:
+def _map_pages(maplen: int) -> int | None:
     """A new anonymous private mapping of ``maplen`` bytes (whole pages), advised for huge
-    pages from 2 MiB; None if refused.
-
-    ``reuse_instead``: memory a load maps where it could not reuse a kept run; as
-    much kept memory is unmapped first (:meth:`FreedPages.trim`).
-    """
-    if reuse_instead:
-        FREED.trim(maplen)
+    pages from 2 MiB; None if refused. As much kept memory is unmapped first
+    (:meth:`FreedPages.trim`): loads map only where no kept run would do."""
+    FREED.trim(maplen)
     addr = _libc.mmap(None, maplen, mmap.PROT_READ | mmap.PROT_WRITE,
                       mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
     if addr in (None, _MAP_FAILED):
@@ -194,8 +190,7 @@ class FreedPages:
             _libc.munmap(addr, maplen)
             return
         try:
-            while self.nbytes + maplen > limit:
-                self._unmap(*self._order.popitem(last=False))
+            self._unmap_oldest(self.nbytes + maplen - limit)
             _libc.madvise(addr, maplen, _MADV_FREE)
             self._by_len.setdefault(maplen, []).append(addr)
             self._order[addr] = maplen
@@ -234,29 +229,29 @@ class FreedPages:
         if not self.nbytes or not self._lock.acquire(blocking=False):
             return
         try:
-            released = 0
-            while self._order and released < nbytes:
-                addr, maplen = self._order.popitem(last=False)
-                self._unmap(addr, maplen)
-                released += maplen
+            self._unmap_oldest(nbytes)
         finally:
             self._lock.release()
 
     def release(self) -> int:
         """Unmap every kept run; return the bytes released."""
         with self._lock:
-            released = self.nbytes
-            while self._order:
-                self._unmap(*self._order.popitem(last=False))
-            return released
+            return self._unmap_oldest(self.nbytes)
 
-    def _unmap(self, addr: int, maplen: int) -> None:  # lock held, addr already out of _order
-        runs = self._by_len[maplen]
-        runs.remove(addr)
-        if not runs:
-            del self._by_len[maplen]
-        self.nbytes -= maplen
-        _libc.munmap(addr, maplen)
+    def _unmap_oldest(self, nbytes: int) -> int:  # lock held
+        """Unmap the oldest runs until ``nbytes`` or more are released (or none is left);
+        return the bytes released."""
+        released = 0
+        while self._order and released < nbytes:
+            addr, maplen = self._order.popitem(last=False)
+            runs = self._by_len[maplen]
+            runs.remove(addr)
+            if not runs:
+                del self._by_len[maplen]
+            self.nbytes -= maplen
+            released += maplen
+            _libc.munmap(addr, maplen)
+        return released
 
 
 #: The process's kept runs (:class:`FreedPages`).
@@ -299,7 +294,7 @@ class PageArena:
         #: Bytes asked for; :attr:`size` is that rounded up to pages.
         self.nbytes = nbytes
         self.size = max(_PAGE, -(-nbytes // _PAGE) * _PAGE)
-        addr = _map_pages(self.size, reuse_instead=True)
+        addr = _map_pages(self.size)
         if addr is None:
             err = ctypes.get_errno()
             raise OSError(err, f"cannot map {self.size} bytes: {os.strerror(err)}")

@@ -406,7 +406,7 @@ def test_load_falls_back_to_torch_memory_when_mappings_run_out(tmp_path, monkeyp
     pyfastensor.save(sd, path)
 
     pyfastensor.empty_cache()  # no run kept from an earlier load to reuse
-    monkeypatch.setattr(_buffers, "_map_pages", lambda maplen, **kw: None)  # the kernel refuses every mapping
+    monkeypatch.setattr(_buffers, "_map_pages", lambda maplen: None)  # the kernel refuses every mapping
     got = pyfastensor.load(path)
     assert torch.equal(got["big"], sd["big"])
     got["big"].untyped_storage().resize_(8)  # torch's own storage: resizable, unlike a mapping
