@@ -8,8 +8,10 @@ FUZZMINIMIZETIME ?= 1s
 
 .PHONY: install test test-go test-fuzz test-py lint
 
+# The package (editable) and everything the tests import: pytest, ruff and
+# the benchmarks' peers and plotting (tests/requirements.txt).
 install:
-	$(PY) -m pip install -e '.[test]'
+	$(PY) -m pip install -e . -r tests/requirements.txt
 
 test: lint test-go test-fuzz test-py
 

@@ -2,7 +2,8 @@
 
 `pip install .` (or `pip install -e .`) runs `go build -buildmode=c-shared`
 on ./gofastensor and places the library where pyfastensor/_lib.py looks for
-it. Go (the version go.mod's `go` line names, or later) and gcc (for cgo) are
+it: in the package being installed and, for a build from a source tree, in
+that tree's ``pyfastensor/`` as well (Python started in the tree imports it). Go (the version go.mod's `go` line names, or later) and gcc (for cgo) are
 the only build tools needed besides pip; the Go module proxy supplies the Go
 dependencies listed in go.mod.
 
@@ -116,6 +117,29 @@ class BuildGo(build_ext):
                 ) from e
             raise
         out.with_suffix(".h").unlink(missing_ok=True)  # cgo's header: not shipped
+        if not self.inplace:
+            self._leave_in_source_tree(out, ext.name)
+
+    def _leave_in_source_tree(self, built: Path, name: str) -> None:
+        """Copy the built library into the source tree's package too, as an in-place build does.
+
+        The package sits at the top of the repository, so Python started in the
+        clone's root (``pip install . && python -m pyfastensor demo``) imports
+        ``./pyfastensor``, not the installed copy: with the library beside it,
+        that package is as complete as the installed one. The copy replaces the
+        old file by rename, so a process that has the old one loaded keeps it.
+        """
+        target = ROOT.joinpath(*name.split(".")).with_suffix(".so")
+        if not target.parent.is_dir() or target.resolve() == built:
+            return
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        try:
+            shutil.copyfile(built, tmp)
+            os.chmod(tmp, 0o755)
+            os.replace(tmp, target)
+        except OSError as e:  # a read-only tree: the installed package still works elsewhere
+            tmp.unlink(missing_ok=True)
+            self.warn(f"could not copy the native library into {target.parent}: {e}")
 
 
 class PlatformWheel(bdist_wheel):
