@@ -18,7 +18,8 @@ Tracebacks point into the Markdown file: a block is compiled under the page's
 path, its lines at their line numbers there. Each block's changes to
 ``os.environ`` are undone after it; ``PYTHONPATH`` names this checkout, so
 processes a block starts import the package under test. ```sh and other
-blocks are not run.
+blocks are not run. Relative links between the pages must resolve, anchors
+included.
 """
 
 from __future__ import annotations
@@ -166,3 +167,39 @@ def test_directives_are_known() -> None:
             m = re.match(r"^\s*<!--\s*(\w+)\s*:", text)
             if m and m.group(1) not in ("skip", "file"):
                 raise AssertionError(f"{page.relative_to(ROOT)}:{n}: unknown directive {m.group(1)!r}")
+
+
+def _anchors(page: Path) -> set[str]:
+    """GitHub's anchors of ``page``'s headings: lower case, punctuation dropped, spaces as hyphens."""
+    out = set()
+    for text in page.read_text(encoding="utf-8").splitlines():
+        if text.startswith("#"):
+            title = text.lstrip("#").strip().lower()
+            out.add(re.sub(r"[^\w\- ]", "", title).replace(" ", "-"))
+    return out
+
+
+def test_links_resolve() -> None:
+    """Every relative link of the pages names a file that exists, and a heading of it when it has an anchor."""
+    for page in PAGES:
+        text = page.read_text(encoding="utf-8")
+        for m in re.finditer(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)", text):
+            target = m.group(1)
+            if re.match(r"^[a-z]+:", target):
+                continue  # http:, https:, mailto:
+            path, _, anchor = target.partition("#")
+            dest = (page.parent / path).resolve() if path else page
+            line = text.count("\n", 0, m.start()) + 1
+            assert dest.exists(), f"{page.relative_to(ROOT)}:{line}: {target} does not exist"
+            if anchor:
+                assert anchor in _anchors(dest), f"{page.relative_to(ROOT)}:{line}: no heading #{anchor} in {path or page.name}"
+
+
+def test_directives_and_lines(tmp_path: Path) -> None:
+    """The parser: python blocks only, the line of each fence, and the directive just above it."""
+    page = tmp_path / "page.md"
+    page.write_text("text\n\n```python\na = 1\n```\n\n<!-- skip: needs CUDA -->\n```python\nb = 2\n```\n"
+                    "```sh\nls\n```\n<!-- file: run.py -->\n\n```python\nprint(1)\n```\n", encoding="utf-8")
+    found = blocks(page)
+    assert [(b.line, b.directive, b.argument, b.code) for b in found] == [
+        (3, "", "", "a = 1\n"), (8, "skip", "needs CUDA", "b = 2\n"), (16, "file", "run.py", "print(1)\n")]
