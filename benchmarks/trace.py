@@ -1,4 +1,4 @@
-"""``python -m pyfastensor trace MODEL --batch B OUT``: record a built-in model's training step as a G10 trace.
+"""``python -m benchmarks trace MODEL --batch B OUT``: record a workload model's training step as a G10 trace.
 
 Imports neither torch nor the Go library until the command runs.
 """
@@ -7,19 +7,20 @@ from __future__ import annotations
 
 import argparse
 
-from .models import MODEL_NAMES
+from .workloads import MODEL_NAMES
 
 _DESCRIPTION = """\
 Record one training step (forward, backward, Adam step) of a built-in model on
 CPU as a G10 trace (JSON, schema version 1; README: "G10 traces"): every aten op
 with its measured time and the tensors it reads and writes. Models: bert
 (BERT-like encoder classifier), vit (ViT-like), resnet (ResNet-like, three
-stages). Simulate it with pyfastensor.plan.simulate or `bench plan`.
+stages). Simulate it with pyfastensor.plan.simulate, or run `python -m benchmarks plan`.
+Your own model's trace: pyfastensor.plan.record_trace(model, batch, loss_fn).
 """
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    """Add ``trace`` to ``sub``."""
+    """Add ``trace`` to the benchmarks' subcommands."""
     p = sub.add_parser("trace", help="record a built-in model's training step as a G10 trace",
                        description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", choices=MODEL_NAMES, help="the built-in model")
@@ -33,7 +34,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_trace(args: argparse.Namespace) -> int:
-    from .models import record
+    from .workloads import record
 
     trace = record(args.model, args.batch, layers=args.layers, width=args.width)
     trace.save(args.out)

@@ -1,4 +1,4 @@
-"""``python -m pyfastensor bench dict``: hit rate of the adaptive dictionaries against the oracle.
+"""``python -m benchmarks dict``: hit rate of the adaptive dictionaries against the oracle.
 
 Remakes the Fastensor paper's measure (section 5.2.3: 88.5-89.2% of the
 optimum): a mixed-size workload of training-like iterations (sizes from
@@ -16,8 +16,8 @@ import json
 import os
 from typing import Any
 
-from .. import config
-from ..dictionary import hit_rate
+from pyfastensor import config
+from pyfastensor.dictionary import hit_rate
 
 #: The aware dictionaries should reach this fraction of the oracle.
 TARGET = 0.90
@@ -40,7 +40,7 @@ cache is dropped first (/proc/sys/vm/drop_caches).
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    """Add ``bench dict`` to ``sub``."""
+    """Add ``benchmarks dict`` to ``sub``."""
     p = sub.add_parser("dict", help="hit rate of the adaptive dictionaries against the oracle",
                        description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dir", nargs="?", default=".", help="directory on the filesystem under test (default: .)")
