@@ -52,6 +52,7 @@ from . import data_loaders as dlm
 from .data_loaders import LOADER_NAMES, LOADERS
 from .harness import (
     ReaderCgroups,
+    add_command,
     block_device,
     cgroup_support,
     child_env,
@@ -902,9 +903,9 @@ def plot(result: dict[str, Any], path: str | os.PathLike[str]) -> Path:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Add ``data`` to the benchmarks' subcommands."""
-    p = sub.add_parser(
-        "data", help="ChunkDataset vs DataLoader, Streaming, WebDataset: one cold epoch, plain and throttled disk",
-        description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
+    p = add_command(
+        sub, "data", help="ChunkDataset vs DataLoader, Streaming, WebDataset: one cold epoch, plain and throttled disk",
+        description=_DESCRIPTION, func=_cmd_data,
     )
     p.add_argument("--dir", default="bench-out/data",
                    help="where the datasets are written and kept for later runs with the same sizes "
@@ -948,11 +949,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="PNG of the throughput, label entropy and loss curves (default bench-out/data.png; "
                         "needs matplotlib)")
     p.add_argument("--no-plot", action="store_true", help="do not draw the plot")
-    p.add_argument("--json", default=None, metavar="PATH", help="write the raw results as JSON")
     p.add_argument("--nodes", default=None, metavar="K[,K...]",
                    help="instead: Brand's distributed protocol on K simulated nodes, with and without "
                         "owner-prefetch (`benchmarks data-nodes` with its defaults; see its --help for its options)")
-    p.set_defaults(func=_cmd_data)
 
 
 def _cmd_data(args: argparse.Namespace) -> int:

@@ -68,6 +68,7 @@ from typing import Any
 
 from .harness import (
     ReaderCgroups,
+    add_command,
     block_device,
     cgroup_support,
     child_env,
@@ -138,10 +139,9 @@ def add_nodes_options(parser: argparse.ArgumentParser) -> None:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Add ``benchmarks data-nodes`` to ``sub``."""
-    p = sub.add_parser("data-nodes", help="Brand's distributed loader: owner-prefetch on K simulated nodes",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = add_command(sub, "data-nodes", help="Brand's distributed loader: owner-prefetch on K simulated nodes",
+                    description=__doc__, func=run_nodes, json_help=None)
     add_nodes_options(p)
-    p.set_defaults(func=run_nodes)
 
 
 def _make_pack(root: Path, samples: int, mean: int, chunk: int) -> tuple[Path, int]:

@@ -23,6 +23,8 @@ from typing import Any
 
 from pyfastensor import config
 
+from .harness import add_command
+
 #: The repository root, where ``go run ./cmd/dicthitrate`` runs.
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -48,8 +50,8 @@ cache is dropped first (/proc/sys/vm/drop_caches).
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Add ``benchmarks dict`` to ``sub``."""
-    p = sub.add_parser("dict", help="hit rate of the adaptive dictionaries against the oracle",
-                       description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = add_command(sub, "dict", help="hit rate of the adaptive dictionaries against the oracle",
+                    description=_DESCRIPTION, func=_cmd, json_help=None)
     p.add_argument("dir", nargs="?", default=".", help="directory on the filesystem under test (default: .)")
     p.add_argument("--sizes", type=int, default=None, help="distinct transfer sizes (default 16)")
     p.add_argument("--iterations", type=int, default=None, help="iterations (default 12, fewer over --budget)")
@@ -62,7 +64,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--repeat", type=int, default=None, help="timings per engine and transfer (default 3)")
     p.add_argument("--seed", type=int, default=None, help="workload seed (default 1)")
     p.add_argument("--json", action="store_true", help="print the raw JSON report")
-    p.set_defaults(func=_cmd)
 
 
 def _cmd(args: argparse.Namespace) -> int:

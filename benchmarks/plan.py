@@ -55,7 +55,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from .harness import paired_ratios, plot_or_say, save_figure, spread, write_json
+from .harness import add_command, paired_ratios, plot_or_say, save_figure, spread, write_json
 
 #: Targets of issue 16: G10's throughput against ideal (mean over rows) and against FlashNeuron's selection.
 G10_OF_IDEAL = 0.90
@@ -280,8 +280,8 @@ def _demands(s: str) -> tuple[float, ...]:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Add ``benchmarks plan`` to ``sub``."""
-    p = sub.add_parser("plan", help="G10 against on-demand and FlashNeuron on recorded traces (simulated)",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = add_command(sub, "plan", help="G10 against on-demand and FlashNeuron on recorded traces (simulated)",
+                    description=__doc__, func=_cmd, json_help=None)
     p.add_argument("--models", default="bert,vit,resnet", help="built-in models (default bert,vit,resnet)")
     p.add_argument("--batches", type=_ints, default=DEFAULT_BATCHES,
                    help=f"batch sizes (default {','.join(map(str, DEFAULT_BATCHES))})")
@@ -317,7 +317,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--min-size", type=int, default=256 << 10,
                    help="run time: bytes below which saved tensors stay (default 256K)")
     r.add_argument("--dir", default=None, help="run time: spill directory (default: a temporary one under .)")
-    p.set_defaults(func=_cmd)
 
 
 def _cmd(args: argparse.Namespace) -> int:
