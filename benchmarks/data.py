@@ -63,6 +63,7 @@ from .harness import (
     save_figure,
     write_json,
 )
+from .workloads import small_cnn
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
@@ -774,7 +775,7 @@ def run_convergence(directory: str | os.PathLike[str], *, files: int = 6000, cla
     out: dict[str, Any] = {}
     for name in active:
         torch.manual_seed(seed)
-        model = _small_cnn(classes)
+        model = small_cnn(classes)
         opt = torch.optim.Adam(model.parameters(), lr=1e-3)
         losses, epoch_loss, acc = [], [], []
         for epoch in range(epochs):
@@ -802,16 +803,6 @@ def run_convergence(directory: str | os.PathLike[str], *, files: int = 6000, cla
                          "chunk_size": chunk_size, "budget": budget, "image": list(_IMG),
                          "shards": layout.get("wds_shards")},
             "skipped": skipped, "loaders": out}
-
-
-def _small_cnn(classes: int) -> Any:
-    import torch.nn as nn
-
-    return nn.Sequential(
-        nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(32 * 8 * 8, 64), nn.ReLU(), nn.Linear(64, classes),
-    )
 
 
 def format_convergence(conv: dict[str, Any]) -> list[str]:

@@ -8,8 +8,9 @@ Three kinds, all seeded, torch imported only inside the builders (so
   :func:`resnet50_state_dict` (ResNet-50, 102 MB) and
   :func:`small_state_dict` (many 4-64 KiB tensors), named by
   :data:`STATE_DICTS` and built by :func:`build_state_dicts`;
-- classifiers to train (``benchmarks offload``, ``plan --runtime``):
-  :func:`deep_mlp`, :func:`conv_net`, wrapped with their inputs in
+- classifiers to train (``benchmarks offload``, ``plan --runtime``,
+  ``data --convergence``): :func:`deep_mlp`, :func:`conv_net`,
+  :func:`small_cnn`, the first two wrapped with their inputs in
   :class:`TrainWorkload` (:func:`train_workloads`: the benchmark's sizes);
 - models to record G10 traces from (``benchmarks plan``, ``trace``): BERT-,
   ViT- and ResNet-like classifiers with one batch and their loss
@@ -182,7 +183,7 @@ def build_state_dicts(names: tuple[str, ...] | list[str] = STATE_DICTS,
     return out
 
 
-# ---------------------------------------------------------------- classifiers to train (offload, plan --runtime)
+# ---------------------------------------------------------------- classifiers to train (offload, plan --runtime, data)
 
 
 def deep_mlp(d: int = 1024, depth: int = 8) -> nn.Module:
@@ -205,6 +206,18 @@ def conv_net(channels: int = 32, blocks: int = 6) -> nn.Module:
         layers += [nn.Conv2d(c_in, channels, 3, padding=1), nn.BatchNorm2d(channels), nn.ReLU()]
         c_in = channels
     return nn.Sequential(*layers, nn.MaxPool2d(4), nn.Flatten(), nn.Linear(channels * 64, 10))
+
+
+def small_cnn(classes: int = 10) -> nn.Module:
+    """A small CNN for 32x32 RGB images: two conv+ReLU+max-pool stages (16, 32 channels) and a
+    64-wide head (``benchmarks data --convergence`` trains it through each loader)."""
+    from torch import nn
+
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(32 * 8 * 8, 64), nn.ReLU(), nn.Linear(64, classes),
+    )
 
 
 @dataclass
