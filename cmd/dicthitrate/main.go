@@ -9,6 +9,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -19,7 +20,9 @@ import (
 )
 
 func main() {
-	if err := run(os.Args[1:], os.Stdout); err != nil {
+	if err := run(os.Args[1:], os.Stdout); errors.Is(err, flag.ErrHelp) {
+		return // -h: the usage is printed
+	} else if err != nil {
 		fmt.Fprintln(os.Stderr, "dicthitrate:", err)
 		os.Exit(1)
 	}

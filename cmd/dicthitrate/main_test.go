@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"flag"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -28,6 +29,7 @@ func TestRunPrintsTheReportAsJSON(t *testing.T) {
 func TestRunRejectsStrayArgumentsAndBadEngines(t *testing.T) {
 	var out bytes.Buffer
 	assert.ErrorContains(t, run([]string{"-dir", t.TempDir(), "extra"}, &out), "unexpected arguments")
+	assert.ErrorIs(t, run([]string{"-h"}, &out), flag.ErrHelp)
 	err := run([]string{"-dir", t.TempDir(), "-write", "mmap", "-read", "posix"}, &out)
 	assert.ErrorContains(t, err, "mmap cannot write")
 	assert.Empty(t, out.String())
