@@ -18,7 +18,7 @@ test: lint test-go test-fuzz test-py
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed: $$out"; exit 1; fi
 	go vet ./...
-	$(PY) -m ruff check pyfastensor tests setup.py
+	$(PY) -m ruff check pyfastensor benchmarks tests setup.py
 
 test-go:
 	go test -race -count=1 ./...

@@ -16,8 +16,8 @@ import (
 
 // The adaptive dictionaries (dict.Dictionaries) behind engine choice: where
 // their file lives, open/decide/observe/save/close by handle, reading a file
-// for display, and the hit-rate report. Structured arguments and results
-// cross as JSON.
+// for display. Structured arguments and results cross as JSON. (The
+// hit-rate benchmark is cmd/dicthitrate, not part of the library.)
 
 // dictOpenConfig is pft_dict_open's JSON argument.
 type dictOpenConfig struct {
@@ -214,47 +214,5 @@ func pft_dict_load(path *C.char, out **C.char, errbuf *C.char, errlen C.size_t) 
 			return err
 		}
 		return putJSON(out, map[string]any{"dictionaries": doc, "warnings": warnings})
-	})
-}
-
-// hitRateConfig is pft_dict_hitrate's JSON argument (see dict.HitRateConfig).
-type hitRateConfig struct {
-	Dir        string   `json:"dir"`
-	Write      []string `json:"write"`
-	Read       []string `json:"read"`
-	Sizes      int      `json:"sizes"`
-	Iterations int      `json:"iterations"`
-	MinSize    int64    `json:"min_size"`
-	MaxSize    int64    `json:"max_size"`
-	Budget     int64    `json:"budget"`
-	Explore    int      `json:"explore"`
-	Refresh    int      `json:"refresh"`
-	Repeat     int      `json:"repeat"`
-	Seed       uint64   `json:"seed"`
-	DropCaches bool     `json:"drop_caches"`
-}
-
-// pft_dict_hitrate runs the hit-rate workload in dir and returns the
-// report as JSON (dict.HitRateReport). It does I/O for many seconds.
-//
-//export pft_dict_hitrate
-func pft_dict_hitrate(config *C.char, out **C.char, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
-		var hc hitRateConfig
-		if err := parseJSON(config, &hc); err != nil {
-			return err
-		}
-		if hc.Dir == "" {
-			return fmt.Errorf("%w: the hit-rate workload needs a directory", gds.ErrInvalid)
-		}
-		rep, err := dict.HitRate(dict.HitRateConfig{
-			Dir: hc.Dir, Write: hc.Write, Read: hc.Read, Sizes: hc.Sizes, Iterations: hc.Iterations,
-			MinSize: hc.MinSize, MaxSize: hc.MaxSize, Budget: hc.Budget, Explore: hc.Explore, Refresh: hc.Refresh,
-			Repeat: hc.Repeat, Seed: hc.Seed, DropCaches: hc.DropCaches,
-		})
-		if err != nil {
-			return err
-		}
-		return putJSON(out, rep)
 	})
 }

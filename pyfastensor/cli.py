@@ -20,7 +20,6 @@ from .checkpoint_cli import add_parser as add_ckpt
 from .data_cli import add_parser as add_data
 from .demo import add_parser as add_demo
 from .dictionary import add_parser as add_dict
-from .plan.cli import add_parser as add_trace
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
@@ -67,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     """
     parser = argparse.ArgumentParser(
         prog="python -m pyfastensor",
-        description="Fast, durable tensor I/O for PyTorch: tools and benchmarks.",
+        description="Fast, durable tensor I/O for PyTorch: tools, and measurements of this machine.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
@@ -77,12 +76,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_info)
 
     add_demo(sub)
-    bench = sub.add_parser("bench", help="benchmarks against peers and the disk's own limit")
+    bench = sub.add_parser("bench", help="measure this machine: every I/O engine against the disk's own limit")
     add_bench(bench.add_subparsers(dest="bench", metavar="BENCH", required=True))
     add_ckpt(sub)
     add_data(sub)
     add_dict(sub)
-    add_trace(sub)
     return parser
 
 

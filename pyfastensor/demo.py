@@ -224,5 +224,5 @@ def _data_demo(d: Path, files: int) -> bool:
     print(f"  ChunkDataset over the pack  {files / t_pack:9.0f} samples/s  {t_files / t_pack:5.2f}x, "
           f"{st['chunk_reads']} chunk reads, peak {st['peak_bytes'] / 2**20:.0f} of {budget / 2**20:.0f} MiB budget")
     print(f"  every sample once: files {once_files}, pack {once_pack}"
-          " (`python -m pyfastensor bench data` measures this at scale, against its peers)")
+          " (the source repository's `python -m benchmarks data` measures this at scale, against its peers)")
     return once_files and once_pack

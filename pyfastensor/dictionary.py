@@ -35,7 +35,6 @@ _lib.register({
     "pft_dict_save": [_lib.u64],
     "pft_dict_close": [_lib.u64],
     "pft_dict_load": [_lib.c_char_p, ctypes.POINTER(_lib.c_void_p)],
-    "pft_dict_hitrate": [_lib.c_char_p, ctypes.POINTER(_lib.c_void_p)],
 })
 
 _OPS = {"write": 0, "read": 1}
@@ -304,25 +303,6 @@ class Dictionaries:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.close()
-
-
-def hit_rate(directory: PathLike, **options: Any) -> dict[str, Any]:
-    """Run the hit-rate workload in ``directory`` (see ``gds/dict_hitrate.go``).
-
-    Args:
-        directory: where the workload file is made and removed.
-        **options: ``sizes``, ``iterations``, ``min_size``, ``max_size``,
-            ``budget``, ``explore``, ``refresh``, ``repeat``, ``seed``,
-            ``drop_caches``, ``write``, ``read``; absent means the default.
-
-    Returns:
-        The report: workload, per-strategy ``results`` (``hit_rate`` is
-        oracle time / chosen time, ``oracle_choice`` the fraction of
-        transfers where the choice was the oracle's), per-bucket detail and
-        the dictionaries built.
-    """
-    cfg = {"dir": os.fspath(directory), **{k: v for k, v in options.items() if v is not None}}
-    return _json_call("pft_dict_hitrate", json.dumps(cfg).encode())
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from pyfastensor.bench.dcp import exit_without_finalizing
+from benchmarks.dcp import exit_without_finalizing
 
 
 def free_port() -> int:

@@ -100,6 +100,13 @@ def test_every_export_has_its_prototype_and_every_prototype_an_export():
     )
 
 
+def test_benchmarks_are_not_exported():
+    # The dictionaries' hit-rate benchmark is a Go program (cmd/dicthitrate), not part of the library.
+    assert "pft_dict_hitrate" not in go_exports()
+    assert "pft_dict_hitrate" not in python_prototypes()
+    assert not [p.name for p in GO_FILES if "transfer/dict/hitrate" in p.read_text()]
+
+
 def test_prototypes_have_the_go_argument_types():
     go = go_exports()
     for name, argtypes in python_prototypes().items():

@@ -4,21 +4,25 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from pyfastensor.bench import checkpoint as bench
+from benchmarks import checkpoint as bench
+from benchmarks import workloads
+from benchmarks.workloads import StateDictWorkload as Workload
 from pyfastensor.bench import disk
-from pyfastensor.bench.checkpoint import Workload
+
+ROOT = Path(__file__).resolve().parents[1]  # where `python -m benchmarks` runs
 
 
 def _tiny() -> list[Workload]:
     return [
-        Workload("gpt2", bench.gpt2_state_dict(layers=1, vocab=64, d=16, n_ctx=8)),
-        Workload("resnet50", bench.resnet50_state_dict(width=4, classes=10)),
-        Workload("small", bench.small_state_dict(20)),
-        Workload("small6k", bench.small_state_dict(12, seed=1)),
+        Workload("gpt2", workloads.gpt2_state_dict(layers=1, vocab=64, d=16, n_ctx=8)),
+        Workload("resnet50", workloads.resnet50_state_dict(width=4, classes=10)),
+        Workload("small", workloads.small_state_dict(20)),
+        Workload("small6k", workloads.small_state_dict(12, seed=1)),
     ]
 
 
@@ -51,7 +55,7 @@ def test_tables_have_every_row_and_key(tmp_path):
 
 
 def test_limit_targets_are_reported(tmp_path):
-    result = bench.run(str(tmp_path), workloads=[Workload("resnet50", bench.resnet50_state_dict(width=4))],
+    result = bench.run(str(tmp_path), workloads=[Workload("resnet50", workloads.resnet50_state_dict(width=4))],
                        tools=("pyfastensor", "torch"), limit=True, limit_size=4 << 20)
     assert "limit" in result
     r = result["workloads"]["resnet50"]["rows"]["pyfastensor"]
@@ -75,8 +79,8 @@ def test_wrong_load_is_caught():
 
 
 def test_help_explains_the_benchmark():
-    out = subprocess.run([sys.executable, "-m", "pyfastensor", "bench", "checkpoint", "--help"],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([sys.executable, "-m", "benchmarks", "checkpoint", "--help"],
+                         capture_output=True, text=True, check=True, cwd=ROOT).stdout
     assert "--quick" in out and "drop_caches" in out and "torch.equal" in out
 
 

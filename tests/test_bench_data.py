@@ -13,9 +13,9 @@ import json
 import numpy as np
 import pytest
 
-from pyfastensor.bench import data as bd
-from pyfastensor.bench import data_loaders as dlm
-from pyfastensor.cli import main
+from benchmarks import data as bd
+from benchmarks import data_loaders as dlm
+from benchmarks import main
 
 TINY = ["--files", "300", "--file-size", "2K", "--classes", "6", "--batch-size", "32",
         "--chunk-size", "16", "--shard-size", "64K", "--rounds", "1"]
@@ -131,7 +131,7 @@ def test_cli_tiny_run(tmp_path, capsys):
     """Every loader in a child (in the cgroups as root), on the plain disk (the throttle's cgroup
     is checked by test_reader_cgroups_hold_a_child_and_go, its skip by the next test)."""
     out_json = tmp_path / "data.json"
-    argv = ["bench", "data", "--dir", str(tmp_path / "d"), *TINY, "--settings", "plain", "--no-plot",
+    argv = ["data", "--dir", str(tmp_path / "d"), *TINY, "--settings", "plain", "--no-plot",
             "--json", str(out_json)]
     assert main(argv) == 0
     text = capsys.readouterr().out
@@ -163,7 +163,7 @@ def test_cli_missing_peers_and_no_throttle(tmp_path, capsys, monkeypatch):
     real = bd.cgroup_support
     monkeypatch.setattr(bd, "cgroup_support",
                         lambda dev: {**real(dev), "throttle": "no blkio.throttle.read_iops_device"})
-    argv = ["bench", "data", "--dir", str(tmp_path), *TINY, "--loaders", "dataloader,streaming,webdataset",
+    argv = ["data", "--dir", str(tmp_path), *TINY, "--loaders", "dataloader,streaming,webdataset",
             "--no-plot"]
     assert main(argv) == 0
     text = capsys.readouterr().out
@@ -199,7 +199,7 @@ def test_plot(tmp_path):
 
 def test_help_explains(capsys):
     with pytest.raises(SystemExit):
-        main(["bench", "data", "--help"])
+        main(["data", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     for word in ("RandomSampler", "Streaming", "WebDataset", "ChunkDataset", "drop_caches",
                  "memory.limit_in_bytes", "read_iops_device", "Spearman", "--convergence", "root"):
@@ -207,7 +207,7 @@ def test_help_explains(capsys):
 
 
 def test_cli_unknown_loader(tmp_path, capsys):
-    assert main(["bench", "data", "--dir", str(tmp_path), "--loaders", "floppy", "--no-plot"]) == 1
+    assert main(["data", "--dir", str(tmp_path), "--loaders", "floppy", "--no-plot"]) == 1
     assert "unknown loader or setting floppy" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
 

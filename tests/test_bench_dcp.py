@@ -6,8 +6,8 @@ import argparse
 
 import pytest
 
-from pyfastensor.bench import add_parsers
-from pyfastensor.bench import dcp as bench
+from benchmarks import add_parsers
+from benchmarks import dcp as bench
 
 
 def _result() -> dict:

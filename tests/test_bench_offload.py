@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
-from pyfastensor.bench import offload as bench
-from pyfastensor.bench.offload import Workload, conv_net, deep_mlp
+from benchmarks import offload as bench
+from benchmarks.workloads import TrainWorkload as Workload
+from benchmarks.workloads import conv_net, deep_mlp
+
+ROOT = Path(__file__).resolve().parents[1]  # where `python -m benchmarks` runs
 
 
 def test_tables_have_every_row_and_key(tmp_path):
@@ -28,6 +32,6 @@ def test_tables_have_every_row_and_key(tmp_path):
 
 
 def test_help_explains_the_benchmark():
-    out = subprocess.run([sys.executable, "-m", "pyfastensor", "bench", "offload", "--help"],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([sys.executable, "-m", "benchmarks", "offload", "--help"],
+                         capture_output=True, text=True, check=True, cwd=ROOT).stdout
     assert "--quick" in out and "torch.save" in out

@@ -1,6 +1,7 @@
 """The command line works where torch does not import: ``--help``, ``info`` and every ``--help``.
 
-Each command runs as ``python -m pyfastensor ...`` in a subprocess whose
+Each command runs as ``python -m pyfastensor ...`` (and ``python -m benchmarks ...``,
+the repository's benchmarks) in a subprocess whose
 PYTHONPATH starts with a directory holding a ``torch`` package that raises
 ImportError, so ``import torch`` fails there as it does on a machine without
 torch (or with a broken one).
@@ -17,10 +18,12 @@ from pathlib import Path
 
 import pytest
 
+import benchmarks
 import pyfastensor
 from pyfastensor.cli import build_parser
 
-SUBCOMMANDS = ("info", "demo", "bench", "ckpt", "data", "dict", "trace")
+SUBCOMMANDS = ("info", "demo", "bench", "ckpt", "data", "dict")
+BENCHMARKS = ("checkpoint", "dcp", "offload", "plan", "data", "data-nodes", "dict", "trace")
 
 
 def _subcommands(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
@@ -35,6 +38,7 @@ def _subcommands(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()) 
 
 
 ALL = _subcommands(build_parser())
+BENCH_ALL = _subcommands(benchmarks.build_parser())
 
 
 @pytest.fixture(scope="module")
@@ -92,9 +96,20 @@ def test_info_json_without_torch(no_torch_env, tmp_path):
 def test_every_subcommand_is_covered():
     names = {path[0] for path in ALL}
     assert names == set(SUBCOMMANDS)
-    assert {("bench", "io"), ("bench", "checkpoint"), ("bench", "offload"), ("bench", "dict"), ("bench", "plan"),
-            ("bench", "data"), ("bench", "dcp"),
-            ("ckpt", "ls"), ("ckpt", "verify"), ("data", "pack"), ("data", "verify")} <= set(ALL)
+    assert {("bench", "io"), ("ckpt", "ls"), ("ckpt", "verify"), ("data", "pack"), ("data", "verify")} <= set(ALL)
+    # The installed package measures this machine only; the comparative benchmarks are the repository's.
+    assert [p for p in ALL if p[0] == "bench"] == [("bench",), ("bench", "io")]
+    assert {path[0] for path in BENCH_ALL} == set(BENCHMARKS)
+    assert {("checkpoint",), ("offload",), ("dict",), ("plan",), ("data",), ("dcp",), ("data-nodes",),
+            ("trace",)} <= set(BENCH_ALL)
+
+
+def test_bench_help_lists_only_io(no_torch_env):
+    out = _run(["-m", "pyfastensor", "bench", "--help"], no_torch_env)
+    assert out.returncode == 0, out.stderr
+    assert "\n    io " in out.stdout
+    for name in BENCHMARKS:
+        assert f"\n    {name} " not in out.stdout, out.stdout
 
 
 @pytest.mark.parametrize("path", ALL, ids=[" ".join(p) for p in ALL])
@@ -106,9 +121,20 @@ def test_subcommand_help_without_torch(no_torch_env, path):
     assert out.stderr == ""
 
 
+@pytest.mark.parametrize("path", BENCH_ALL, ids=[" ".join(p) for p in BENCH_ALL])
+def test_benchmark_help_without_torch(no_torch_env, path):
+    out = subprocess.run([sys.executable, "-m", "benchmarks", *path, "--help"], capture_output=True, text=True,
+                         env=no_torch_env, timeout=120, cwd=Path(__file__).resolve().parents[1])
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(f"usage: python -m benchmarks {' '.join(path)} ")
+    assert "-h, --help" in out.stdout
+    assert out.stderr == ""
+
+
 def test_parser_imports_no_torch():
     # With torch installed too: building the parser (what --help does) must not import it.
-    code = "import sys, pyfastensor.cli as c; c.build_parser(); print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))"
+    code = ("import sys, benchmarks as b, pyfastensor.cli as c; c.build_parser(); b.build_parser(); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          cwd=Path(__file__).resolve().parents[1])
     assert out.returncode == 0, out.stderr

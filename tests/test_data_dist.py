@@ -267,7 +267,7 @@ def test_nodes_in_network_namespaces_over_veth(packed, files, budget, tmp_path, 
 
 def _bench_nodes(tmp_path, *args):
     out = tmp_path / "r.json"
-    proc = subprocess.run([sys.executable, "-m", "pyfastensor", "bench", "data-nodes", "--nodes", "2", "--samples", "600",
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "data-nodes", "--nodes", "2", "--samples", "600",
                            "--sample-bytes", "1500", "--json", str(out), *args], capture_output=True, text=True,
                           timeout=300, env=dict(os.environ, PYTHONPATH=str(ROOT)), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
@@ -297,8 +297,8 @@ def test_bench_data_nodes_prints_both_variants(tmp_path):
 
 
 def test_bench_data_nodes_throttled(tmp_path):
+    from benchmarks.harness import block_device, cgroup_support
     from pyfastensor.bench import disk
-    from pyfastensor.bench.data import block_device, cgroup_support
 
     why = cgroup_support(block_device(tmp_path)[0])["throttle"] or ("" if disk.can_drop_caches() else "not root")
     stdout, rows = _bench_nodes(tmp_path, "--disk", "throttled", "--rounds", "1", "--iops", "2000")

@@ -16,7 +16,7 @@ from offload_models import open_handles
 from torch import nn
 
 import pyfastensor
-from pyfastensor.bench.offload import conv_net, deep_mlp
+from benchmarks.workloads import conv_net, deep_mlp
 
 MIN_SIZE = 64 << 10
 

@@ -7,12 +7,15 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from benchmarks import main
 from pyfastensor import CorruptFileError, InvalidArgumentError, NotFoundError, plan
-from pyfastensor.cli import main
 from pyfastensor.plan import GLOBAL_KINDS, Hardware, Trace
+
+ROOT = Path(__file__).resolve().parents[1]  # where `python -m benchmarks` runs
 
 SEED = {"version": 1,
         "tensors": [{"id": 0, "bytes": 4096, "kind": "weight"}, {"id": 3, "bytes": 100, "kind": "input"},
@@ -258,7 +261,7 @@ def test_trace_cli_records_a_consistent_trace(tmp_path, capsys, model):
     assert all(o.time_ns > 0 for o in t.ops)
 
     torch = pytest.importorskip("torch")
-    from pyfastensor.plan.models import build
+    from benchmarks.workloads import build
 
     w = build(model, 2, layers=1, width=16)
     weights = sum(x.bytes for x in t.tensors if x.kind == "weight")
@@ -303,7 +306,7 @@ def test_record_marks_saved_tensors_and_gradients():
 
 def test_bench_plan_tiny(tmp_path, capsys):
     pytest.importorskip("torch")
-    args = ["bench", "plan", "--models", "bert,resnet", "--batches", "2", "--demands", "150%,3",
+    args = ["plan", "--models", "bert,resnet", "--batches", "2", "--demands", "150%,3",
             "--layers", "1", "--width", "bert=16,resnet=8", "--no-plot", "--json", str(tmp_path / "r.json"),
             "--traces", str(tmp_path / "traces")]
     assert main(args) == 0
@@ -338,7 +341,7 @@ def test_bench_plan_tiny(tmp_path, capsys):
 
 def test_bench_plan_plot(tmp_path):
     pytest.importorskip("matplotlib")
-    from pyfastensor.bench import plan as bench_plan
+    from benchmarks import plan as bench_plan
 
     rows = [{"model": "bert", "batch": 2, "demand": 2.0,
              "throughput": {"ideal": 1.0, "on_demand": 0.5, "flashneuron": 0.4, "g10": 0.9}}]
@@ -348,8 +351,9 @@ def test_bench_plan_plot(tmp_path):
 
 def test_bench_plan_runtime_tiny(tmp_path):
     pytest.importorskip("torch")
-    from pyfastensor.bench import plan as bench_plan
-    from pyfastensor.bench.offload import Workload, conv_net, deep_mlp
+    from benchmarks import plan as bench_plan
+    from benchmarks.workloads import TrainWorkload as Workload
+    from benchmarks.workloads import conv_net, deep_mlp
 
     models = [(Workload("mlp", deep_mlp(64, 3), (64,)), 256), (Workload("cnn", conv_net(4, 2), (3, 32, 32)), 8)]
     result = bench_plan.run_runtime(tmp_path, rounds=2, warmup=2, min_size=16 << 10, models=models)
@@ -372,6 +376,6 @@ def test_bench_plan_runtime_tiny(tmp_path):
 
 
 def test_bench_plan_help_names_the_runtime_part():
-    out = subprocess.run([sys.executable, "-m", "pyfastensor", "bench", "plan", "--help"],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([sys.executable, "-m", "benchmarks", "plan", "--help"],
+                         capture_output=True, text=True, check=True, cwd=ROOT).stdout
     assert "--runtime" in out and "--runtime-only" in out and "--rounds" in out

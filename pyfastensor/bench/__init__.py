@@ -1,25 +1,27 @@
-"""Benchmarks: ``python -m pyfastensor bench --help``.
+"""Measure this machine: ``python -m pyfastensor bench io``, and the figures it is judged by.
 
-Every benchmark prints our figure beside its peers' and the disk's own
-limit measured in the same run (O_DIRECT sequential bandwidth), as ratios.
+- :mod:`pyfastensor.bench.disk`: the disk's own limit (sequential O_DIRECT
+  bandwidth, by fio or our engines: :func:`~pyfastensor.bench.disk.measure_limit`),
+  cold caches (:func:`~pyfastensor.bench.disk.drop_caches`) and timed passes.
+- :func:`crc_speed`: how fast this CPU checks the CRC-32 every record carries.
+- :mod:`pyfastensor.bench.io`: every engine against the disk, per block size.
+
+The comparative benchmarks (checkpoints, offload, data loading against their
+peers) are not part of the installed package: they are the ``benchmarks``
+package of the source repository (``python -m benchmarks --help``).
 """
 
 from __future__ import annotations
 
 import argparse
 
+from .cpu import crc_speed
+
+__all__ = ["add_parsers", "crc_speed"]
+
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
-    """Add each benchmark's subcommand to ``sub``."""
-    from . import checkpoint, data_nodes, dcp, io, offload, plan
-    from . import data as data_bench
-    from . import dict as dict_bench
+    """Add ``bench io`` to ``sub``."""
+    from . import io
 
     io.add_parser(sub)
-    offload.add_parser(sub)
-    dict_bench.add_parser(sub)
-    checkpoint.add_parser(sub)
-    plan.add_parser(sub)
-    dcp.add_parser(sub)
-    data_bench.add_parser(sub)
-    data_nodes.add_parser(sub)

@@ -26,6 +26,7 @@ from ..engines import ENGINES
 from ..errors import FastensorError
 from . import disk
 from ._output import plot_or_say, save_figure, write_json
+from .cpu import crc_speed
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
@@ -266,8 +267,6 @@ def crc_speeds(sizes: Sequence[int], millis: int = 100) -> dict[int, float]:
     """MB/s of the CRC-32 every transfer sums, on one core, over a block of each size
     (summed again and again: from 4 KiB to the CPU's cache size, the cost of summing
     bytes as they move; beyond it, of a pass over memory)."""
-    from .._lib import crc_speed
-
     return {b: crc_speed(min(b, 512 * MiB), millis) / 1e6 for b in sizes}
 
 

@@ -79,7 +79,7 @@ _lib.register({
 
 #: How the last CUDA load moved its records: ``{"path", "route", "reason"}`` (``route``
 #: ``"cufile"`` or ``"pinned"``; ``reason`` why cuFile was not used, ``""`` when it was).
-#: For inspection: benchmarks print it, tests check it.
+#: For inspection: tests check it.
 last_route: dict[str, str] = {}
 
 #: Each record in a ring slot starts on a page boundary: direct reads land in place, without

@@ -146,7 +146,7 @@ class BatchBuffers:
     A fresh storage per batch cost, per page, a zeroing and a fault in the
     server's process and in the worker's, then its teardown: with the
     DataLoader's own shared memory for the collated batch, the kernel was
-    the largest share of an epoch's CPU (``bench data``, 100,000 files of
+    the largest share of an epoch's CPU (``benchmarks data``, 100,000 files of
     100 KB). The server keeps a client's storages mapped between takes
     (``loader/local.go``), so a reused one costs neither.
 

@@ -1,7 +1,6 @@
 """G10 (the seed's smart tensor migration) over traces: ``pyfastensor.plan``.
 
-Record what one training iteration does (:func:`record_trace`, or
-``python -m pyfastensor trace MODEL --batch B OUT``), then simulate it on a
+Record what one training iteration does (:func:`record_trace`), then simulate it on a
 memory system (:class:`Hardware`) under a policy (:func:`simulate`: ideal,
 on_demand, flashneuron, g10) or get G10's migration plan (:func:`make_plan`) and a lower bound on any
 policy's time (:func:`bound_ns`).

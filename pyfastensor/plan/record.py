@@ -1,4 +1,4 @@
-"""Recording a trace from a real training step on CPU (``python -m pyfastensor trace``).
+"""Recording a trace from a real training step on CPU (:func:`record_trace`).
 
 The recorder runs one step (forward, backward, optimizer step) of a model
 under a :class:`~torch.utils._python_dispatch.TorchDispatchMode`, which sees

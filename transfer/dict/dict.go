@@ -262,6 +262,10 @@ func (d *Dictionaries) Warnings() []string {
 	return append([]string{}, d.warnings...)
 }
 
+// Engines returns the engines table t may answer for direction op: its
+// candidates, and for WRDic those that can do both directions.
+func (d *Dictionaries) Engines(op Op, t Table) []string { return d.candidates(op, t) }
+
 // candidates returns the engines table may answer for direction op.
 func (d *Dictionaries) candidates(op Op, t Table) []string {
 	switch {

@@ -342,21 +342,6 @@ func TestDictPathAndCandidates(t *testing.T) {
 	}
 }
 
-func TestHitRateReport(t *testing.T) {
-	rep, err := HitRate(HitRateConfig{Dir: t.TempDir(), Sizes: 3, MaxSize: 64 << 10, Iterations: 3, Repeat: 1, Write: []string{"posix", "direct"}, Read: []string{"posix", "mmap"}})
-	require.NoError(t, err)
-	assert.Equal(t, 9, rep.Transfers)
-	strategies := map[string]bool{}
-	for _, r := range rep.Results {
-		strategies[r.Strategy+" "+r.Direction] = true
-		assert.Greater(t, r.HitRate, 0.0)
-		assert.LessOrEqual(t, r.OracleSeconds, r.ChosenSeconds+1e-12, "%s %s", r.Strategy, r.Direction)
-	}
-	assert.True(t, strategies["aware write"] && strategies["aware read"] && strategies["tool:mmap read"])
-	assert.NotEmpty(t, rep.Buckets)
-	assert.NotEmpty(t, rep.Dictionaries.Write)
-}
-
 // A crossed Use answers both directions from one dictionary once explored:
 // UseWrite from WDic, UseRead from RDic (the offload's dictionary= "w", "r").
 func TestCrossedUsesAnswerFromTheirDictionary(t *testing.T) {

@@ -455,6 +455,10 @@ func (d *Dictionaries) install(doc DictFile) {
 	}
 }
 
+// BestIn is the best engine recorded in table t for bucket b, or "" before
+// the bucket has one.
+func (d *Dictionaries) BestIn(t Table, b int) string { return d.bestIn(t, b) }
+
 // bestIn is the best engine recorded in table t for bucket b, or "".
 func (d *Dictionaries) bestIn(t Table, b int) string {
 	d.mu.Lock()

@@ -1,12 +1,14 @@
-"""``python -m pyfastensor bench dict``: hit rate of the adaptive dictionaries against the oracle.
+"""``python -m benchmarks dict``: hit rate of the adaptive dictionaries against the oracle.
 
 Remakes the Fastensor paper's measure (section 5.2.3: 88.5-89.2% of the
 optimum): a mixed-size workload of training-like iterations (sizes from
 4 KiB to 64 MiB, each written then read back once per iteration) through a
 real file, every transfer timed with every candidate engine; then the aware
 dictionaries are replayed over those times and scored against the oracle,
-the best engine on each transfer. See ``gds/dict_hitrate.go`` for the
-method.
+the best engine on each transfer. The workload and the replay are Go
+(``transfer/dict/hitrate``, run by ``go run ./cmd/dicthitrate``, which
+prints the report as JSON); this module runs it and prints the table. It
+needs Go (the version go.mod names) on the PATH.
 """
 
 from __future__ import annotations
@@ -14,10 +16,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
+import subprocess
+from pathlib import Path
 from typing import Any
 
-from .. import config
-from ..dictionary import hit_rate
+from pyfastensor import config
+
+from .harness import add_command
+
+#: The repository root, where ``go run ./cmd/dicthitrate`` runs.
+ROOT = Path(__file__).resolve().parents[1]
 
 #: The aware dictionaries should reach this fraction of the oracle.
 TARGET = 0.90
@@ -40,9 +49,9 @@ cache is dropped first (/proc/sys/vm/drop_caches).
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    """Add ``bench dict`` to ``sub``."""
-    p = sub.add_parser("dict", help="hit rate of the adaptive dictionaries against the oracle",
-                       description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    """Add ``benchmarks dict`` to ``sub``."""
+    p = add_command(sub, "dict", help="hit rate of the adaptive dictionaries against the oracle",
+                    description=_DESCRIPTION, func=_cmd, json_help=None)
     p.add_argument("dir", nargs="?", default=".", help="directory on the filesystem under test (default: .)")
     p.add_argument("--sizes", type=int, default=None, help="distinct transfer sizes (default 16)")
     p.add_argument("--iterations", type=int, default=None, help="iterations (default 12, fewer over --budget)")
@@ -55,7 +64,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--repeat", type=int, default=None, help="timings per engine and transfer (default 3)")
     p.add_argument("--seed", type=int, default=None, help="workload seed (default 1)")
     p.add_argument("--json", action="store_true", help="print the raw JSON report")
-    p.set_defaults(func=_cmd)
 
 
 def _cmd(args: argparse.Namespace) -> int:
@@ -70,11 +78,40 @@ def _cmd(args: argparse.Namespace) -> int:
 
 
 def run(directory: str | os.PathLike[str], **options: Any) -> dict[str, Any]:
-    """Run the hit-rate workload in ``directory`` (options as :func:`pyfastensor.dictionary.hit_rate`).
+    """Run the hit-rate workload in ``directory`` through ``go run ./cmd/dicthitrate``.
 
     The page cache is dropped first when running as root.
+
+    Args:
+        directory: where the workload file is made and removed.
+        **options: ``sizes``, ``iterations``, ``min_size``, ``max_size``,
+            ``budget``, ``explore``, ``refresh``, ``repeat``, ``seed``
+            (numbers; sizes in bytes), ``write``, ``read`` (comma-separated
+            engines); None or absent means the program's default.
+
+    Returns:
+        The report: workload, per-strategy ``results`` (``hit_rate`` is
+        oracle time / chosen time, ``oracle_choice`` the fraction of
+        transfers where the choice was the oracle's), per-bucket detail and
+        the dictionaries built.
+
+    Raises:
+        RuntimeError: Go is not on the PATH, or the program failed (its message).
     """
-    return hit_rate(directory, drop_caches=os.geteuid() == 0, **options)
+    go = shutil.which("go")
+    if go is None:
+        raise RuntimeError("benchmarks dict runs `go run ./cmd/dicthitrate`: Go is not on the PATH")
+    cmd = [go, "run", "./cmd/dicthitrate", "-dir", os.path.abspath(directory)]
+    for name, value in options.items():
+        if value is not None:
+            cmd += [f"-{name.replace('_', '-')}", str(value)]
+    if os.geteuid() == 0:
+        cmd.append("-drop-caches")
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    if proc.returncode != 0:
+        why = proc.stderr.strip().splitlines()[-1:] or [f"exit status {proc.returncode}"]
+        raise RuntimeError(f"go run ./cmd/dicthitrate: {why[0]}")
+    return json.loads(proc.stdout)
 
 
 def format_report(r: dict[str, Any]) -> str:

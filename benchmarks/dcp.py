@@ -1,6 +1,6 @@
-"""``python -m pyfastensor bench dcp``: pyfastensor.dcp against DCP's FileSystemWriter/Reader (issue 17).
+"""``python -m benchmarks dcp``: pyfastensor.dcp against DCP's FileSystemWriter/Reader (issue 17).
 
-A GPT-2-shaped state dict (:func:`~pyfastensor.bench.checkpoint.gpt2_state_dict`,
+A GPT-2-shaped state dict (:func:`~benchmarks.workloads.gpt2_state_dict`,
 fp32, about 498 MB at full size) is sharded as DTensors, every tensor
 ``Shard(0)``, over 1, 2 and 4 ranks of one machine (spawned processes, gloo on
 127.0.0.1). Each process first saves and loads once with each tool, untimed:
@@ -43,13 +43,11 @@ import os
 import shutil
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from . import disk
-from ._output import write_json
+from .harness import add_command, disk, progress, spread_text, temp_dir, write_json
 
 MiB = 1 << 20
 
@@ -79,7 +77,7 @@ def _io() -> dict[str, int]:
 
 def _writer(tool: str, path: str) -> Any:
     if tool == "pyfastensor":
-        from ..dcp import Writer
+        from pyfastensor.dcp import Writer
 
         return Writer(path)
     from torch.distributed.checkpoint import FileSystemWriter
@@ -89,7 +87,7 @@ def _writer(tool: str, path: str) -> Any:
 
 def _reader(tool: str, path: str) -> Any:
     if tool == "pyfastensor":
-        from ..dcp import Reader
+        from pyfastensor.dcp import Reader
 
         return Reader(path)
     from torch.distributed.checkpoint import FileSystemReader
@@ -105,7 +103,7 @@ def _sharded(cfg: dict[str, Any], world: int, dim: int, *, zeros: bool) -> dict[
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
 
-    from .checkpoint import gpt2_state_dict
+    from .workloads import gpt2_state_dict
 
     mesh = init_device_mesh("cpu", (world,))
     full = gpt2_state_dict(layers=cfg["layers"], vocab=cfg["vocab"])
@@ -294,10 +292,6 @@ def _reshard(rank: int, world: int, cfg: dict[str, Any]) -> None:
     Path(f"{cfg['out']}.{rank}").write_text(json.dumps({"rows": rows, "agree": len(set(sums.values())) == 1}))
 
 
-def _spread(xs: list[float]) -> str:
-    return f"{min(xs):.2f}-{max(xs):.2f}" if xs else "-"
-
-
 def run(directory: str, *, size: str = "full", ranks: tuple[int, ...] = (1, 2, 4), rounds: int = 3,
         limit: bool = True, progress: Any = None) -> dict[str, Any]:
     """Run the benchmark in ``directory``; return the raw figures (see the module's doc).
@@ -310,7 +304,7 @@ def run(directory: str, *, size: str = "full", ranks: tuple[int, ...] = (1, 2, 4
         limit: measure the disk's limit first. Default True.
         progress: called with a line before each step, or None.
     """
-    from .checkpoint import gpt2_state_dict
+    from .workloads import gpt2_state_dict
 
     say = progress or (lambda _: None)
     cfg = {**SIZES[size], "rounds": rounds, "dir": directory}
@@ -347,7 +341,7 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
             by = {t: {r["round"]: r[f"{key}_s"] for r in rows if r["tool"] == t} for t in TOOLS}
             ratios = [by["filesystem"][k] / by["pyfastensor"][k] for k in by["pyfastensor"] if k in by["filesystem"]]
             s[key] = {t: statistics.median(by[t].values()) for t in TOOLS}
-            s[key]["ratio"], s[key]["spread"] = statistics.median(ratios), _spread(ratios)
+            s[key]["ratio"], s[key]["spread"] = statistics.median(ratios), spread_text(ratios)
             s[key]["gbps"] = {t: nb / s[key][t] / 1e9 for t in TOOLS}
             figures = f"{s[key]['ratio']:.2f}x (rounds {s[key]['spread']})"
             bound = _bound(rows, key, nb / (lim[f"{'write' if key == 'save' else 'read'}_mbps"] * 1e6)) if lim else None
@@ -381,7 +375,7 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
         s["agree"] = all(pr["agree"] for pr in per_rank)
         for t in TOOLS:
             s[t]["ratio"] = s[t]["read_bytes"] / needed
-            s[t]["spread"] = _spread([x / needed for x in s[t]["reads"]])
+            s[t]["spread"] = spread_text([x / needed for x in s[t]["reads"]])
         ours = s["pyfastensor"]
         out["targets"].append({"what": f"{name}: bytes read <= {RESHARD_TARGET}x needed", "met":
                                ours["ratio"] <= RESHARD_TARGET,
@@ -413,7 +407,7 @@ def _bound(rows: list[dict[str, Any]], key: str, at_limit_s: float) -> dict[str,
     if not best:
         return None
     return {"dcp_own_s": statistics.median(own), "bound_s": statistics.median(bounds),
-            "best_ratio": statistics.median(best), "best_spread": _spread(best)}
+            "best_ratio": statistics.median(best), "best_spread": spread_text(best)}
 
 
 def format_report(result: dict[str, Any]) -> str:
@@ -461,17 +455,15 @@ def format_report(result: dict[str, Any]) -> str:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    """Add ``dcp`` to the ``bench`` subcommands."""
-    p = sub.add_parser("dcp", help="pyfastensor.dcp vs DCP's FileSystemWriter/Reader, 1/2/4 ranks, resharding",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--dir", default=None, help="parent directory on the filesystem to measure (default: .)")
+    """Add ``dcp`` to the benchmarks' subcommands."""
+    p = add_command(sub, "dcp", help="pyfastensor.dcp vs DCP's FileSystemWriter/Reader, 1/2/4 ranks, resharding",
+                    description=__doc__, func=_cmd_dcp,
+                    dir_help="parent directory on the filesystem to measure (default: .)",
+                    limit_help="skip measuring the disk's limit")
     p.add_argument("--size", choices=sorted(SIZES), default="full",
                    help="full: GPT-2 small (498 MB); quick: 2 layers, vocab 8192 (about 85 MB)")
     p.add_argument("--ranks", default="1,2,4", help="world sizes of the save/load rounds (default 1,2,4)")
     p.add_argument("--repeat", type=int, default=3, help="rounds; medians count (default 3)")
-    p.add_argument("--no-limit", action="store_true", help="skip measuring the disk's limit")
-    p.add_argument("--json", default=None, metavar="PATH", help="write the raw results as JSON")
-    p.set_defaults(func=_cmd_dcp)
 
 
 def _cmd_dcp(args: argparse.Namespace) -> int:
@@ -481,11 +473,7 @@ def _cmd_dcp(args: argparse.Namespace) -> int:
     ranks = tuple(int(x) for x in args.ranks.split(",") if x.strip())
     if args.repeat < 1 or not ranks or min(ranks) < 1:
         raise ValueError("--repeat and every --ranks entry must be >= 1")
-
-    def progress(line: str) -> None:
-        print(f"  running {line}", file=sys.stderr, flush=True)
-
-    with tempfile.TemporaryDirectory(prefix="pft-bench-dcp-", dir=parent) as d:
+    with temp_dir(parent, "dcp") as d:
         result = run(d, size=args.size, ranks=ranks, rounds=args.repeat, limit=not args.no_limit,
                      progress=progress)
     print(format_report(result))

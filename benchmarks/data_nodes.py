@@ -1,6 +1,6 @@
 """Brand's distributed protocol: owner-prefetch against none, and against one node (the paper's Tables 4 and 5).
 
-``python -m pyfastensor bench data-nodes --nodes 2,4`` packs a synthetic
+``python -m benchmarks data-nodes --nodes 2,4`` packs a synthetic
 dataset, then reads one shuffled epoch of it
 
 * on one node: a ``ChunkDataset`` within ``--budget`` of the data (the
@@ -46,7 +46,7 @@ where not permitted: processes on loopback, and the report says why): the
 nodes reach each other, and the process group's store, over their own
 interfaces as on separate machines, though not over a real network. The
 K nodes share this machine's cores. ``add_nodes_options``/``run_nodes`` let
-``bench data --nodes K`` run it.
+``benchmarks data --nodes K`` run it.
 """
 
 from __future__ import annotations
@@ -66,9 +66,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import disk
-from ._output import write_json
-from .data import ReaderCgroups, block_device, cgroup_support, mapped_files
+from .harness import (
+    ReaderCgroups,
+    add_command,
+    block_device,
+    cgroup_support,
+    child_env,
+    disk,
+    mapped_files,
+    write_json,
+)
 
 #: The paper's three-node setup is ImageNet-1k; this default (125 MiB) is small enough for a laptop and long
 #: enough (seconds an epoch on a throttled disk) that start-up does not rule the epoch time.
@@ -99,7 +106,7 @@ def _ints(text: str) -> tuple[int, ...]:
 
 
 def add_nodes_options(parser: argparse.ArgumentParser) -> None:
-    """Add this benchmark's options to ``parser`` (``bench data-nodes``, or ``bench data`` at merge)."""
+    """Add this benchmark's options to ``parser`` (``benchmarks data-nodes``, or ``benchmarks data`` at merge)."""
     parser.add_argument("--nodes", type=_ints, default=DEFAULT_NODES,
                         help="simulated node counts, comma-separated (default 2,4)")
     parser.add_argument("--samples", type=int, default=DEFAULT_SAMPLES,
@@ -131,16 +138,15 @@ def add_nodes_options(parser: argparse.ArgumentParser) -> None:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    """Add ``bench data-nodes`` to ``sub``."""
-    p = sub.add_parser("data-nodes", help="Brand's distributed loader: owner-prefetch on K simulated nodes",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    """Add ``benchmarks data-nodes`` to ``sub``."""
+    p = add_command(sub, "data-nodes", help="Brand's distributed loader: owner-prefetch on K simulated nodes",
+                    description=__doc__, func=run_nodes, json_help=None)
     add_nodes_options(p)
-    p.set_defaults(func=run_nodes)
 
 
 def _make_pack(root: Path, samples: int, mean: int, chunk: int) -> tuple[Path, int]:
     """A folder of random files, two classes, packed; return the pack and its data bytes."""
-    from ..data import pack
+    from pyfastensor.data import pack
 
     rng = random.Random(0)
     src = root / "src"
@@ -169,7 +175,7 @@ def _node(cfg: dict[str, Any]) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
-    from ..data import ChunkDataset
+    from pyfastensor.data import ChunkDataset
 
     world, mode = cfg["world"], cfg["mode"]
     if mode == "dist":
@@ -288,11 +294,11 @@ def _run_variant(views: list[Path], world: int, mode: str, prefetch: bool, o: ar
                 groups.append(g)
                 join = g.join
             errs.append(open(work / f"node-{r}.stderr", "w+"))
-            env = dict(os.environ)
+            env = child_env()
             prefix: list[str] = []
             if nets is not None:  # gloo picks its interface by hostname, which no namespace resolves: name it
                 prefix, env["GLOO_SOCKET_IFNAME"] = nets.prefix(r), nets.veths[r]
-            procs.append(subprocess.Popen([*prefix, sys.executable, "-m", "pyfastensor.bench.data_nodes", "--node",
+            procs.append(subprocess.Popen([*prefix, sys.executable, "-m", "benchmarks.data_nodes", "--node",
                                            json.dumps(cfg)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                           stderr=errs[-1], text=True, env=env, preexec_fn=join))
 
@@ -494,7 +500,7 @@ def format_report(rows: list[dict[str, Any]], iops: int = DEFAULT_IOPS) -> str:
 
 
 def _main() -> None:
-    p = argparse.ArgumentParser(prog="python -m pyfastensor.bench.data_nodes")
+    p = argparse.ArgumentParser(prog="python -m benchmarks.data_nodes")
     p.add_argument("--node", required=True, help="one node's JSON config (internal)")
     cfg = json.loads(p.parse_args().node)
     print(json.dumps(_node(cfg)))

@@ -1,4 +1,4 @@
-"""``python -m pyfastensor bench data``: ChunkDataset (Brand) against torch's DataLoader, Streaming and WebDataset (issue 15).
+"""``python -m benchmarks data``: ChunkDataset (Brand) against torch's DataLoader, Streaming and WebDataset (issue 15).
 
 A class-sorted dataset (``--files`` samples of ``--file-size`` bytes in
 ``--classes`` classes, written in class order) is read one epoch at a time,
@@ -46,11 +46,24 @@ from typing import Any
 
 import numpy as np
 
-from .. import config
+from pyfastensor import config
+
 from . import data_loaders as dlm
-from . import disk
-from ._output import plot_or_say, save_figure, write_json
 from .data_loaders import LOADER_NAMES, LOADERS
+from .harness import (
+    ReaderCgroups,
+    add_command,
+    block_device,
+    cgroup_support,
+    child_env,
+    disk,
+    diskstats_read_bytes,
+    mapped_files,
+    plot_or_say,
+    save_figure,
+    write_json,
+)
+from .workloads import small_cnn
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
@@ -63,15 +76,13 @@ ENTROPY_TOLERANCE = 0.05
 #: Wasted reads (bytes read from the device / dataset bytes - 1) must stay below this.
 WASTE_TARGET = 0.10
 
-_CGROUP_ROOT = "/sys/fs/cgroup"
-
 _DESCRIPTION = """\
 Read one epoch of a class-sorted dataset, cold, through four loaders with the
 same --batch-size and --workers, and compare: torch's DataLoader over the
 plain files (RandomSampler, a full shuffle), MosaicML Streaming over local MDS
 shards (its default shuffle), WebDataset over tar shards (shard shuffle and a
 1000-sample buffer), and pyfastensor's ChunkDataset over a pack (Brand).
-Streaming and WebDataset are optional (pip install 'pyfastensor[bench]'); one
+Streaming and WebDataset are optional (pip install -r benchmarks/requirements.txt); one
 that is missing is printed as skipped, with the reason.
 
 Each epoch runs in a process of its own, after sync; echo 3 > drop_caches,
@@ -233,174 +244,6 @@ def full_shuffle_metrics(files: int, classes: int, batch_size: int, chunk_size: 
     return order_metrics(perm, dlm.label_of(perm, files, classes), perm, perm // chunk_size, sizes, files)
 
 
-# ---------------------------------------------------------------- cgroups and the device
-
-
-def block_device(path: str | os.PathLike[str]) -> tuple[str, str]:
-    """The whole disk under ``path``'s filesystem as ``"major:minor"``, and its name; or ``("", why)``.
-
-    A partition is mapped to its disk (the throttle applies to disks).
-    """
-    dev = os.stat(path).st_dev
-    major, minor = os.major(dev), os.minor(dev)
-    sys_dev = Path(f"/sys/dev/block/{major}:{minor}")
-    if major == 0 or not sys_dev.exists():
-        return "", f"{path} is on no block device ({major}:{minor}: tmpfs, overlay or a network filesystem)"
-    real = sys_dev.resolve()
-    if (real / "partition").exists():
-        real = real.parent
-    try:
-        return (real / "dev").read_text().strip(), real.name
-    except OSError as e:
-        return "", f"cannot read {real / 'dev'}: {e.strerror}"
-
-
-def diskstats_read_bytes(device: str) -> int | None:
-    """Bytes read from ``device`` (``major:minor``) since boot, from ``/proc/diskstats``; None if absent."""
-    if not device:
-        return None
-    major, minor = device.split(":")
-    try:
-        with open("/proc/diskstats") as f:
-            for line in f:
-                p = line.split()
-                if p[0] == major and p[1] == minor:
-                    return int(p[5]) * 512
-    except OSError:
-        return None
-    return None
-
-
-def _own_cgroup(controller: str) -> str:
-    """This process's cgroup v1 path in ``controller`` ("/" if unknown)."""
-    try:
-        for line in Path("/proc/self/cgroup").read_text().splitlines():
-            _, ctrls, path = line.split(":", 2)
-            if controller in ctrls.split(","):
-                return path
-    except OSError:
-        pass
-    return "/"
-
-
-def cgroup_support(device: str) -> dict[str, str]:
-    """What the cgroups can do here: ``memory``, ``blkio``, ``throttle``: ``""`` if it can, else why not."""
-    why = {"memory": "", "blkio": "", "throttle": ""}
-    if os.geteuid() != 0:
-        why = dict.fromkeys(why, "not root (run as root for the cgroups)")
-        return why
-    for ctrl, probe in (("memory", "memory.limit_in_bytes"), ("blkio", "blkio.throttle.io_service_bytes")):
-        base = Path(_CGROUP_ROOT, ctrl)
-        if not (base / probe).exists():
-            why[ctrl] = f"no cgroup v1 {ctrl} controller at {base}"
-    if why["blkio"]:
-        why["throttle"] = why["blkio"]
-    elif not device:
-        why["throttle"] = why["blkio"] = "the data directory is on no block device"
-    elif not Path(_CGROUP_ROOT, "blkio", "blkio.throttle.read_iops_device").exists():
-        why["throttle"] = "no blkio.throttle.read_iops_device (kernel without blk-throttle)"
-    return why
-
-
-class ReaderCgroups:
-    """A memory and a blkio cgroup (v1) for one reader process, removed by :meth:`remove`.
-
-    Each is made inside this process's own cgroup of the controller, so the
-    machine's accounting above it still holds the reader.
-
-    Args:
-        name: the cgroups' directory name.
-        support: :func:`cgroup_support`'s answer; a controller it refuses is not made.
-        memory_limit: bytes for ``memory.limit_in_bytes`` (memory and page cache).
-        device: ``major:minor`` of the disk, for the counters and the throttle.
-        iops: read IOPS limit, or 0 for none.
-    """
-
-    def __init__(self, name: str, support: dict[str, str], *, memory_limit: int, device: str,
-                 iops: int = 0) -> None:
-        self.device = device
-        self.dirs: dict[str, Path] = {}
-        self.notes: list[str] = []
-        for ctrl in ("memory", "blkio"):
-            if support[ctrl]:
-                continue
-            d = Path(_CGROUP_ROOT, ctrl, _own_cgroup(ctrl).lstrip("/"), name)
-            try:
-                d.mkdir()
-            except OSError as e:
-                self.notes.append(f"{ctrl} cgroup {d}: {e.strerror}")
-                continue
-            self.dirs[ctrl] = d
-        try:
-            if "memory" in self.dirs:
-                (self.dirs["memory"] / "memory.limit_in_bytes").write_text(str(memory_limit))
-            if iops and "blkio" in self.dirs and not support["throttle"]:
-                (self.dirs["blkio"] / "blkio.throttle.read_iops_device").write_text(f"{device} {iops}")
-        except OSError as e:
-            self.remove()
-            raise OSError(e.errno, f"setting up the reader's cgroups: {e.strerror}") from e
-
-    def join(self) -> None:
-        """Move the calling process into the cgroups (``preexec_fn`` of the reader)."""
-        for d in self.dirs.values():
-            (d / "cgroup.procs").write_text(str(os.getpid()))
-
-    def peak_memory(self) -> int | None:
-        """``memory.max_usage_in_bytes`` (memory and page cache), or None without a memory cgroup."""
-        d = self.dirs.get("memory")
-        return int((d / "memory.max_usage_in_bytes").read_text()) if d else None
-
-    def reset_peak(self) -> None:
-        """Restart ``memory.max_usage_in_bytes`` from the current usage."""
-        d = self.dirs.get("memory")
-        if d:
-            (d / "memory.max_usage_in_bytes").write_text("0")
-
-    def oom_kills(self) -> int:
-        """Processes the memory cgroup's OOM killer killed (``oom_kill`` of ``memory.oom_control``;
-        0 without a memory cgroup or on kernels without the counter)."""
-        d = self.dirs.get("memory")
-        if d is None:
-            return 0
-        for line in (d / "memory.oom_control").read_text().splitlines():
-            key, _, value = line.partition(" ")
-            if key == "oom_kill":
-                return int(value)
-        return 0
-
-    def read_bytes(self) -> int | None:
-        """Bytes the reader read from the device (``blkio.throttle.io_service_bytes``), or None."""
-        return self._blkio("blkio.throttle.io_service_bytes")
-
-    def read_ios(self) -> int | None:
-        """Read requests the reader sent to the device (``blkio.throttle.io_serviced``), or None."""
-        return self._blkio("blkio.throttle.io_serviced")
-
-    def _blkio(self, name: str) -> int | None:
-        d = self.dirs.get("blkio")
-        if d is None:
-            return None
-        total = 0
-        for line in (d / name).read_text().splitlines():
-            p = line.split()
-            if len(p) == 3 and p[0] == self.device and p[1] == "Read":
-                total += int(p[2])
-        return total
-
-    def remove(self) -> None:
-        """Remove the cgroups (their processes must have exited); idempotent."""
-        for ctrl, d in list(self.dirs.items()):
-            for _ in range(50):
-                try:
-                    d.rmdir()
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError:
-                    time.sleep(0.1)  # the last task leaves the cgroup just after it exits
-            self.dirs.pop(ctrl)
-
-
 # ---------------------------------------------------------------- one epoch in a child
 
 
@@ -418,15 +261,13 @@ def run_reader(loader: str, root: Path, *, batch_size: int, workers: int, seed: 
         its loader (imports done), so neither counts its libraries.
     """
     out = work / f"{loader}-{epoch}-{os.getpid()}.json"
-    cmd = [sys.executable, "-m", "pyfastensor.bench.data_loaders", "read", "--loader", loader,
+    cmd = [sys.executable, "-m", "benchmarks.data_loaders", "read", "--loader", loader,
            "--root", str(root), "--batch-size", str(batch_size), "--workers", str(workers),
            "--seed", str(seed), "--epoch", str(epoch), "--budget", str(budget), "--out", str(out),
            "--handshake"]
     groups = ReaderCgroups(f"pyfastensor-bench-data-{os.getpid()}-{loader}", support,
                            memory_limit=memory_limit, device=device, iops=iops)
-    env = dict(os.environ)
-    pkg_parent = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = pkg_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env = child_env()
     env.setdefault("PYTHONWARNINGS", "ignore")
     err_path = work / f"{loader}-{epoch}.stderr"
     cache, before, after, peak, oom = "", None, None, None, 0
@@ -494,26 +335,6 @@ def run_reader(loader: str, root: Path, *, batch_size: int, workers: int, seed: 
         result["device_read"], result["device_read_source"] = None, "unknown"
     result.update(peak_memory=peak, oom_kills=oom, cache=cache, error="", device_ios=ios)
     return result
-
-
-def mapped_files(pid: int, *, exclude: Path | None = None) -> list[str]:
-    """The regular files process ``pid`` has mapped (its libraries), less those under ``exclude``."""
-    out: set[str] = set()
-    skip = str(Path(exclude).resolve()) + os.sep if exclude is not None else None
-    try:
-        text = Path(f"/proc/{pid}/maps").read_text()
-    except OSError:
-        return []
-    for line in text.splitlines():
-        parts = line.split(None, 5)
-        if len(parts) < 6 or not parts[5].startswith("/") or parts[5].endswith("(deleted)"):
-            continue
-        path = parts[5]
-        if path.startswith("/dev/") or (skip and path.startswith(skip)):
-            continue
-        if os.path.isfile(path):
-            out.add(path)
-    return sorted(out)
 
 
 def _dataset_files(root: Path, loader: str) -> list[str]:
@@ -602,7 +423,7 @@ def run_bench(
     chunk_workers = workers
     chunk_note = ""
     if "chunk" in active:
-        from ..data import ChunkDataset
+        from pyfastensor.data import ChunkDataset
 
         with ChunkDataset(root / "pack", memory_budget=max(dataset_bytes, 1 << 20)) as ds:
             min_budget = int(ds.layout["min_budget"])
@@ -943,7 +764,7 @@ def run_convergence(directory: str | os.PathLike[str], *, files: int = 6000, cla
                                 formats=tuple(active), make=make, say=say)
     budget = int(files * size * budget_fraction)
     if "chunk" in active:
-        from ..data import ChunkDataset
+        from pyfastensor.data import ChunkDataset
 
         with ChunkDataset(root / "pack", memory_budget=files * size) as ds:
             budget = max(budget, int(ds.layout["min_budget"]))
@@ -954,7 +775,7 @@ def run_convergence(directory: str | os.PathLike[str], *, files: int = 6000, cla
     out: dict[str, Any] = {}
     for name in active:
         torch.manual_seed(seed)
-        model = _small_cnn(classes)
+        model = small_cnn(classes)
         opt = torch.optim.Adam(model.parameters(), lr=1e-3)
         losses, epoch_loss, acc = [], [], []
         for epoch in range(epochs):
@@ -982,16 +803,6 @@ def run_convergence(directory: str | os.PathLike[str], *, files: int = 6000, cla
                          "chunk_size": chunk_size, "budget": budget, "image": list(_IMG),
                          "shards": layout.get("wds_shards")},
             "skipped": skipped, "loaders": out}
-
-
-def _small_cnn(classes: int) -> Any:
-    import torch.nn as nn
-
-    return nn.Sequential(
-        nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(32 * 8 * 8, 64), nn.ReLU(), nn.Linear(64, classes),
-    )
 
 
 def format_convergence(conv: dict[str, Any]) -> list[str]:
@@ -1082,10 +893,10 @@ def plot(result: dict[str, Any], path: str | os.PathLike[str]) -> Path:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    """Add ``data`` to the ``bench`` subcommands and set its handler."""
-    p = sub.add_parser(
-        "data", help="ChunkDataset vs DataLoader, Streaming, WebDataset: one cold epoch, plain and throttled disk",
-        description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
+    """Add ``data`` to the benchmarks' subcommands."""
+    p = add_command(
+        sub, "data", help="ChunkDataset vs DataLoader, Streaming, WebDataset: one cold epoch, plain and throttled disk",
+        description=_DESCRIPTION, func=_cmd_data,
     )
     p.add_argument("--dir", default="bench-out/data",
                    help="where the datasets are written and kept for later runs with the same sizes "
@@ -1129,15 +940,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="PNG of the throughput, label entropy and loss curves (default bench-out/data.png; "
                         "needs matplotlib)")
     p.add_argument("--no-plot", action="store_true", help="do not draw the plot")
-    p.add_argument("--json", default=None, metavar="PATH", help="write the raw results as JSON")
     p.add_argument("--nodes", default=None, metavar="K[,K...]",
                    help="instead: Brand's distributed protocol on K simulated nodes, with and without "
-                        "owner-prefetch (`bench data-nodes` with its defaults; see its --help for its options)")
-    p.set_defaults(func=_cmd_data)
+                        "owner-prefetch (`benchmarks data-nodes` with its defaults; see its --help for its options)")
 
 
 def _cmd_data(args: argparse.Namespace) -> int:
-    from ..errors import FastensorError
+    from pyfastensor.errors import FastensorError
 
     if args.nodes is not None:
         from . import data_nodes

@@ -1,4 +1,4 @@
-"""The datasets and readers of ``python -m pyfastensor bench data``: one class-sorted dataset, four formats.
+"""The datasets and readers of ``python -m benchmarks data``: one class-sorted dataset, four formats.
 
 Every sample is a file of ``file_size`` bytes whose first 16 bytes are its
 index and its label (little-endian int64 each), then pseudo-random bytes:
@@ -20,7 +20,7 @@ Formats, written from the same files by :func:`write_datasets`:
   ``--chunk-size`` samples).
 
 :func:`read_epoch` reads one epoch through one loader and returns what it
-delivered; ``python -m pyfastensor.bench.data_loaders read ...`` runs it in a
+delivered; ``python -m benchmarks.data_loaders read ...`` runs it in a
 process of its own, which the benchmark places in its cgroups.
 """
 
@@ -66,7 +66,7 @@ def peer_missing(loader: str) -> str:
         found = importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):
         found = False
-    return "" if found else f"{module} is not installed ({how}, or pip install 'pyfastensor[bench]')"
+    return "" if found else f"{module} is not installed ({how}, or pip install -r benchmarks/requirements.txt)"
 
 
 def label_of(index: int | np.ndarray, files: int, classes: int) -> Any:
@@ -213,7 +213,7 @@ def write_datasets(root: Path, *, files: int, file_size: int, classes: int, shar
         done("webdataset")
     if "chunk" in formats and "chunk" not in meta["formats"]:
         say(f"packing (chunks of {chunk_size}) ...")
-        from ..data import pack
+        from pyfastensor.data import pack
 
         stats = pack(root / "files", root / "pack", chunk_size=chunk_size, seed=seed, progress=False)
         meta["pack"] = {k: v for k, v in stats.items() if k != "classes"}
@@ -317,7 +317,7 @@ def make_loader(loader: str, root: Path, layout: dict[str, Any], *, batch_size: 
         per = layout["per_shard"]
         return dl, ds, lambda p: p // per, note
     if loader == "chunk":
-        from ..data import ChunkDataset
+        from pyfastensor.data import ChunkDataset
 
         ds = ChunkDataset(root / "pack", memory_budget=budget, seed=seed, transform=transform,
                           with_index=True)
@@ -331,7 +331,7 @@ def make_loader(loader: str, root: Path, layout: dict[str, Any], *, batch_size: 
 def _probe_chunk_worker(root: str, budget: int) -> None:  # a DataLoader worker's first request
     import torch
 
-    from ..data import ChunkDataset
+    from pyfastensor.data import ChunkDataset
 
     ds = ChunkDataset(root, memory_budget=budget, with_index=True)
     dl = torch.utils.data.DataLoader(ds, batch_size=1, num_workers=1)
@@ -346,7 +346,7 @@ def chunk_workers_supported(pack: Path, budget: int) -> str:
 
     Asks one worker for one sample (reading one chunk; run it before the caches are dropped).
     """
-    from ..errors import UnsupportedError
+    from pyfastensor.errors import UnsupportedError
 
     try:
         _probe_chunk_worker(str(pack), budget)
@@ -426,7 +426,7 @@ def load_result(out: Path) -> dict[str, Any]:
 
 
 def _main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m pyfastensor.bench.data_loaders",
+    p = argparse.ArgumentParser(prog="python -m benchmarks.data_loaders",
                                 description="Read one epoch through one loader (the benchmark's child).")
     acts = p.add_subparsers(dest="action", required=True)
     r = acts.add_parser("read")

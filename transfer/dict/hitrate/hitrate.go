@@ -1,7 +1,12 @@
-package dict
+// Package hitrate measures how close the adaptive dictionaries of package
+// dict come to the oracle on a mixed-size workload: a benchmark, run by the
+// dicthitrate command (go run ./cmd/dicthitrate), not linked into the
+// library.
+package hitrate
 
 import (
 	"github.com/pyfastensor/pyfastensor/gds"
+	"github.com/pyfastensor/pyfastensor/transfer/dict"
 
 	"cmp"
 	"fmt"
@@ -38,8 +43,8 @@ import (
 // engine took on it. Hit rate = oracle time / chosen time; "oracle choice"
 // is the fraction of transfers where the chooser named the oracle's engine.
 
-// HitRateConfig sets up HitRate. Zero fields take the defaults in brackets.
-type HitRateConfig struct {
+// Config sets up Run. Zero fields take the defaults in brackets.
+type Config struct {
 	Dir         string   // where the workload file is made (and removed)
 	Write, Read []string // candidate engines [Candidates(Dir)]
 	Sizes       int      // distinct sizes [16]
@@ -55,8 +60,8 @@ type HitRateConfig struct {
 	Options     gds.Options
 }
 
-// HitRateResult is one strategy's score in one direction.
-type HitRateResult struct {
+// Result is one strategy's score in one direction.
+type Result struct {
 	Strategy      string  `json:"strategy"`  // "aware", "tool:posix", ...
 	Direction     string  `json:"direction"` // "write", "read", "write+read (separate)", "write_read (WRDic)"
 	Transfers     int     `json:"transfers"`
@@ -66,8 +71,8 @@ type HitRateResult struct {
 	OracleChoice  float64 `json:"oracle_choice"`
 }
 
-// HitRateBucket details the aware dictionaries per bucket and direction.
-type HitRateBucket struct {
+// BucketResult details the aware dictionaries per bucket and direction.
+type BucketResult struct {
 	Direction string  `json:"direction"`
 	Bucket    int     `json:"bucket"`
 	Size      string  `json:"size"`
@@ -77,8 +82,8 @@ type HitRateBucket struct {
 	HitRate   float64 `json:"hit_rate"`
 }
 
-// HitRateReport is HitRate's result.
-type HitRateReport struct {
+// Report is Run's result.
+type Report struct {
 	Dir            string            `json:"dir"`
 	FSType         string            `json:"fs_type"`
 	Write          []string          `json:"write_engines"`
@@ -92,12 +97,12 @@ type HitRateReport struct {
 	Refresh        int               `json:"refresh"`
 	DroppedCaches  bool              `json:"dropped_caches"`
 	MeasureSeconds float64           `json:"measure_seconds"`
-	Results        []HitRateResult   `json:"results"`
-	Buckets        []HitRateBucket   `json:"buckets"`
-	Dictionaries   DictFile          `json:"dictionaries"`
+	Results        []Result          `json:"results"`
+	Buckets        []BucketResult    `json:"buckets"`
+	Dictionaries   dict.DictFile     `json:"dictionaries"`
 }
 
-func (c HitRateConfig) withDefaults() HitRateConfig {
+func (c Config) withDefaults() Config {
 	def := func(v *int64, d int64) {
 		if *v <= 0 {
 			*v = d
@@ -113,7 +118,7 @@ func (c HitRateConfig) withDefaults() HitRateConfig {
 	def(&c.MaxSize, 64<<20)
 	def(&c.Budget, 3<<29)
 	if c.Explore <= 0 {
-		c.Explore = DefaultExplore
+		c.Explore = dict.DefaultExplore
 	}
 	if c.Seed == 0 {
 		c.Seed = 1
@@ -126,7 +131,7 @@ func (c HitRateConfig) withDefaults() HitRateConfig {
 
 // workload returns the distinct sizes and the transfer order (indices into
 // sizes, iteration after iteration).
-func (c HitRateConfig) workload() (sizes []int64, iters [][]int) {
+func (c Config) workload() (sizes []int64, iters [][]int) {
 	rng := rand.New(rand.NewPCG(c.Seed, 0x5eed))
 	ratio := float64(c.MaxSize) / float64(c.MinSize)
 	var sum int64
@@ -146,15 +151,15 @@ func (c HitRateConfig) workload() (sizes []int64, iters [][]int) {
 	return sizes, iters
 }
 
-// HitRate measures the workload in cfg.Dir and scores the dictionaries
+// Run measures the workload in cfg.Dir and scores the dictionaries
 // against the oracle. It needs about Budget bytes free in Dir, and removes
 // its file.
-func HitRate(cfg HitRateConfig) (HitRateReport, error) {
+func Run(cfg Config) (Report, error) {
 	cfg = cfg.withDefaults()
-	rep := HitRateReport{Dir: cfg.Dir, Explore: cfg.Explore, Refresh: cfg.Refresh}
+	rep := Report{Dir: cfg.Dir, Explore: cfg.Explore, Refresh: cfg.Refresh}
 	rep.FSType, _ = gds.FSType(cfg.Dir)
 	if cfg.Write == nil || cfg.Read == nil {
-		w, r, ex := Candidates(cfg.Dir, cfg.Options)
+		w, r, ex := dict.Candidates(cfg.Dir, cfg.Options)
 		rep.Excluded = ex
 		if cfg.Write == nil {
 			cfg.Write = w
@@ -213,7 +218,7 @@ func HitRate(cfg HitRateConfig) (HitRateReport, error) {
 
 // measure times every engine on every transfer: tw[engine][k], tr[engine][k]
 // in seconds.
-func measure(cfg HitRateConfig, sizes []int64, order []int, offs []int64, end int64) (tw, tr map[string][]float64, err error) {
+func measure(cfg Config, sizes []int64, order []int, offs []int64, end int64) (tw, tr map[string][]float64, err error) {
 	f, err := os.CreateTemp(cfg.Dir, ".pyfastensor-hitrate-*")
 	if err != nil {
 		return nil, nil, err
@@ -321,7 +326,7 @@ func median(v []float64) float64 {
 
 // replayer scores strategies over measured times.
 type replayer struct {
-	cfg    HitRateConfig
+	cfg    Config
 	sizes  []int64
 	iters  [][]int
 	tw, tr map[string][]float64
@@ -342,8 +347,8 @@ func (s *score) add(chosen, oracle float64, hit bool) {
 	}
 }
 
-func (s score) result(strategy, direction string) HitRateResult {
-	r := HitRateResult{Strategy: strategy, Direction: direction, Transfers: s.n, ChosenSeconds: s.chosen, OracleSeconds: s.oracle}
+func (s score) result(strategy, direction string) Result {
+	r := Result{Strategy: strategy, Direction: direction, Transfers: s.n, ChosenSeconds: s.chosen, OracleSeconds: s.oracle}
 	if s.chosen > 0 {
 		r.HitRate = s.oracle / s.chosen
 	}
@@ -370,28 +375,28 @@ func best(cands []string, k int, t ...map[string][]float64) (string, float64) {
 
 // steps calls fn for every transfer in replay order: each iteration's
 // writes in order, then its reads in reverse.
-func (r replayer) steps(fn func(op Op, k int, size int64)) {
+func (r replayer) steps(fn func(op dict.Op, k int, size int64)) {
 	k0 := 0
 	for _, it := range r.iters {
 		for i, j := range it {
-			fn(OpWrite, k0+i, r.sizes[j])
+			fn(dict.OpWrite, k0+i, r.sizes[j])
 		}
 		for i := len(it) - 1; i >= 0; i-- {
-			fn(OpRead, k0+i, r.sizes[it[i]])
+			fn(dict.OpRead, k0+i, r.sizes[it[i]])
 		}
 		k0 += len(it)
 	}
 }
 
-func (r replayer) aware() ([]HitRateResult, []HitRateBucket, DictFile, error) {
-	cfg := DictConfig{Write: r.cfg.Write, Read: r.cfg.Read, Explore: r.cfg.Explore, Refresh: r.cfg.Refresh, SaveInterval: -1}
-	sep, err := NewDictionaries(cfg)
+func (r replayer) aware() ([]Result, []BucketResult, dict.DictFile, error) {
+	cfg := dict.DictConfig{Write: r.cfg.Write, Read: r.cfg.Read, Explore: r.cfg.Explore, Refresh: r.cfg.Refresh, SaveInterval: -1}
+	sep, err := dict.NewDictionaries(cfg)
 	if err != nil {
-		return nil, nil, DictFile{}, err
+		return nil, nil, dict.DictFile{}, err
 	}
-	wrd, _ := NewDictionaries(cfg)
-	ch, wrch := sep.Chooser(UseSeparate), wrd.Chooser(UseWriteRead)
-	wr := wrd.candidates(OpWrite, WRDic)
+	wrd, _ := dict.NewDictionaries(cfg)
+	ch, wrch := sep.Chooser(dict.UseSeparate), wrd.Chooser(dict.UseWriteRead)
+	wr := wrd.Engines(dict.OpWrite, dict.WRDic)
 
 	var sw, sr, swr score
 	type bstat struct {
@@ -401,16 +406,16 @@ func (r replayer) aware() ([]HitRateResult, []HitRateBucket, DictFile, error) {
 	perBucket := map[[2]int]*bstat{}
 	wrWrite := map[int]string{} // transfer -> engine that wrote it (WRDic)
 	wrSpent := map[int]float64{}
-	r.steps(func(op Op, k int, size int64) {
+	r.steps(func(op dict.Op, k int, size int64) {
 		times, cands, s := r.tw, r.cfg.Write, &sw
-		if op == OpRead {
+		if op == dict.OpRead {
 			times, cands, s = r.tr, r.cfg.Read, &sr
 		}
 		e := ch.Engine(op, size)
 		oe, ot := best(cands, k, times)
 		s.add(times[e][k], ot, e == oe)
 		ch.Observe(op, size, e, time.Duration(times[e][k]*1e9))
-		key := [2]int{int(op), Bucket(size)}
+		key := [2]int{int(op), dict.Bucket(size)}
 		if perBucket[key] == nil {
 			perBucket[key] = &bstat{wins: map[string]int{}}
 		}
@@ -420,7 +425,7 @@ func (r replayer) aware() ([]HitRateResult, []HitRateBucket, DictFile, error) {
 		// The write+read dictionary: one engine should serve both.
 		we := wrch.Engine(op, size)
 		wrch.Observe(op, size, we, time.Duration(times[we][k]*1e9))
-		if op == OpWrite {
+		if op == dict.OpWrite {
 			wrWrite[k], wrSpent[k] = we, times[we][k]
 			return
 		}
@@ -428,14 +433,14 @@ func (r replayer) aware() ([]HitRateResult, []HitRateBucket, DictFile, error) {
 		swr.add(wrSpent[k]+times[we][k], ot, we == oe && wrWrite[k] == oe)
 	})
 	tot := score{chosen: sw.chosen + sr.chosen, oracle: sw.oracle + sr.oracle, n: sw.n + sr.n, hits: sw.hits + sr.hits}
-	res := []HitRateResult{
+	res := []Result{
 		sw.result("aware", "write"), sr.result("aware", "read"),
 		tot.result("aware", "write+read (separate)"), swr.result("aware", "write_read (WRDic)"),
 	}
-	var buckets []HitRateBucket
+	var buckets []BucketResult
 	for _, key := range slices.SortedFunc(maps.Keys(perBucket), func(a, b [2]int) int { return (a[0]-b[0])*1000 + a[1] - b[1] }) {
 		b := perBucket[key]
-		op := Op(key[0])
+		op := dict.Op(key[0])
 		oracle, most := "", -1
 		for n, c := range b.wins {
 			if c > most || c == most && n < oracle {
@@ -443,9 +448,9 @@ func (r replayer) aware() ([]HitRateResult, []HitRateBucket, DictFile, error) {
 			}
 		}
 		res := b.result("", "")
-		buckets = append(buckets, HitRateBucket{
-			Direction: op.String(), Bucket: key[1], Size: HumanSize(BucketSize(key[1])), Transfers: b.n,
-			Oracle: oracle, Chosen: sep.bestIn(Table(key[0]), key[1]), HitRate: res.HitRate,
+		buckets = append(buckets, BucketResult{
+			Direction: op.String(), Bucket: key[1], Size: dict.HumanSize(dict.BucketSize(key[1])), Transfers: b.n,
+			Oracle: oracle, Chosen: sep.BestIn(dict.Table(key[0]), key[1]), HitRate: res.HitRate,
 		})
 	}
 	return res, buckets, sep.Snapshot(), nil
@@ -455,14 +460,14 @@ func (r replayer) aware() ([]HitRateResult, []HitRateBucket, DictFile, error) {
 // bucket and direction, the engine with the least total time over the run
 // (the paper's "Best" column: a dictionary of each size's best tool). It is
 // the ceiling of any dictionary that keeps one engine per bucket.
-func (r replayer) hindsight() []HitRateResult {
+func (r replayer) hindsight() []Result {
 	total := map[[2]int]map[string]float64{}
-	r.steps(func(op Op, k int, size int64) {
+	r.steps(func(op dict.Op, k int, size int64) {
 		times, cands := r.tw, r.cfg.Write
-		if op == OpRead {
+		if op == dict.OpRead {
 			times, cands = r.tr, r.cfg.Read
 		}
-		key := [2]int{int(op), Bucket(size)}
+		key := [2]int{int(op), dict.Bucket(size)}
 		if total[key] == nil {
 			total[key] = map[string]float64{}
 		}
@@ -471,22 +476,22 @@ func (r replayer) hindsight() []HitRateResult {
 		}
 	})
 	var sw, sr score
-	r.steps(func(op Op, k int, size int64) {
+	r.steps(func(op dict.Op, k int, size int64) {
 		times, cands, s := r.tw, r.cfg.Write, &sw
-		if op == OpRead {
+		if op == dict.OpRead {
 			times, cands, s = r.tr, r.cfg.Read, &sr
 		}
-		t := total[[2]int{int(op), Bucket(size)}]
+		t := total[[2]int{int(op), dict.Bucket(size)}]
 		e := slices.MinFunc(cands, func(a, b string) int { return cmp.Compare(t[a], t[b]) })
 		oe, ot := best(cands, k, times)
 		s.add(times[e][k], ot, e == oe)
 	})
-	return []HitRateResult{sw.result("hindsight", "write"), sr.result("hindsight", "read")}
+	return []Result{sw.result("hindsight", "write"), sr.result("hindsight", "read")}
 }
 
 // tools scores the specific-tool mode of every engine.
-func (r replayer) tools() []HitRateResult {
-	var out []HitRateResult
+func (r replayer) tools() []Result {
+	var out []Result
 	all := slices.Clone(r.cfg.Write)
 	for _, n := range r.cfg.Read {
 		if !slices.Contains(all, n) {
@@ -495,9 +500,9 @@ func (r replayer) tools() []HitRateResult {
 	}
 	for _, n := range all {
 		var sw, sr score
-		r.steps(func(op Op, k int, _ int64) {
+		r.steps(func(op dict.Op, k int, _ int64) {
 			times, cands, s := r.tw, r.cfg.Write, &sw
-			if op == OpRead {
+			if op == dict.OpRead {
 				times, cands, s = r.tr, r.cfg.Read, &sr
 			}
 			if !slices.Contains(cands, n) {

@@ -1,4 +1,4 @@
-"""``python -m pyfastensor bench offload``: activation offload against its peers (FlashNeuron tables 10-12).
+"""``python -m benchmarks offload``: activation offload against its peers (FlashNeuron tables 10-12).
 
 CPU training of models built in code (a deep MLP and a CNN of
 conv+BN+ReLU blocks), one row per way of handling the saved tensors:
@@ -34,16 +34,16 @@ import argparse
 import contextlib
 import os
 import statistics
-import tempfile
+import threading
 import time
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import disk
+from .harness import add_command, disk, temp_dir, write_json
+from .workloads import TrainWorkload, train_workloads
 
 if TYPE_CHECKING:  # torch (and pyfastensor.offload) load where a benchmark runs: `--help` stays fast
     import torch
@@ -60,55 +60,67 @@ ROWS = ("none", "torch.save", "numpy.save", "pft-wr", "pft-w", "pft-r", "schedul
 KEYS = ("step_ms", "peak_bytes", "peak_ratio", "transfer_ms", "stall_ms", "read_bytes", "buffer_bytes")
 
 
-def deep_mlp(d: int = 1024, depth: int = 8) -> nn.Module:
-    """An MLP of ``depth`` Linear+ReLU layers of width ``d`` and a 10-way head."""
+class Meter:
+    """Bytes of saved tensors resident in memory because of a saved-tensor hook pair, and their peak.
+
+    The accounting pyfastensor's :class:`~pyfastensor.OffloadSummary` reports
+    as ``resident_peak_bytes``, for the file rows: counted per storage, not
+    per tensor object (aliases and views share their storage and count once),
+    from :meth:`track` until the storage itself is freed.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.now = 0
+        self.peak = 0
+        self._tracked: set[int] = set()  # data_ptr of storages counted by track()
+
+    def add(self, n: int) -> None:
+        with self._lock:
+            self.now += n
+            self.peak = max(self.peak, self.now)
+
+    def sub(self, n: int) -> None:
+        with self._lock:
+            self.now -= n
+
+    def reset_peak(self) -> None:
+        with self._lock:
+            self.peak = self.now
+
+    def track(self, t: torch.Tensor) -> None:
+        """Count the bytes of ``t``'s storage until that storage is freed (once per storage)."""
+        storage = t.untyped_storage()
+        key, n = storage.data_ptr(), storage.nbytes()
+        with self._lock:
+            if n == 0 or key in self._tracked:
+                return
+            self._tracked.add(key)
+        self.add(n)
+        weakref.finalize(storage, self._untrack, key, n)
+
+    def _untrack(self, key: int, n: int) -> None:
+        with self._lock:
+            self._tracked.discard(key)
+        self.sub(n)
+
+
+def _storages_of(module: nn.Module) -> set[int]:
+    """Addresses of the storages of a module's parameters and buffers."""
+    return {t.untyped_storage().data_ptr() for t in [*module.parameters(), *module.buffers()]}
+
+
+def _is_parameter(t: torch.Tensor, registered: set[int]) -> bool:
+    """A parameter, a view of one, a leaf that requires grad, or a registered storage: what
+    pyfastensor's offload leaves in memory, so the file rows leave it too."""
     from torch import nn
 
-    layers: list[nn.Module] = []
-    for _ in range(depth):
-        layers += [nn.Linear(d, d), nn.ReLU()]
-    return nn.Sequential(*layers, nn.Linear(d, 10))
+    def param_like(x: torch.Tensor) -> bool:
+        return isinstance(x, nn.Parameter) or (x.is_leaf and x.requires_grad)
 
-
-def conv_net(channels: int = 32, blocks: int = 6) -> nn.Module:
-    """A CNN of ``blocks`` conv+BN+ReLU blocks at 32x32, max-pooled, and a 10-way head."""
-    from torch import nn
-
-    layers: list[nn.Module] = []
-    c_in = 3
-    for _ in range(blocks):
-        layers += [nn.Conv2d(c_in, channels, 3, padding=1), nn.BatchNorm2d(channels), nn.ReLU()]
-        c_in = channels
-    return nn.Sequential(*layers, nn.MaxPool2d(4), nn.Flatten(), nn.Linear(channels * 64, 10))
-
-
-@dataclass
-class Workload:
-    """A model and how to make a batch of it."""
-
-    name: str
-    model: nn.Module
-    sample: tuple[int, ...]  # one example's shape
-    device: str = "cpu"
-
-    def batch(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        import torch
-
-        g = torch.Generator().manual_seed(n)
-        x, y = torch.randn((n, *self.sample), generator=g), torch.randint(0, 10, (n,), generator=g)
-        return x.to(self.device), y.to(self.device)
-
-
-def workloads(quick: bool, device: str = "cpu") -> list[tuple[Workload, int]]:
-    """The models (on ``device``) and their batch sizes."""
-    import torch
-
-    torch.manual_seed(0)
-    if quick:
-        return [(Workload("mlp", deep_mlp(512, 6).to(device), (512,), device), 256),
-                (Workload("cnn", conv_net(16, 4).to(device), (3, 32, 32), device), 32)]
-    return [(Workload("mlp", deep_mlp(1024, 8).to(device), (1024,), device), 1024),
-            (Workload("cnn", conv_net(32, 6).to(device), (3, 32, 32), device), 64)]
+    if param_like(t) or (t._base is not None and param_like(t._base)):
+        return True
+    return bool(registered) and t.untyped_storage().data_ptr() in registered
 
 
 class _File:
@@ -130,12 +142,9 @@ class FileHooks:
     """
 
     def __init__(self, kind: str, directory: str, min_size: int, module: nn.Module) -> None:
-        from ..offload._filter import storages_of
-        from ..offload._saved import Meter
-
         self.kind, self.dir, self.min_size = kind, directory, min_size
         self.device = next(module.parameters()).device
-        self.registered = storages_of(module)
+        self.registered = _storages_of(module)
         self.meter = Meter()
         self.pack_seconds = self.unpack_seconds = 0.0
         self._n = 0
@@ -143,11 +152,9 @@ class FileHooks:
     def _pack(self, t: torch.Tensor) -> Any:
         import torch
 
-        from ..offload._filter import is_parameter
-
         start = time.perf_counter()
         try:
-            if t.numel() * t.element_size() < self.min_size or is_parameter(t, self.registered):
+            if t.numel() * t.element_size() < self.min_size or _is_parameter(t, self.registered):
                 return t
             self._n += 1
             path = os.path.join(self.dir, f"t{self._n}.{'npy' if self.kind == 'numpy.save' else 'pt'}")
@@ -208,7 +215,7 @@ def _train_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y
 
 
 def _figures(ctx: Any, none_peak: int) -> dict[str, float]:
-    from ..offload import Offload
+    from pyfastensor.offload import Offload
 
     if isinstance(ctx, contextlib.nullcontext):
         return {"peak_bytes": none_peak, "transfer_ms": 0.0, "stall_ms": 0.0, "read_bytes": 0, "buffer_bytes": 0}
@@ -221,9 +228,9 @@ def _figures(ctx: Any, none_peak: int) -> dict[str, float]:
             "stall_ms": 0.0, "read_bytes": 0, "buffer_bytes": 0}
 
 
-def make_context(row: str, w: Workload, directory: str, min_size: int, budget: int) -> Any:
+def make_context(row: str, w: TrainWorkload, directory: str, min_size: int, budget: int) -> Any:
     """The saved-tensor context of one row of the table."""
-    from ..offload import Offload
+    from pyfastensor.offload import Offload
 
     if row in ("torch.save", "numpy.save"):
         return FileHooks(row, directory, min_size, w.model)
@@ -240,7 +247,7 @@ def make_context(row: str, w: Workload, directory: str, min_size: int, budget: i
                    dictionary=row.split("-")[1])
 
 
-def run_rows(rows: dict[str, int], w: Workload, batch: int, directory: str, *, min_size: int,
+def run_rows(rows: dict[str, int], w: TrainWorkload, batch: int, directory: str, *, min_size: int,
              steps: int, warmup: int, progress: Callable[[str], None] | None = None) -> dict[str, dict[str, float]]:
     """Train ``warmup`` steps under each row (``{row: budget}``), then ``steps`` rounds of one step
     per row, interleaved, so that whatever else the machine does in the meantime falls on every
@@ -248,7 +255,7 @@ def run_rows(rows: dict[str, int], w: Workload, batch: int, directory: str, *, m
     median per-round step ratio to it."""
     import torch
 
-    from ..offload import Offload
+    from pyfastensor.offload import Offload
 
     ctxs = {row: make_context(row, w, directory, min_size, budget) for row, budget in rows.items()}
     none_peak = _peak_at(w, batch, directory, min_size, None) if "none" in rows else 0
@@ -285,11 +292,11 @@ def run_rows(rows: dict[str, int], w: Workload, batch: int, directory: str, *, m
     return out
 
 
-def _peak_at(w: Workload, batch: int, directory: str, min_size: int, offload_budget: int | None) -> int:
+def _peak_at(w: TrainWorkload, batch: int, directory: str, min_size: int, offload_budget: int | None) -> int:
     """Peak resident saved-tensor bytes of one step (two under offload: profiling, then measured)."""
     from torch import nn
 
-    from ..offload import Offload
+    from pyfastensor.offload import Offload
 
     if offload_budget is None:
         ctx: Any = Offload(policy="none", min_size=min_size, module=w.model)
@@ -308,7 +315,7 @@ def _peak_at(w: Workload, batch: int, directory: str, min_size: int, offload_bud
     return peak
 
 
-def largest_batch(w: Workload, budget: int, directory: str, min_size: int, offload: bool,
+def largest_batch(w: TrainWorkload, budget: int, directory: str, min_size: int, offload: bool,
                   start: int, cap: int) -> int:
     """The largest batch (binary search, at most ``cap``) whose peak fits ``budget``; 0 if none."""
     def fits(b: int) -> bool:
@@ -329,7 +336,7 @@ def largest_batch(w: Workload, budget: int, directory: str, min_size: int, offlo
 
 def run(directory: str, *, quick: bool = False, min_size: int = 256 << 10, budget_fraction: float = 0.2,
         scheduled_fraction: float = 0.5, steps: int | None = None, limit: bool = True,
-        batch_search: bool = True, models: list[tuple[Workload, int]] | None = None,
+        batch_search: bool = True, models: list[tuple[TrainWorkload, int]] | None = None,
         progress: Callable[[str], None] | None = None, device: str = "cpu") -> dict[str, Any]:
     """Run the whole benchmark; return the tables as a dict (see :func:`format_report`).
 
@@ -342,7 +349,7 @@ def run(directory: str, *, quick: bool = False, min_size: int = 256 << 10, budge
         steps: timed steps per row (default 9; 2 with ``quick``).
         limit: measure the disk's O_DIRECT limit.
         batch_search: search the largest batch that fits the budget.
-        models: workloads and batch sizes (default :func:`workloads`).
+        models: workloads and batch sizes (default :func:`~benchmarks.workloads.train_workloads`).
         progress: called with a line per row.
         device: where the models train (``"cuda"``: activations offloaded from the GPU).
 
@@ -354,7 +361,7 @@ def run(directory: str, *, quick: bool = False, min_size: int = 256 << 10, budge
         "pft-w/pft-r/pft-wr: the spill engine per size comes from the write, read or write+read "
         "dictionary (aware mode, this machine's spill dictionary file; engines column: bytes written "
         "per engine in the last step)")}
-    for w, batch in models or workloads(quick, device):
+    for w, batch in models or train_workloads(quick, device):
         base = _peak_at(w, batch, directory, min_size, None)
         budget = max(1, int(base * budget_fraction))
         budgets = {row: int(base * scheduled_fraction) if row == "scheduled" else budget for row in ROWS}
@@ -439,10 +446,11 @@ limit measured in the same run.
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    """Add ``offload`` to the ``bench`` subcommands and set its handler."""
-    p = sub.add_parser("offload", help="activation offload vs torch.save/numpy.save and no offload",
-                       description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--dir", default=None, help="spill directory (default: a temporary directory under .)")
+    """Add ``offload`` to the benchmarks' subcommands."""
+    p = add_command(sub, "offload", help="activation offload vs torch.save/numpy.save and no offload",
+                    description=_DESCRIPTION, func=_cmd_offload,
+                    dir_help="spill directory (default: a temporary directory under .)",
+                    limit_help="skip the disk limit")
     p.add_argument("--quick", action="store_true", help="smaller models, 2 timed steps, 64M disk limit")
     p.add_argument("--steps", type=int, default=None, help="timed steps per row (default 9; 2 with --quick)")
     p.add_argument("--budget-fraction", type=float, default=0.2,
@@ -450,17 +458,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--scheduled-fraction", type=float, default=0.5,
                    help="scheduled policy budget as a fraction of no offload's peak (default 0.5)")
     p.add_argument("--min-size", type=int, default=256 << 10, help="bytes below which tensors stay (default 256K)")
-    p.add_argument("--no-limit", action="store_true", help="skip the disk limit")
     p.add_argument("--no-batch-search", action="store_true", help="skip the largest-batch search")
     p.add_argument("--device", default="cpu", help="where the models train: cpu (default) or cuda")
-    p.set_defaults(func=_cmd_offload)
 
 
 def _cmd_offload(args: argparse.Namespace) -> int:
-    parent = args.dir or "."
-    with tempfile.TemporaryDirectory(prefix="pft-bench-offload-", dir=parent) as d:
+    with temp_dir(args.dir, "offload") as d:
         result = run(d, quick=args.quick, min_size=args.min_size, budget_fraction=args.budget_fraction,
                      scheduled_fraction=args.scheduled_fraction, steps=args.steps, limit=not args.no_limit,
                      batch_search=not args.no_batch_search, device=args.device)
     print(format_report(result))
+    if args.json:
+        write_json(result, args.json)
     return 0

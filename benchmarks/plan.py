@@ -1,4 +1,4 @@
-"""``python -m pyfastensor bench plan``: G10 against its baselines on recorded traces (the seed's Figure 11).
+"""``python -m benchmarks plan``: G10 against its baselines on recorded traces (the seed's Figure 11).
 
 For each built-in model (BERT-like, ViT-like, ResNet-like) and batch size,
 one training step is recorded on CPU (:mod:`pyfastensor.plan.record`), and
@@ -55,7 +55,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from ._output import plot_or_say, save_figure, write_json
+from .harness import add_command, paired_ratios, plot_or_say, save_figure, spread, write_json
 
 #: Targets of issue 16: G10's throughput against ideal (mean over rows) and against FlashNeuron's selection.
 G10_OF_IDEAL = 0.90
@@ -88,8 +88,9 @@ def run(models: tuple[str, ...] = ("bert", "vit", "resnet"), batches: tuple[int,
         ``{"settings": ..., "hardware": ..., "rows": [...], "summary": ...}``; a row has
         the model, batch, demand, device bytes, trace peak and one result per policy.
     """
-    from ..plan import Hardware, bound_ns, policies, simulate
-    from ..plan import models as builtin
+    from pyfastensor.plan import Hardware, bound_ns, policies, simulate
+
+    from . import workloads as builtin
 
     cpu = None
     if speedup is None:
@@ -278,9 +279,9 @@ def _demands(s: str) -> tuple[float, ...]:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    """Add ``bench plan`` to ``sub``."""
-    p = sub.add_parser("plan", help="G10 against on-demand and FlashNeuron on recorded traces (simulated)",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    """Add ``benchmarks plan`` to ``sub``."""
+    p = add_command(sub, "plan", help="G10 against on-demand and FlashNeuron on recorded traces (simulated)",
+                    description=__doc__, func=_cmd, json_help=None)
     p.add_argument("--models", default="bert,vit,resnet", help="built-in models (default bert,vit,resnet)")
     p.add_argument("--batches", type=_ints, default=DEFAULT_BATCHES,
                    help=f"batch sizes (default {','.join(map(str, DEFAULT_BATCHES))})")
@@ -311,12 +312,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "need that many for a stable median)")
     r.add_argument("--budget-fraction", type=float, default=0.5,
                    help="run-time budget as a fraction of no offload's saved-tensor peak (default 0.5)")
-    r.add_argument("--full", action="store_true", help="run-time part on bench offload's full-size models "
+    r.add_argument("--full", action="store_true", help="run-time part on benchmarks offload's full-size models "
                                                       "(default: its --quick ones)")
     r.add_argument("--min-size", type=int, default=256 << 10,
                    help="run time: bytes below which saved tensors stay (default 256K)")
     r.add_argument("--dir", default=None, help="run time: spill directory (default: a temporary one under .)")
-    p.set_defaults(func=_cmd)
 
 
 def _cmd(args: argparse.Namespace) -> int:
@@ -364,7 +364,7 @@ def run_runtime(directory: str | os.PathLike[str], *, quick: bool = True, rounds
 
     Every offload row gets the same budget, ``budget_fraction`` of no
     offload's resident saved-tensor peak; ``scheduled`` is FlashNeuron's
-    selection as ``bench offload`` runs it (with the lossless ``sparse``
+    selection as ``benchmarks offload`` runs it (with the lossless ``sparse``
     codec). Each row first runs ``warmup`` steps (the first is the profiling
     step of ``scheduled`` and ``planned``); then ``rounds`` rounds of one
     step per row, so that a disturbance of the shared machine lands on every
@@ -374,12 +374,12 @@ def run_runtime(directory: str | os.PathLike[str], *, quick: bool = True, rounds
 
     Args:
         directory: where the spill files go (nothing is left in it).
-        quick: the small models of ``bench offload --quick``.
+        quick: the small models of ``benchmarks offload --quick``.
         rounds: timed rounds.
         warmup: untimed steps per row first.
         budget_fraction: the budget, as a fraction of no offload's peak.
         min_size: saved tensors below this many bytes stay in memory.
-        models: workloads and batch sizes (default ``bench offload``'s).
+        models: workloads and batch sizes (default ``benchmarks offload``'s).
 
     Returns:
         ``{"settings": ..., "models": {name: {"batch", "budget", "none_peak", "rows": {row: ...}}}}``;
@@ -389,15 +389,17 @@ def run_runtime(directory: str | os.PathLike[str], *, quick: bool = True, rounds
     """
     import torch
 
-    from ..offload import Offload
-    from .offload import _figures, _peak_at, _train_step, make_context, workloads
+    from pyfastensor.offload import Offload
+
+    from .offload import _figures, _peak_at, _train_step, make_context
+    from .workloads import train_workloads
 
     if rounds < 1 or not 0 < budget_fraction:
         raise ValueError(f"rounds must be >= 1 and budget_fraction positive, got {rounds}, {budget_fraction}")
     out: dict[str, Any] = {"settings": {"quick": quick, "rounds": rounds, "warmup": warmup,
                                         "budget_fraction": budget_fraction, "min_size": min_size},
                            "models": {}}
-    for w, batch in models or workloads(quick):
+    for w, batch in models or train_workloads(quick):
         none_peak = _peak_at(w, batch, str(directory), min_size, None)
         budget = max(1, int(none_peak * budget_fraction))
         ctxs = {row: make_context(row, w, str(directory), min_size, budget) for row in RUNTIME_ROWS}
@@ -415,10 +417,10 @@ def run_runtime(directory: str | os.PathLike[str], *, quick: bool = True, rounds
         rows: dict[str, Any] = {}
         for row in RUNTIME_ROWS:
             t = times[row]
-            r: dict[str, Any] = {"step_ms": t, **_spread(t), "peak_bytes": peaks[row],
-                                 "x_none": _spread([a / b for a, b in zip(t, times["none"], strict=True)])}
+            r: dict[str, Any] = {"step_ms": t, **spread(t), "peak_bytes": peaks[row],
+                                 "x_none": spread(paired_ratios(times["none"], t))}
             if row == "planned":
-                r["x_scheduled"] = _spread([a / b for a, b in zip(t, times["scheduled"], strict=True)])
+                r["x_scheduled"] = spread(paired_ratios(times["scheduled"], t))
                 details = ctxs[row].plan_details or {}
                 r["tiers"] = {}
                 for d in details.get("decisions", []):
@@ -432,10 +434,6 @@ def run_runtime(directory: str | os.PathLike[str], *, quick: bool = True, rounds
                 ctx.close()
         out["models"][w.name] = {"batch": batch, "budget": budget, "none_peak": none_peak, "rows": rows}
     return out
-
-
-def _spread(xs: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
 
 
 def format_runtime(result: dict[str, Any]) -> str:

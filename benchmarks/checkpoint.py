@@ -1,4 +1,4 @@
-"""``python -m pyfastensor bench checkpoint``: pyfastensor.save/load against its peers (issue 3).
+"""``python -m benchmarks checkpoint``: pyfastensor.save/load against its peers (issue 3).
 
 State dicts built in code, no downloads: a GPT-2-small-shaped model (about
 124M fp32 parameters), a ResNet-50-shaped model (about 25.6M, BN running
@@ -45,24 +45,25 @@ the last byte durable or loaded.
 from __future__ import annotations
 
 import argparse
+import mmap
 import os
 import shutil
 import statistics
-import sys
-import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..info import available_memory
-from . import disk
-from ._output import write_json
+from pyfastensor.info import available_memory
+
+from .harness import add_command, crc_speed, disk, progress, temp_dir, write_json
+from .workloads import STATE_DICTS as WORKLOADS
+from .workloads import StateDict, build_state_dicts
+from .workloads import StateDictWorkload as Workload
 
 if TYPE_CHECKING:  # torch is imported where a benchmark runs: `--help` stays fast
-    import torch
+    pass
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -82,8 +83,6 @@ OURS = ("pyfastensor", "pyfastensor-noverify", "pyfastensor-mmap")
 PEERS = tuple(t for t in TOOLS if t not in OURS)
 #: Figures of every row.
 KEYS = ("save_gbps", "cold_gbps", "warm_gbps")
-#: Workloads, in the order they run.
-WORKLOADS = ("gpt2", "resnet50", "small", "small6k")
 #: Workloads held to the disk-limit and warm-load targets.
 MODELS = ("gpt2", "resnet50")
 #: Workloads of many small tensors.
@@ -100,158 +99,6 @@ WARM_TARGET = 1.5
 VERIFY_COST_MAX = 0.10
 #: How many times safetensors' load_file the mapped, verified warm load may take at most.
 MAPPED_SAFETENSORS_MAX = 2.0
-
-StateDict = dict[str, "torch.Tensor"]
-
-
-# ---------------------------------------------------------------- workloads
-
-
-def _randn(shape: tuple[int, ...], g: torch.Generator) -> torch.Tensor:
-    import torch
-
-    return torch.randn(shape, generator=g)
-
-
-def gpt2_state_dict(layers: int = 12, vocab: int = 50257, d: int = 768, n_ctx: int = 1024,
-                    seed: int = 0) -> StateDict:
-    """A GPT-2-shaped state dict of random fp32 tensors (HF ``transformer.*`` names, Conv1D layout).
-
-    The default is GPT-2 small: about 124M parameters (498 MB).
-
-    Args:
-        layers: transformer blocks. Default 12.
-        vocab: token embedding rows. Default 50257.
-        d: model width. Default 768.
-        n_ctx: position embedding rows. Default 1024.
-        seed: generator seed. Default 0.
-    """
-    import torch
-
-    g = torch.Generator().manual_seed(seed)
-    sd: StateDict = {"transformer.wte.weight": _randn((vocab, d), g),
-                     "transformer.wpe.weight": _randn((n_ctx, d), g)}
-    for i in range(layers):
-        p = f"transformer.h.{i}."
-        shapes = {
-            "ln_1.weight": (d,), "ln_1.bias": (d,),
-            "attn.c_attn.weight": (d, 3 * d), "attn.c_attn.bias": (3 * d,),
-            "attn.c_proj.weight": (d, d), "attn.c_proj.bias": (d,),
-            "ln_2.weight": (d,), "ln_2.bias": (d,),
-            "mlp.c_fc.weight": (d, 4 * d), "mlp.c_fc.bias": (4 * d,),
-            "mlp.c_proj.weight": (4 * d, d), "mlp.c_proj.bias": (d,),
-        }
-        for name, shape in shapes.items():
-            sd[p + name] = _randn(shape, g)
-    sd["transformer.ln_f.weight"] = _randn((d,), g)
-    sd["transformer.ln_f.bias"] = _randn((d,), g)
-    return sd
-
-
-def resnet50_state_dict(width: int = 64, classes: int = 1000, seed: int = 0) -> StateDict:
-    """A ResNet-50-shaped state dict (torchvision names), about 25.6M parameters at the defaults.
-
-    Bottleneck blocks [3, 4, 6, 3], expansion 4; every BatchNorm has weight,
-    bias, running_mean, running_var (fp32) and num_batches_tracked (int64, 0-d).
-
-    Args:
-        width: channels of the stem and the first stage. Default 64.
-        classes: rows of the classifier. Default 1000.
-        seed: generator seed. Default 0.
-    """
-    import torch
-
-    g = torch.Generator().manual_seed(seed)
-    sd: StateDict = {}
-
-    def conv(name: str, c_out: int, c_in: int, k: int) -> None:
-        sd[f"{name}.weight"] = _randn((c_out, c_in, k, k), g)
-
-    def bn(name: str, c: int) -> None:
-        sd[f"{name}.weight"] = _randn((c,), g)
-        sd[f"{name}.bias"] = _randn((c,), g)
-        sd[f"{name}.running_mean"] = _randn((c,), g)
-        sd[f"{name}.running_var"] = _randn((c,), g).abs()
-        sd[f"{name}.num_batches_tracked"] = torch.tensor(1000, dtype=torch.int64)
-
-    conv("conv1", width, 3, 7)
-    bn("bn1", width)
-    c_in = width
-    for stage, blocks in enumerate((3, 4, 6, 3)):
-        planes = width * 2**stage
-        for b in range(blocks):
-            p = f"layer{stage + 1}.{b}"
-            conv(f"{p}.conv1", planes, c_in, 1)
-            bn(f"{p}.bn1", planes)
-            conv(f"{p}.conv2", planes, planes, 3)
-            bn(f"{p}.bn2", planes)
-            conv(f"{p}.conv3", planes * 4, planes, 1)
-            bn(f"{p}.bn3", planes * 4)
-            if b == 0:
-                conv(f"{p}.downsample.0", planes * 4, c_in, 1)
-                bn(f"{p}.downsample.1", planes * 4)
-            c_in = planes * 4
-    sd["fc.weight"] = _randn((classes, c_in), g)
-    sd["fc.bias"] = _randn((classes,), g)
-    return sd
-
-
-def small_state_dict(count: int = 10_000, lo: int = 4 << 10, hi: int = 64 << 10, seed: int = 0) -> StateDict:
-    """``count`` fp32 tensors of uniformly random sizes between ``lo`` and ``hi`` bytes (multiples of 4).
-
-    Args:
-        count: tensors. Default 10,000.
-        lo: smallest size in bytes. Default 4 KiB.
-        hi: largest size in bytes. Default 64 KiB.
-        seed: generator seed. Default 0.
-    """
-    import torch
-
-    g = torch.Generator().manual_seed(seed)
-    sizes = torch.randint(lo // 4, hi // 4 + 1, (count,), generator=g).tolist()
-    return {f"t{i:05d}": _randn((n,), g) for i, n in enumerate(sizes)}
-
-
-@dataclass
-class Workload:
-    """A named state dict to save and load."""
-
-    name: str
-    state: StateDict
-
-    @property
-    def nbytes(self) -> int:
-        """Tensor payload in bytes."""
-        return sum(t.numel() * t.element_size() for t in self.state.values())
-
-    @property
-    def params(self) -> int:
-        """Elements in all tensors."""
-        return sum(t.numel() for t in self.state.values())
-
-
-def build_workloads(names: tuple[str, ...] | list[str] = WORKLOADS, quick: bool = False) -> list[Workload]:
-    """Build the named workloads; ``quick`` shrinks GPT-2 to 4 layers and vocab 8192, the small
-    dicts to 1,000 and 600 tensors.
-
-    Raises:
-        ValueError: on an unknown name.
-    """
-    out = []
-    for name in names:
-        if name == "gpt2":
-            sd = gpt2_state_dict(4, 8192) if quick else gpt2_state_dict()
-        elif name == "resnet50":
-            sd = resnet50_state_dict()
-        elif name == "small":
-            sd = small_state_dict(1_000 if quick else 10_000)
-        elif name == "small6k":
-            sd = small_state_dict(600 if quick else 6_000, seed=1)
-        else:
-            raise ValueError(f"unknown workload {name!r}: expected some of {', '.join(WORKLOADS)}")
-        out.append(Workload(name, sd))
-    return out
-
 
 # ---------------------------------------------------------------- tools
 
@@ -422,19 +269,19 @@ def read_into_new_memory(path: str) -> float:
     page reporting), the first touch of such memory can cost more than the
     disk's read, so this, not the disk's limit alone, bounds a cold load.
     """
-    from .._buffers import aligned_mapping, tensor_over
-    from ..checkpoint._native import read_raw
+    from pyfastensor.engines import EngineFile
 
     size = os.path.getsize(path)
     start = time.perf_counter()
-    mapping = aligned_mapping(size)  # new memory, unmapped when freed (never kept for reuse)
-    if mapping is None:
-        raise MemoryError(f"cannot map {size} bytes to read {path} into")
-    buf = tensor_over(mapping)
-    base, piece = buf.data_ptr(), 8 * MiB
-    read_raw(path, [(o, base + o, min(piece, size - o)) for o in range(0, size, piece)], engine="direct")
+    mapping = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # new memory, page-aligned
+    if size >= 2 * MiB and hasattr(mmap, "MADV_HUGEPAGE"):
+        mapping.madvise(mmap.MADV_HUGEPAGE)  # as pyfastensor.load's own whole-file area
+    buf = np.frombuffer(mapping, dtype=np.uint8)
+    with EngineFile(path, engine="direct", task_size=8 * MiB) as f:
+        f.read_into(buf)
     seconds = time.perf_counter() - start
-    del buf, mapping
+    del buf
+    mapping.close()
     return seconds
 
 
@@ -675,7 +522,7 @@ def run(directory: str, *, workloads: list[Workload] | None = None, quick: bool 
 
     Args:
         directory: where the checkpoints go; each is removed after its loads.
-        workloads: the state dicts (default :func:`build_workloads` of every workload).
+        workloads: the state dicts (default :func:`~benchmarks.workloads.build_state_dicts` of every workload).
         quick: smaller default workloads and a 256 MiB disk limit.
         tools: rows to run. Default every tool.
         repeat: rounds. Default 5.
@@ -690,7 +537,7 @@ def run(directory: str, *, workloads: list[Workload] | None = None, quick: bool 
     repeat = max(1, repeat)
     result: dict[str, Any] = {"workloads": {}, "repeat": repeat, "cold_method": disk.cold_cache_method(),
                               "crc": crc_speeds()}
-    loads = workloads if workloads is not None else build_workloads(quick=quick)
+    loads = workloads if workloads is not None else build_state_dicts(quick=quick)
     # Each row holds a state dict and a loaded copy (plus torch's own
     # buffers): fault that much memory in once so no tool pays the VM's first touch.
     disk.prime_memory(min(3 * max((w.nbytes for w in loads), default=0), available_memory() // 2))
@@ -732,8 +579,6 @@ def run(directory: str, *, workloads: list[Workload] | None = None, quick: bool 
 def crc_speeds() -> dict[str, float]:
     """GB/s of the CRC-32 every record is checked with, on one core: over a 1 MiB block
     (in the CPU's cache: summed as it is copied) and over 512 MiB (a second pass over memory)."""
-    from .._lib import crc_speed
-
     return {"cached_gbps": crc_speed(1 * MiB) / 1e9, "memory_gbps": crc_speed(512 * MiB, 300) / 1e9}
 
 
@@ -849,12 +694,12 @@ save >= 1.5x torch.save + fsync, loads cold and warm no slower than torch.
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    """Add ``checkpoint`` to the ``bench`` subcommands and set its handler."""
-    p = sub.add_parser("checkpoint", help="pyfastensor.save/load vs torch, safetensors, numpy, owned and mapped",
-                       description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--dir", default=None,
-                   help="parent directory on the filesystem to measure (default: .); the run uses a "
-                        "temporary directory inside it and leaves nothing behind")
+    """Add ``checkpoint`` to the benchmarks' subcommands."""
+    p = add_command(sub, "checkpoint", help="pyfastensor.save/load vs torch, safetensors, numpy, owned and mapped",
+                    description=_DESCRIPTION, func=_cmd_checkpoint,
+                    dir_help="parent directory on the filesystem to measure (default: .); the run uses a "
+                             "temporary directory inside it and leaves nothing behind",
+                    limit_help="skip measuring the disk's limit")
     p.add_argument("--workloads", default=None,
                    help=f"comma list among {', '.join(WORKLOADS)} (default: all)")
     p.add_argument("--repeat", type=int, default=5,
@@ -862,31 +707,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quick", action="store_true",
                    help="GPT-2 shape with 4 layers and vocab 8192, 1,000 and 600 small tensors, "
                         "256M disk limit")
-    p.add_argument("--no-limit", action="store_true", help="skip measuring the disk's limit")
-    p.add_argument("--json", default=None, metavar="PATH", help="write the raw results as JSON")
     p.add_argument("--device", default="cpu", help="where every tool loads to: cpu (default) or cuda[:N]")
-    p.set_defaults(func=_cmd_checkpoint)
 
 
 def _cmd_checkpoint(args: argparse.Namespace) -> int:
     global DEVICE
     DEVICE = args.device
     names = [n.strip() for n in args.workloads.split(",") if n.strip()] if args.workloads else list(WORKLOADS)
-    parent = args.dir or "."
-    if not os.path.isdir(parent):
-        raise ValueError(f"--dir {parent!r} is not a directory")
-
-    def progress(line: str) -> None:
-        print(f"  running {line}", file=sys.stderr, flush=True)
-
-    with tempfile.TemporaryDirectory(prefix="pft-bench-checkpoint-", dir=parent) as d:
-        ws = build_workloads(names, quick=args.quick)
+    with temp_dir(args.dir, "checkpoint") as d:
+        ws = build_state_dicts(names, quick=args.quick)
         result = run(d, workloads=ws, quick=args.quick, repeat=args.repeat, limit=not args.no_limit,
                      progress=progress)
     print(format_report(result))
-    if DEVICE != "cpu":
-        from ..checkpoint import _cuda
-        print(f"pyfastensor.load to {DEVICE}, last route: {_cuda.last_route}")
     if args.json:
         write_json(result, args.json)
     return 0
