@@ -1,4 +1,4 @@
-"""``python -m benchmarks checkpoint``: pyfastensor.save/load against its peers (issue 3).
+"""``python -m benchmarks checkpoint``: pyfastensor.save/load against its peers.
 
 State dicts built in code, no downloads: a GPT-2-small-shaped model (about
 124M fp32 parameters), a ResNet-50-shaped model (about 25.6M, BN running
@@ -629,7 +629,7 @@ def format_report(result: dict[str, Any]) -> str:
                  "mmap's lazy reads); the rows whose save shows '-' load a file their tool saved "
                  "(saves not timed again)")
     if result["targets"]:
-        lines.append("\ntargets (issue 18):")
+        lines.append("\ntargets:")
         for t in result["targets"]:
             lines.append(f"  {'MET   ' if t['met'] else 'MISSED'} {t['workload']:<9}{t['what']}: {t['figures']}")
     return "\n".join(lines)
@@ -682,7 +682,7 @@ The header also gives the speed of the CRC-32 every record is checked
 with, on one core: over a 1 MiB block in the CPU's cache (what summing
 bytes just copied costs) and over 512 MiB (a second pass over memory).
 
-Targets (issue 18), each a median of paired per-round figures: on gpt2 and
+Targets, each a median of paired per-round figures: on gpt2 and
 resnet50, the durable save >= 85% of the write limit and the cold load >=
 90% of the read into new memory, both faster than every peer; the default
 warm load (memory of its own, every CRC checked) within 10% of the same

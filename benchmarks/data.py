@@ -1,4 +1,4 @@
-"""``python -m benchmarks data``: ChunkDataset (Brand) against torch's DataLoader, Streaming and WebDataset (issue 15).
+"""``python -m benchmarks data``: ChunkDataset (Brand) against torch's DataLoader, Streaming and WebDataset.
 
 A class-sorted dataset (``--files`` samples of ``--file-size`` bytes in
 ``--classes`` classes, written in class order) is read one epoch at a time,
@@ -69,7 +69,7 @@ KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
 #: Disk settings: plain, and read IOPS throttled.
 SETTINGS = ("plain", "throttled")
-#: Targets (issue 15): ChunkDataset's samples/s over DataLoader's, per setting.
+#: Targets: ChunkDataset's samples/s over DataLoader's, per setting.
 TARGET_VS_DATALOADER = {"plain": 1.3, "throttled": 2.0}
 #: ChunkDataset's label entropy per batch may be this far below the full shuffle's.
 ENTROPY_TOLERANCE = 0.05
@@ -102,8 +102,8 @@ stats()["peak_bytes"]). The order each loader delivered (every sample carries
 its index) is checked to hold every sample exactly once and measured beside a
 full shuffle: label entropy per batch (bits), distinct shards or chunks per
 batch, Spearman correlation between delivery order and position on disk, and
-Streaming's metric (entropy of |differences| of consecutive indices). Targets
-(issue 15): ChunkDataset >= 2x DataLoader's samples/s throttled and >= 1.3x on
+Streaming's metric (entropy of |differences| of consecutive indices). Targets:
+ChunkDataset >= 2x DataLoader's samples/s throttled and >= 1.3x on
 the plain disk; >= Streaming's and WebDataset's samples/s in both settings with
 label entropy per batch within 5% of the full shuffle; wasted reads < 10%.
 
@@ -568,7 +568,7 @@ def summarize(runs: Sequence[dict[str, Any]], loaders: Sequence[str], settings: 
 
 
 def evaluate_targets(result: dict[str, Any]) -> list[dict[str, Any]]:
-    """Issue 15's targets against the summary: each ``{"name", "value", "goal", "met"}`` (met None: not measured)."""
+    """The targets against the summary: each ``{"name", "value", "goal", "met"}`` (met None: not measured)."""
     summ, order, full = result["summary"], result["order"], result["full_shuffle"]
     out: list[dict[str, Any]] = []
 
@@ -622,7 +622,7 @@ def format_report(result: dict[str, Any]) -> str:
     p, summ, order, full = result["settings"], result["summary"], result["order"], result["full_shuffle"]
     cg = p["cgroups"]
     lines = [
-        f"pyfastensor bench data: {p['files']} files of {p['file_size']} bytes ({_mib(p['dataset_bytes'])}), "
+        f"benchmarks data: {p['files']} files of {p['file_size']} bytes ({_mib(p['dataset_bytes'])}), "
         f"{p['classes']} classes, class-sorted, at {p['dir']}",
         f"every loader: batch {p['batch_size']}, {p['workers']} workers; ChunkDataset chunks of "
         f"{p['chunk_size']}, budget {_mib(p['budget'])} (pack minimum {_mib(p['min_budget'])}; a random "
@@ -693,7 +693,7 @@ def format_report(result: dict[str, Any]) -> str:
                  "and position on disk (0: none); diff H: Streaming's metric, entropy of |index[k+1] - "
                  "index[k]|")
     lines.append("")
-    lines.append("targets (issue 15):")
+    lines.append("targets:")
     for t in result["targets"]:
         verdict = {True: "PASS", False: "short", None: "not measured"}[t["met"]]
         lines.append(f"  {verdict:<12} {t['name']}: {t['value']}")

@@ -1,4 +1,4 @@
-"""``python -m benchmarks dcp``: pyfastensor.dcp against DCP's FileSystemWriter/Reader (issue 17).
+"""``python -m benchmarks dcp``: pyfastensor.dcp against DCP's FileSystemWriter/Reader.
 
 A GPT-2-shaped state dict (:func:`~benchmarks.workloads.gpt2_state_dict`,
 fp32, about 498 MB at full size) is sharded as DTensors, every tensor

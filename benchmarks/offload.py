@@ -51,7 +51,7 @@ if TYPE_CHECKING:  # torch (and pyfastensor.offload) load where a benchmark runs
 
 MiB = 1 << 20
 
-#: Targets of issue 4.
+#: Targets.
 TRANSFER_SPEEDUP = 2.5
 SCHEDULED_SLOWDOWN = 1.15
 PEAK_RATIO = 0.25
@@ -437,7 +437,7 @@ pyfastensor's store measured as waiting); bytes read back; read-back
 buffers pyfastensor keeps for reuse across steps (bufs: not saved tensors,
 and reclaimable by the kernel between steps, MADV_FREE).
 
-Targets (issue 4): transfer time >= 2.5x lower with pyfastensor than
+Targets: transfer time >= 2.5x lower with pyfastensor than
 torch.save; scheduled step <= 1.15x no offload; peak under 'all' <= 25% of
 no offload. Then the largest batch whose peak fits the 'all' budget, with
 and without offload (doubling, then binary search), and the disk's O_DIRECT

@@ -1,8 +1,8 @@
-"""``python -m benchmarks plan``: G10 against its baselines on recorded traces (the seed's Figure 11).
+"""``python -m benchmarks plan``: G10 against its baselines on recorded traces (the G10 paper's Figure 11).
 
 For each built-in model (BERT-like, ViT-like, ResNet-like) and batch size,
 one training step is recorded on CPU (:mod:`pyfastensor.plan.record`), and
-the trace is simulated on the seed's Table 2 hardware
+the trace is simulated on the G10 paper's Table 2 hardware
 (``Hardware.g10_default()``) with the device memory set relative to the
 trace's own peak so that the memory demand is a chosen multiple of the
 capacity (150%, 200%, 300%, 400% by default). Each policy's throughput is
@@ -13,9 +13,9 @@ Figure 11 grows the demand with the batch) when the two lists are as long;
 otherwise every batch runs at every demand.
 
 What is simulated, not measured: op times are this CPU's, divided by
-``--speedup`` to stand in for the seed's device, while the transfers run at
+``--speedup`` to stand in for the G10 paper's device, while the transfers run at
 Table 2's SSD and PCIe speeds. Nothing here times disk I/O. The default,
-``--speedup auto``, is a measured ratio, not a choice: the seed's A100 at its
+``--speedup auto``, is a measured ratio, not a choice: the G10 paper's A100 at its
 FP32 peak (19.5 TFLOP/s; PyTorch runs FP32 matmuls without TF32 by default)
 over this CPU's best FP32 matmul rate (a 1024^3 product through torch, best
 of five). Both are peak rates, so the ratio is the gap at the best shapes of
@@ -23,14 +23,14 @@ each; small kernels run further below peak on a CPU than on a GPU, so it
 understates the gap rather than overstates it. ``--speedup 1`` keeps the CPU
 times (every transfer then hides behind slow compute).
 
-The models run at the seed's widths by default (BERT and ViT 768 as in
+The models run at the G10 paper's widths by default (BERT and ViT 768 as in
 BERT-base and ViT-B, ResNet 64 channels and up as in ResNet-152; 4 layers,
 for this CPU's time) and at batches 64 to 256, where saved activations
 outweigh the weights and optimizer state as in Figure 11's large batches.
 Compute per activation byte grows with the width (a layer's FLOPs per byte
 it saves are about proportional to it): at the models' own small widths
 (``--width bert=64,vit=64,resnet=16``) or small batches the traces save far
-more bytes per FLOP than the seed's models do, and every policy is bound by
+more bytes per FLOP than the G10 paper's models do, and every policy is bound by
 the links. The ``bound`` column says, per row, the most throughput the links
 allow at that capacity (``offload.BoundNs``): below the 90% target, no plan
 meets it.
@@ -57,7 +57,7 @@ from typing import Any
 
 from .harness import add_command, paired_ratios, plot_or_say, save_figure, spread, write_json
 
-#: Targets of issue 16: G10's throughput against ideal (mean over rows) and against FlashNeuron's selection.
+#: Targets: G10's throughput against ideal (mean over rows) and against FlashNeuron's selection.
 G10_OF_IDEAL = 0.90
 G10_OVER_FLASHNEURON = 1.3
 
@@ -79,7 +79,7 @@ def run(models: tuple[str, ...] = ("bert", "vit", "resnet"), batches: tuple[int,
         models: built-in model names.
         batches: batch sizes.
         demands: memory demand as a multiple of the simulated device capacity.
-        layers: model depth (see ``python -m pyfastensor trace --help``; default 4).
+        layers: model depth (see ``python -m benchmarks trace --help``; default 4).
         width: model width, for every model or per model name (default: each model's).
         speedup: op times are divided by it (default: :func:`device_speedup`, measured).
         traces_dir: where to save each recorded trace (default: not saved).
@@ -147,7 +147,7 @@ def cpu_flops(n: int = 1024, repeats: int = 5) -> float:
 
 
 def device_speedup() -> tuple[float, float]:
-    """How much faster the seed's A100 computes than this CPU, measured: ``(speedup, cpu_flops)``.
+    """How much faster the G10 paper's A100 computes than this CPU, measured: ``(speedup, cpu_flops)``.
 
     The ratio of the A100's FP32 peak (:data:`A100_FP32_FLOPS`) to this
     CPU's best FP32 matmul rate (:func:`cpu_flops`).
@@ -214,7 +214,7 @@ def format_report(result: dict[str, Any]) -> str:
     lines.append(f"target: g10 >= {G10_OVER_FLASHNEURON}x flashneuron (ratio of means): {over:.2f}x "
                  f"({'met' if m['g10_over_flashneuron_met'] else 'NOT met'})")
     if not m["g10_over_flashneuron_met"] and s["speedup"] == 1:
-        lines.append("  note: op times are this CPU's, far slower than the seed's A100, so transfers hide behind "
+        lines.append("  note: op times are this CPU's, far slower than the G10 paper's A100, so transfers hide behind "
                      "compute for every policy; --speedup shortens them")
     for line in m["short"]:
         lines.append(f"  short: {line}")
@@ -255,7 +255,7 @@ def plot(result: dict[str, Any], path: str | os.PathLike[str]) -> Path:
     ax.legend(fontsize=8, ncols=len(policies) + 1, loc="upper center")
     ax.grid(True, axis="y", alpha=0.3)
     s = result["settings"]
-    fig.suptitle("pyfastensor bench plan (simulated, seed Figure 11)"
+    fig.suptitle("pyfastensor bench plan (simulated, G10's Figure 11)"
                  + (f", op times / {s['speedup']:.4g}" if s["speedup"] != 1 else ""))
     return save_figure(fig, path, dpi=120)
 
@@ -293,7 +293,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="model width: one for every model, or per model (default bert=768,vit=768,resnet=64: "
                         "the paper's; the models' own are bert, vit 64 and resnet 16)")
     p.add_argument("--speedup", type=_speedup, default=None,
-                   help="divide the CPU op times by this, for the seed's device; 'auto' (the default): the A100's "
+                   help="divide the CPU op times by this, for the G10 paper's device; 'auto' (the default): the A100's "
                         "FP32 peak over this CPU's measured FP32 matmul rate")
     p.add_argument("--traces", default=None, metavar="DIR", help="save the recorded traces in DIR")
     p.add_argument("--plot", default="bench-out/plan.png",
@@ -351,7 +351,7 @@ def _cmd_simulated(args: argparse.Namespace) -> int:
 
 # -- the run-time half: policy="planned" on this machine's CPU ------------------------------------
 
-#: Targets of issue 16 for the run-time policy, at a budget of half the saved-tensor peak.
+#: Targets for the run-time policy, at a budget of half the saved-tensor peak.
 PLANNED_OVER_SCHEDULED = 1.0
 PLANNED_OVER_NONE = 1.10
 RUNTIME_ROWS = ("none", "all", "scheduled", "planned")

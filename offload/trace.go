@@ -1,7 +1,7 @@
 package offload
 
 // G10 traces: what one training iteration does, op by op, with the bytes of
-// every tensor it touches. Schema version 1 (issue 16):
+// every tensor it touches. Schema version 1:
 //
 //	{"version": 1,
 //	 "tensors": [{"id": 0, "bytes": 4096, "kind": "weight"}],

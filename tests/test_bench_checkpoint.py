@@ -1,4 +1,4 @@
-"""Smoke test of ``python -m pyfastensor bench checkpoint`` on tiny state dicts (no timing assertions)."""
+"""Smoke test of ``python -m benchmarks checkpoint`` on tiny state dicts (no timing assertions)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``python -m pyfastensor bench data``: the metrics on hand-made orders, and tiny runs end to end.
+"""``python -m benchmarks data``: the metrics on hand-made orders, and tiny runs end to end.
 
 No timing is asserted here: figures belong to benchmarks, not tests. The
 runs check behaviour: every loader delivers every sample exactly once (read
@@ -150,7 +150,7 @@ def test_cli_tiny_run(tmp_path, capsys):
     assert doc["settings"]["settings"] == ["plain"] and len(doc["runs"]) == len(ran)
     if doc["settings"]["chunk_workers"] == 0:
         assert "ChunkDataset ran with num_workers=0, not 2" in text
-    assert "randomness of the order" in text and "targets (issue 15):" in text
+    assert "randomness of the order" in text and "targets:" in text
     assert "disk limit (" in text and doc["settings"]["limit_read_mbps"] > 0  # measured in the same run
     assert {t["met"] for t in doc["targets"]} <= {True, False, None}
     assert not list((tmp_path / "d").glob(".pyfastensor-bench-data-*"))  # work files removed

@@ -1,4 +1,4 @@
-"""Smoke test of ``python -m pyfastensor bench offload`` on tiny models (no timing assertions)."""
+"""Smoke test of ``python -m benchmarks offload`` on tiny models (no timing assertions)."""
 
 from __future__ import annotations
 

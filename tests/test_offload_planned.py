@@ -1,4 +1,4 @@
-"""policy="planned": G10's migration plan applied to the saved tensors (issue 16, run-time part)."""
+"""policy="planned": G10's migration plan applied to the saved tensors."""
 
 from __future__ import annotations
 

@@ -18,9 +18,9 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
     exit $status
   fi
   echo "== bench checkpoint --device cuda --quick"
-  python -m pyfastensor bench checkpoint --device cuda --quick --repeat 3
+  python -m benchmarks checkpoint --device cuda --quick --repeat 3
   echo "== bench offload --device cuda --quick"
-  python -m pyfastensor bench offload --device cuda --quick --no-batch-search
+  python -m benchmarks offload --device cuda --quick --no-batch-search
   echo "== tests/gpu: exit status $status"
   exit $status
 } 2>&1 | tee "$log"
