@@ -51,13 +51,23 @@ import shutil
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from pyfastensor.info import available_memory
 
-from .harness import add_command, crc_speed, disk, progress, temp_dir, write_json
+from .harness import (
+    add_command,
+    crc_speed,
+    disk,
+    plot_or_say,
+    progress,
+    save_figure,
+    temp_dir,
+    write_json,
+)
 from .workloads import STATE_DICTS as WORKLOADS
 from .workloads import StateDict, build_state_dicts
 from .workloads import StateDictWorkload as Workload
@@ -693,6 +703,58 @@ save >= 1.5x torch.save + fsync, loads cold and warm no slower than torch.
 """
 
 
+#: The tools drawn, in order, with their colors.
+_PLOT_TOOLS = {"pyfastensor": "tab:blue", "torch": "tab:orange", "safetensors": "tab:green",
+               "numpy": "tab:gray"}
+
+
+def plot(result: dict[str, Any], path: str | os.PathLike[str]) -> Path:
+    """Draw GB/s per tool (durable save, cold load, warm load), one panel per workload, beside the disk's limits.
+
+    Args:
+        result: what :func:`run` returned.
+        path: the PNG to write (its directory is made).
+
+    Returns:
+        The PNG's path.
+
+    Raises:
+        ImportError: when matplotlib is not installed.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    names = list(result["workloads"])
+    fig = Figure(figsize=(4.2 * len(names), 3.8))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, len(names), squeeze=False)[0]
+    limit = result.get("limit") or {}
+    kinds = [("save", "durable save"), ("cold", "cold load"), ("warm", "warm load")]
+    for ax, name in zip(axes, names, strict=True):
+        rows = result["workloads"][name]["rows"]
+        tools = [t for t in _PLOT_TOOLS if t in rows]
+        width = 0.8 / max(len(tools), 1)
+        for i, tool in enumerate(tools):
+            values = [rows[tool].get(f"{k}_gbps") or 0.0 for k, _ in kinds]
+            xs = [j + (i - (len(tools) - 1) / 2) * width for j in range(len(kinds))]
+            ax.bar(xs, values, width, color=_PLOT_TOOLS[tool], label=tool)
+        for j, key in ((0, "write_mbps"), (1, "read_mbps")):
+            if limit.get(key):
+                gbps = limit[key] / 1000
+                ax.hlines(gbps, j - 0.45, j + 0.45, colors="black", linestyles="dashed",
+                          label="disk's limit (same run)" if j == 0 else None)
+        ax.set_xticks(range(len(kinds)), [label for _, label in kinds])
+        w = result["workloads"][name]
+        ax.set_title(f"{name}: {w['tensors']} tensors, {w['nbytes'] / 1e6:.0f} MB", fontsize=10)
+        ax.set_ylabel("GB/s (median of rounds)")
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].legend(fontsize=8, loc="upper left")
+    fig.suptitle(f"python -m benchmarks checkpoint: {result['repeat']} rounds; "
+                 "warm loads read the page cache", fontsize=10)
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Add ``checkpoint`` to the benchmarks' subcommands."""
     p = add_command(sub, "checkpoint", help="pyfastensor.save/load vs torch, safetensors, numpy, owned and mapped",
@@ -708,6 +770,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="GPT-2 shape with 4 layers and vocab 8192, 1,000 and 600 small tensors, "
                         "256M disk limit")
     p.add_argument("--device", default="cpu", help="where every tool loads to: cpu (default) or cuda[:N]")
+    p.add_argument("--plot", default="bench-out/checkpoint.png",
+                   help="PNG of GB/s per tool beside the disk's limits (default bench-out/checkpoint.png; "
+                        "needs matplotlib)")
+    p.add_argument("--no-plot", action="store_true", help="do not draw the plot")
 
 
 def _cmd_checkpoint(args: argparse.Namespace) -> int:
@@ -721,4 +787,6 @@ def _cmd_checkpoint(args: argparse.Namespace) -> int:
     print(format_report(result))
     if args.json:
         write_json(result, args.json)
+    if not args.no_plot:
+        plot_or_say(plot, result, args.plot)
     return 0

@@ -53,6 +53,9 @@ def test_tables_have_every_row_and_key(tmp_path):
     assert "targets" in text and "CRC-32 per core" in text and "owned" in text and "mapped" in text
     assert list(tmp_path.iterdir()) == []
 
+    png = bench.plot(result, tmp_path / "out" / "checkpoint.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
 
 def test_limit_targets_are_reported(tmp_path):
     result = bench.run(str(tmp_path), workloads=[Workload("resnet50", workloads.resnet50_state_dict(width=4))],
