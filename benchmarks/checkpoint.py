@@ -18,6 +18,9 @@ owned (the loaded tensors have memory of their own):
   directory; ``torch.load(path, weights_only=True)``;
 - ``safetensors``: ``safetensors.torch.save_file``, fsync of the file and of
   the directory; ``safetensors.torch.load(open(path, "rb").read())``;
+- ``tensorizer``: CoreWeave's ``TensorSerializer.write_state_dict``, fsync of
+  the file and of the directory; ``TensorDeserializer(path)`` read whole
+  (its default: not lazy, hashes unchecked);
 - ``numpy``: one ``.npy`` per tensor in a directory (``np.save`` into an open
   file, fsync of each file, then of the directory); load is
   ``torch.from_numpy(np.load(f))`` per tensor.
@@ -82,7 +85,7 @@ DEVICE = "cpu"
 
 #: The rows of each group of loads, pyfastensor's first: loads into memory of their own, and mapped loads.
 GROUPS = {
-    "owned": ("pyfastensor", "pyfastensor-noverify", "torch", "safetensors", "numpy"),
+    "owned": ("pyfastensor", "pyfastensor-noverify", "torch", "safetensors", "tensorizer", "numpy"),
     "mapped": ("pyfastensor-mmap", "torch-mmap", "safetensors-mmap"),
 }
 #: Rows of every table.
@@ -141,6 +144,17 @@ def _save_safetensors(sd: StateDict, path: str) -> None:
     from safetensors.torch import save_file
 
     save_file(sd, path)
+    _fsync_path(path)
+    _fsync_path(os.path.dirname(path), directory=True)
+
+
+def _save_tensorizer(sd: StateDict, path: str) -> None:
+    from tensorizer import TensorSerializer
+
+    with open(path, "wb+") as f:  # tensorizer wants a file it can read back
+        serializer = TensorSerializer(f)
+        serializer.write_state_dict(sd)
+        serializer.close()  # closes f too
     _fsync_path(path)
     _fsync_path(os.path.dirname(path), directory=True)
 
@@ -220,6 +234,16 @@ def _load_safetensors_mmap(path: str, keys: list[str]) -> StateDict:
     return load_file(path, device=DEVICE)
 
 
+def _load_tensorizer(path: str, keys: list[str]) -> StateDict:
+    from tensorizer import TensorDeserializer
+
+    deserializer = TensorDeserializer(path, device=DEVICE)
+    try:
+        return {k: t.detach() for k, t in deserializer.items()}
+    finally:
+        deserializer.close()
+
+
 def _load_numpy(path: str, keys: list[str]) -> StateDict:
     import torch
 
@@ -236,6 +260,7 @@ _TOOLS: dict[str, tuple[Saver, Loader, str, bool]] = {
     "pyfastensor-noverify": (_save_pyfastensor, _load_pyfastensor_noverify, "ckpt-pft-noverify.pt", False),
     "torch": (_save_torch, _load_torch, "ckpt-torch.pt", True),
     "safetensors": (_save_safetensors, _load_safetensors, "ckpt.safetensors", True),
+    "tensorizer": (_save_tensorizer, _load_tensorizer, "ckpt.tensors", True),
     "numpy": (_save_numpy, _load_numpy, "ckpt-npy", True),
     "pyfastensor-mmap": (_save_pyfastensor, _load_pyfastensor_mmap, "ckpt-pft-mmap.pt", False),
     "torch-mmap": (_save_torch, _load_torch_mmap, "ckpt-torch-mmap.pt", False),
@@ -705,7 +730,7 @@ save >= 1.5x torch.save + fsync, loads cold and warm no slower than torch.
 
 #: The tools drawn, in order, with their colors.
 _PLOT_TOOLS = {"pyfastensor": "tab:blue", "torch": "tab:orange", "safetensors": "tab:green",
-               "numpy": "tab:gray"}
+               "tensorizer": "tab:purple", "numpy": "tab:gray"}
 
 
 def plot(result: dict[str, Any], path: str | os.PathLike[str]) -> Path:
@@ -757,7 +782,7 @@ def plot(result: dict[str, Any], path: str | os.PathLike[str]) -> Path:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Add ``checkpoint`` to the benchmarks' subcommands."""
-    p = add_command(sub, "checkpoint", help="pyfastensor.save/load vs torch, safetensors, numpy, owned and mapped",
+    p = add_command(sub, "checkpoint", help="pyfastensor.save/load vs torch, safetensors, tensorizer, numpy, owned and mapped",
                     description=_DESCRIPTION, func=_cmd_checkpoint,
                     dir_help="parent directory on the filesystem to measure (default: .); the run uses a "
                              "temporary directory inside it and leaves nothing behind",
