@@ -74,12 +74,33 @@ class ChunkDataset(torch.utils.data.Dataset):
     sample kept alive keeps its batch's storage). A worker killed while
     holding a batch it has not taken gives it back: the requests asked again
     (by a new DataLoader resuming the epoch) get its samples, so none is lost
-    or repeated; a batch taken is delivered. ``set_epoch``,
-    ``state_dict``, ``load_state_dict``, ``stats``, ``classes`` and ``layout``
-    belong to the main process. With workers, batches prefetched and not yet
-    consumed count as delivered in a :meth:`state_dict`: take it with the
-    DataLoader's iterator drained (at an epoch's end) or use ``num_workers=0``
-    for mid-epoch resume.
+    or repeated; a batch taken is delivered. ``set_epoch``, ``stats``,
+    ``classes`` and ``layout`` belong to the main process.
+
+    Resume: which loader gives which guarantee.
+
+    - torchdata's ``StatefulDataLoader``, any ``num_workers``, ``fork`` or
+      ``spawn``: its ``state_dict()`` taken after any batch, loaded into a new
+      ``StatefulDataLoader`` over a new ChunkDataset (same pack, a budget giving
+      the same layout, as many workers), in any process, continues the epoch so
+      that every sample is delivered exactly once across the interruption: the
+      batches the loop consumed are in the state, those prefetched past them are
+      not. With ``num_workers=0`` the loader saves this dataset's
+      :meth:`state_dict`. With workers each worker's ``state_dict()`` is its part
+      of the state, the positions its batches delivered this epoch (a bitmap of
+      ``len(self) / 8`` bytes, sent with each batch); on resume each new worker's
+      ``load_state_dict()`` sends its part to the main process's server, which
+      waits for every worker's (``timeout``), restores their union and reads the
+      samples not delivered again as they are asked for. Keep the loader's
+      default ``snapshot_every_n_steps=1`` and ``in_order=True``: a state taken
+      between snapshots replays the batches since the last one on resume, and
+      their samples are skipped for the epoch (workers warn, ``RuntimeWarning``,
+      when batches come without a state). A distributed dataset resumes mid-epoch
+      with ``num_workers=0`` only.
+    - torch's ``DataLoader``: :meth:`state_dict` in the main process. With
+      ``num_workers=0``, exact after any batch. With workers, the batches they
+      prefetched and the loop did not consume yet count as delivered: take it at
+      an epoch's end (the iterator drained).
 
     Concurrency: the methods may be called from several threads; the
     server orders concurrent batches as they reach it.
@@ -141,7 +162,8 @@ class ChunkDataset(torch.utils.data.Dataset):
             of ``memory_budget``. Default: a tenth of ``memory_budget`` (the paper's
             best, section 5.4).
         prefetch: owners prefetch along this rank's access sequence. Default: True.
-        timeout: seconds to wait for another rank (rendezvous, barriers, calls).
+        timeout: seconds to wait for another rank (rendezvous, barriers, calls), and
+            for the other DataLoader workers' parts of a state when they resume.
             Default: 300.
 
     Security (distributed): each rank's server listens on its interface that
@@ -622,7 +644,15 @@ class ChunkDataset(torch.utils.data.Dataset):
         in its epoch deliver exactly the samples not yet delivered, each once,
         and the same samples this dataset would have. The sampler's position
         is not in it: resume the sampler so that it asks for the rest of its
-        epoch's permutation.
+        epoch's permutation (a ``StatefulDataLoader`` saves and resumes both).
+        With DataLoader workers, the batches they prefetched count as
+        delivered: take it at an epoch's end, or let a ``StatefulDataLoader``
+        take the state (see the class's Resume).
+
+        In a DataLoader worker (``StatefulDataLoader`` calls it there after
+        each batch) it is the worker's part of the loader's state instead:
+        ``{"kind": "worker", ..., "worker", "num_workers", "delivered"}``, the
+        positions this worker's batches delivered this epoch.
 
         Distributed, every rank calls it at the same step: each gives the
         samples prefetched into its remote memory back to their owners, waits
@@ -658,6 +688,11 @@ class ChunkDataset(torch.utils.data.Dataset):
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Resume from a :meth:`state_dict` (the dataset's seed becomes the state's).
 
+        In a DataLoader worker (``StatefulDataLoader`` resuming), ``state_dict``
+        is the worker's part: it goes to the main process's server, which
+        waits for every worker's part, up to ``timeout`` seconds, and restores
+        their union; this call returns then.
+
         Args:
             state_dict: what :meth:`state_dict` returned, in this process or another.
 
@@ -665,7 +700,11 @@ class ChunkDataset(torch.utils.data.Dataset):
             TypeError: ``state_dict`` is not a mapping.
             InvalidArgumentError: the state is of another pack, of a budget giving
                 another layout, of another rank or cluster size, or inconsistent (the
-                message says what differs).
+                message says what differs); a worker's part given to the main process,
+                or a main process's state to a worker; the workers' parts are of other
+                epochs or loaders.
+            EngineUnavailableError: in a worker, the other workers' parts did not come
+                within ``timeout`` (naming the workers missing).
         """
         if not isinstance(state_dict, Mapping):
             raise TypeError(f"state_dict: expected a mapping from ChunkDataset.state_dict(), got {type(state_dict).__name__}")
