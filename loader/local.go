@@ -463,7 +463,9 @@ func (l *Local) restorePart(c *net.UnixConn, part WorkerPart, wait time.Duration
 	case <-gone:
 		l.rmu.Lock()
 		if l.round == round {
-			delete(round.parts, part.Worker)
+			if delete(round.parts, part.Worker); len(round.parts) == 0 {
+				l.endRound(round, nil) // no one waits in it: the next part starts a round of its own
+			}
 		}
 		l.rmu.Unlock()
 		return fmt.Errorf("loader: worker %d's connection closed while it waited for the others' parts", part.Worker)

@@ -240,7 +240,7 @@ func TestLocalRestoreFromEveryWorkersPart(t *testing.T) {
 // A worker whose peers' parts do not come in time fails, naming them, and
 // leaves the server as it was; a part that does not fit the round fails
 // every worker waiting in it; a worker whose connection closes while it
-// waits takes its part back.
+// waits takes its part back, and its round goes with its last part.
 func TestLocalRestoreRefusals(t *testing.T) {
 	ds, p := newPack(t, datasetOpts{n: 40, classes: 2, maxSize: 200, seed: 65}, 5)
 	a := newServer(t, p, minBudget(p), 3)
@@ -304,7 +304,9 @@ func TestLocalRestoreRefusals(t *testing.T) {
 	})
 	t.Run("a worker gone while it waits", func(t *testing.T) {
 		gone := dialLocal(t, l.Addr())
-		blob, err := json.Marshal(parts[0])
+		stale := parts[0]
+		stale.NumWorkers = 4 // of an earlier loader, shut down while it resumed
+		blob, err := json.Marshal(stale)
 		require.NoError(t, err)
 		frame := make([]byte, 20+len(blob))
 		binary.LittleEndian.PutUint32(frame, uint32(16+len(blob)))
