@@ -167,6 +167,19 @@ func (ls *loaderServer) GetBatch(is []int) ([]loader.Sample, error) { return ls.
 func (ls *loaderServer) Return(samples []loader.Sample)             { ls.backend().Return(samples) }
 func (ls *loaderServer) Release(samples []loader.Sample)            { ls.backend().Release(samples) }
 
+// Head and RestoreParts make the handle a loader.Resumable: DataLoader
+// workers resume a server from their parts of a state; a node of a
+// cluster does not.
+func (ls *loaderServer) Head() loader.StateHead { return ls.srv.Head() }
+
+func (ls *loaderServer) RestoreParts(parts []loader.WorkerPart) error {
+	if n, _ := ls.distNode(); n != nil {
+		return fmt.Errorf("%w: loader: a distributed ChunkDataset resumes mid-epoch with num_workers=0 (its state_dict), "+
+			"not from DataLoader workers' parts", gds.ErrUnsupported)
+	}
+	return ls.srv.RestoreParts(parts)
+}
+
 // distNode is the handle's node, or an error saying it has none.
 func (ls *loaderServer) distNode() (*dist.Node, error) {
 	ls.mu.Lock()

@@ -6,9 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -24,11 +27,14 @@ import (
 //	request  = u32 op, u32 n, u64 arg, payload
 //	response = i32 status, u32 n, u64 ticket, payload
 //
-//	LocalHello  ->  payload: LocalHello, JSON
-//	LocalGet    n positions (i64 each)  ->  ticket, n × LocalMetaFields i64
-//	LocalTake   arg ticket, n its samples, payload u64 offset, u64 size,
-//	            one file descriptor (SCM_RIGHTS)  ->  nothing
-//	LocalReturn arg ticket  ->  nothing
+//	LocalHello   ->  payload: LocalHelloInfo, JSON
+//	LocalGet     n positions (i64 each)  ->  ticket, n × LocalMetaFields i64,
+//	             u64 the epoch the batch was delivered in
+//	LocalTake    arg ticket, n its samples, payload u64 offset, u64 size,
+//	             one file descriptor (SCM_RIGHTS)  ->  nothing
+//	LocalReturn  arg ticket  ->  nothing
+//	LocalRestore arg milliseconds to wait, payload: a WorkerPart, JSON
+//	             ->  nothing, once every worker's part came
 //
 // Get serves a batch (Server.GetBatch: the samples are delivered by it)
 // and keeps its bytes under a ticket. Take writes them, back to back in
@@ -39,14 +45,18 @@ import (
 // drops the ticket. Return gives the samples back
 // (Server.Return). A connection that closes holding tickets, a client
 // that died, gives their samples back, so a killed worker loses no sample
-// and duplicates none. A non-zero status is the caller's status code
+// and duplicates none. Restore is a DataLoader worker resuming from its
+// part of a mid-epoch state (WorkerPart, state.go): the endpoint collects
+// the parts of the loader's workers and, once all came, restores their
+// union (Server.RestoreParts) and answers each of them (restoreParts). A
+// non-zero status is the caller's status code
 // (LocalOptions.Status) with the error's message as payload.
 //
 // Connections are accepted from processes of the server's user only
 // (SO_PEERCRED): an abstract socket has no file permissions.
 
 // LocalProtocol is the version of the protocol, checked by LocalHello.
-const LocalProtocol = 1
+const LocalProtocol = 2
 
 // The requests' ops.
 const (
@@ -54,7 +64,13 @@ const (
 	LocalGet    = 2
 	LocalTake   = 3
 	LocalReturn = 4
+	// LocalRestore: protocol 2.
+	LocalRestore = 5
 )
+
+// LocalRestoreWait is how long a LocalRestore with no wait of its own
+// (arg 0) waits for the other workers' parts.
+const LocalRestoreWait = 30 * time.Second
 
 // LocalMetaFields is the i64s of a sample's metadata in a LocalGet
 // answer: position, source, label, length.
@@ -69,6 +85,10 @@ type LocalHelloInfo struct {
 	Samples  int    `json:"samples"`
 	Epoch    uint64 `json:"epoch"`
 	PID      int    `json:"pid"`
+	// Part is a worker's part of the server's state now with no position
+	// delivered, for a worker to fill in: nil when the backend restores
+	// no parts (it is not a Resumable).
+	Part *WorkerPart `json:"part,omitempty"`
 }
 
 // LocalOptions configure a Local endpoint.
@@ -88,6 +108,17 @@ type Backend interface {
 	Release(samples []Sample)
 }
 
+// Resumable is a Backend that DataLoader workers can resume from their
+// parts of a state (a Server).
+type Resumable interface {
+	Head() StateHead // what the backend's state now is of
+	RestoreParts(parts []WorkerPart) error
+}
+
+// ErrIncomplete: a restore from DataLoader workers' parts that did not get
+// every worker's in time.
+var ErrIncomplete = gds.Named(gds.ErrUnavailable, "DataLoader workers' parts of a state missing")
+
 // Local is a Server's endpoint for the processes of its node.
 type Local struct {
 	srv    Backend
@@ -98,6 +129,18 @@ type Local struct {
 	closed bool
 	conns  map[*net.UnixConn]struct{}
 	wg     sync.WaitGroup
+
+	rmu   sync.Mutex
+	round *partsRound // the parts of a restore being collected, or nil
+}
+
+// partsRound is one restore's parts as they come, by worker, and its
+// outcome once every part came, one failed, or a worker waited too long.
+type partsRound struct {
+	num   int
+	parts map[int]WorkerPart
+	done  chan struct{} // closed with err set
+	err   error
 }
 
 // ServeLocal listens on the Unix socket addr ("@name" for Linux's
@@ -287,7 +330,13 @@ func (l *Local) handle(lc *localConn, body []byte, fds []int) (resp []byte, ok b
 	}
 	switch op {
 	case LocalHello:
-		info, err := json.Marshal(LocalHelloInfo{Protocol: LocalProtocol, Samples: l.srv.Len(), Epoch: l.srv.Epoch(), PID: os.Getpid()})
+		hello := LocalHelloInfo{Protocol: LocalProtocol, Samples: l.srv.Len(), Epoch: l.srv.Epoch(), PID: os.Getpid()}
+		if r, ok := l.srv.(Resumable); ok {
+			head := r.Head()
+			hello.Epoch = head.Epoch
+			hello.Part = &WorkerPart{Kind: WorkerPartKind, Version: WorkerPartVersion, StateHead: head}
+		}
+		info, err := json.Marshal(hello)
 		if err != nil {
 			return fail(err)
 		}
@@ -306,13 +355,16 @@ func (l *Local) handle(lc *localConn, body []byte, fds []int) (resp []byte, ok b
 		}
 		lc.next++
 		lc.tickets[lc.next] = batch
-		meta := make([]byte, 8*LocalMetaFields*n)
+		meta := make([]byte, 8*LocalMetaFields*n+8)
+		epoch := l.srv.Epoch()
 		for k, s := range batch {
 			m := meta[8*LocalMetaFields*k:]
 			for f, v := range [LocalMetaFields]int64{int64(s.Position), int64(s.Source), int64(s.Label), int64(len(s.Data))} {
 				binary.LittleEndian.PutUint64(m[8*f:], uint64(v))
 			}
+			epoch = s.Epoch
 		}
+		binary.LittleEndian.PutUint64(meta[8*LocalMetaFields*n:], epoch)
 		return response(0, uint32(n), lc.next, meta), true
 	case LocalTake:
 		batch, found := lc.tickets[arg]
@@ -339,8 +391,144 @@ func (l *Local) handle(lc *localConn, body []byte, fds []int) (resp []byte, ok b
 			l.srv.Return(batch)
 		}
 		return response(0, 0, arg, nil), true
+	case LocalRestore:
+		var part WorkerPart
+		if err := json.Unmarshal(payload, &part); err != nil {
+			return fail(fmt.Errorf("loader: %w: a worker's part that does not parse: %v", ErrState, err))
+		}
+		wait := time.Duration(arg) * time.Millisecond
+		if arg == 0 || arg > uint64(time.Duration(math.MaxInt64)/time.Millisecond) {
+			wait = LocalRestoreWait
+		}
+		if err := l.restorePart(lc.c, part, wait); err != nil {
+			return fail(err)
+		}
+		return response(0, 0, 0, nil), true
 	}
 	return fail(fmt.Errorf("%w: unknown request %d (protocol %d)", gds.ErrUnsupported, op, LocalProtocol))
+}
+
+// restorePart adds a worker's part to the restore being collected (or
+// starts one) and waits, up to wait, until the round has every worker's
+// part and the backend restored their union, or failed; it returns the
+// round's outcome, the same for each of its workers. A part that does
+// not fit the round (another number of workers, or a worker's second
+// part) fails the round, and every worker waiting in it. A worker whose
+// connection closes while it waits takes its part back (a loader shut
+// down mid-restore: its parts do not mix with the next one's). A worker
+// that waits longer than its wait fails the round naming the workers
+// missing.
+func (l *Local) restorePart(c *net.UnixConn, part WorkerPart, wait time.Duration) error {
+	r, ok := l.srv.(Resumable)
+	if !ok {
+		return fmt.Errorf("%w: loader: this server cannot restore DataLoader workers' parts of a state", gds.ErrUnsupported)
+	}
+	if part.NumWorkers < 1 || part.Worker < 0 || part.Worker >= part.NumWorkers {
+		return fmt.Errorf("loader: %w: a part of worker %d of %d", ErrState, part.Worker, part.NumWorkers)
+	}
+	l.rmu.Lock()
+	round := l.round
+	if round == nil {
+		round = &partsRound{num: part.NumWorkers, parts: map[int]WorkerPart{}, done: make(chan struct{})}
+		l.round = round
+	}
+	switch _, twice := round.parts[part.Worker]; {
+	case part.NumWorkers != round.num:
+		err := l.endRound(round, fmt.Errorf("loader: %w: a part of a loader of %d workers came while the parts of one of %d were being collected",
+			ErrState, part.NumWorkers, round.num))
+		l.rmu.Unlock()
+		return err
+	case twice:
+		err := l.endRound(round, fmt.Errorf("loader: %w: two parts of worker %d of %d", ErrState, part.Worker, round.num))
+		l.rmu.Unlock()
+		return err
+	}
+	round.parts[part.Worker] = part
+	if len(round.parts) == round.num {
+		parts := make([]WorkerPart, 0, round.num)
+		for w := range round.num {
+			parts = append(parts, round.parts[w])
+		}
+		err := l.endRound(round, r.RestoreParts(parts))
+		l.rmu.Unlock()
+		return err
+	}
+	l.rmu.Unlock()
+
+	gone, stop := watchGone(c)
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	select {
+	case <-round.done:
+	case <-gone:
+		l.rmu.Lock()
+		if l.round == round {
+			if delete(round.parts, part.Worker); len(round.parts) == 0 {
+				l.endRound(round, nil) // no one waits in it: the next part starts a round of its own
+			}
+		}
+		l.rmu.Unlock()
+		return fmt.Errorf("loader: worker %d's connection closed while it waited for the others' parts", part.Worker)
+	case <-timer.C:
+		l.rmu.Lock()
+		var missing []int
+		for w := range round.num {
+			if _, ok := round.parts[w]; !ok {
+				missing = append(missing, w)
+			}
+		}
+		l.endRound(round, fmt.Errorf("loader: %w: worker %d of %d waited %v for the parts of worker(s) %v: resume with a loader of as many workers, each loading its part",
+			ErrIncomplete, part.Worker, round.num, wait, missing))
+		l.rmu.Unlock()
+	}
+	if !stop() {
+		return fmt.Errorf("loader: worker %d's connection closed while it waited for the others' parts", part.Worker)
+	}
+	return round.err
+}
+
+// endRound ends round with err (nil: restored), unless it ended already,
+// and returns its outcome. The caller holds rmu.
+func (l *Local) endRound(round *partsRound, err error) error {
+	if l.round == round {
+		l.round = nil
+	}
+	select {
+	case <-round.done:
+	default:
+		round.err = err
+		close(round.done)
+	}
+	return round.err
+}
+
+// watchGone reads c while its client waits for an answer and sends
+// nothing: gone is closed when the read ends (the connection closed, or
+// a byte the protocol does not allow here). stop ends the watch, leaving
+// c as it was; false when the client is gone.
+func watchGone(c *net.UnixConn) (gone <-chan struct{}, stop func() bool) {
+	ch, exited := make(chan struct{}), make(chan struct{})
+	var stopping atomic.Bool
+	go func() {
+		defer close(exited)
+		var b [1]byte
+		_, err := c.Read(b[:])
+		if !stopping.Load() || !errors.Is(err, os.ErrDeadlineExceeded) {
+			close(ch)
+		}
+	}()
+	return ch, func() bool {
+		stopping.Store(true)
+		_ = c.SetReadDeadline(time.Now())
+		<-exited
+		_ = c.SetReadDeadline(time.Time{})
+		select {
+		case <-ch:
+			return false
+		default:
+			return true
+		}
+	}
 }
 
 // copyOut writes batch's bytes back to back from off into the shared

@@ -110,7 +110,8 @@ func TestLocalClientsShareOneEpoch(t *testing.T) {
 	require.Zero(t, st)
 	var info LocalHelloInfo
 	require.NoError(t, json.Unmarshal(out, &info))
-	require.Equal(t, LocalHelloInfo{Protocol: LocalProtocol, Samples: 80, PID: os.Getpid()}, info)
+	require.Equal(t, LocalHelloInfo{Protocol: LocalProtocol, Samples: 80, PID: os.Getpid(),
+		Part: &WorkerPart{Kind: WorkerPartKind, Version: WorkerPartVersion, StateHead: s.Head()}}, info)
 
 	reqs := perm(80, 3)
 	clients := []*localClient{dialLocal(t, l.Addr()), dialLocal(t, l.Addr())}

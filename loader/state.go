@@ -3,6 +3,7 @@ package loader
 import (
 	"encoding/hex"
 	"fmt"
+	"slices"
 )
 
 // A server's state mid-epoch, for a resume in a new process: which
@@ -166,4 +167,137 @@ func (s *Server) Restore(st State) error {
 	}
 	s.stats.Served = int64(s.nDelivered)
 	return nil
+}
+
+// A DataLoader's workers each hold part of a mid-epoch state: the
+// positions their batches delivered. A request for position i is answered
+// by a sample of i's slot (its chunk group's abstract chunk, slot i%N), so
+// for any set of batches the requests they made and the samples they
+// delivered balance slot by slot. A loader that checkpoints the batches
+// its training loop consumed (torchdata's StatefulDataLoader keeps, per
+// worker, the state that came with the worker's last batch it yielded)
+// thus has, in the union of its workers' parts, exactly the samples those
+// batches delivered; the rest of the epoch's requests (the sampler resumes
+// after the consumed batches) then ask, slot by slot, for as many samples
+// as the union leaves. A state restored from the union has those samples
+// delivered and nothing else in memory: the samples the workers had
+// prefetched past the consumed batches are read again when asked for.
+
+// WorkerPartKind is the Kind of a WorkerPart.
+const WorkerPartKind = "worker"
+
+// WorkerPartVersion is the version of WorkerPart this build writes and
+// reads.
+const WorkerPartVersion = 1
+
+// StateHead is what a state is of: the pack, the layout, the seed and the
+// epoch (State's fields of the same names).
+type StateHead struct {
+	Pack           string `json:"pack"`
+	IndexCRC       uint32 `json:"index_crc"`
+	ChunksPerGroup int    `json:"chunks_per_group"`
+	Seed           uint64 `json:"seed"`
+	Epoch          uint64 `json:"epoch"`
+}
+
+// WorkerPart is one DataLoader worker's part of a mid-epoch state: the
+// positions its batches delivered in the head's epoch, a bitmap as in
+// State (base64 in JSON). The worker fills in its id, the number of
+// workers and the bitmap; the rest is the server's (Server.Head).
+type WorkerPart struct {
+	Kind    string `json:"kind"`
+	Version int    `json:"version"`
+	StateHead
+	Worker     int    `json:"worker"`
+	NumWorkers int    `json:"num_workers"`
+	Delivered  []byte `json:"delivered"`
+}
+
+// Head returns what the server's state now is of.
+func (s *Server) Head() StateHead {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return StateHead{Pack: hex.EncodeToString(s.ix.SpecHash[:]), IndexCRC: s.ix.CRC,
+		ChunksPerGroup: s.lay.ChunksPerGroup, Seed: s.seed, Epoch: s.epoch}
+}
+
+// RestoreParts puts the server in the state of the union of a loader's
+// workers' parts (one per worker, any order): their epoch and seed, every
+// position a part holds delivered, nothing else in memory. Parts that do
+// not make one state (a worker missing or twice, parts of other epochs,
+// seeds or loaders, a position in two parts) or are of another pack or
+// layout are an error wrapping ErrState that says which; the server is
+// then unchanged.
+func (s *Server) RestoreParts(parts []WorkerPart) error {
+	st, err := UnionState(parts, s.lay.Samples)
+	if err != nil {
+		return err
+	}
+	return s.Restore(st)
+}
+
+// UnionState returns the state of the union of a loader's workers' parts
+// over a pack of n samples (RestoreParts). Draws is 0: the epoch's
+// tie-break stream starts again.
+func UnionState(parts []WorkerPart, n int) (State, error) {
+	bad := func(format string, args ...any) (State, error) {
+		return State{}, fmt.Errorf("loader: %w: %s", ErrState, fmt.Sprintf(format, args...))
+	}
+	if len(parts) == 0 {
+		return bad("no DataLoader worker's part")
+	}
+	first := parts[0]
+	seen := make([]bool, max(first.NumWorkers, 0))
+	union := newBitset(n)
+	count := 0
+	for k, p := range parts {
+		switch {
+		case p.Kind != WorkerPartKind:
+			return bad("a part of kind %q, not a DataLoader worker's (%q)", p.Kind, WorkerPartKind)
+		case p.Version < 1 || p.Version > WorkerPartVersion:
+			return bad("worker %d's part is of version %d (this build reads 1 to %d)", p.Worker, p.Version, WorkerPartVersion)
+		case p.NumWorkers != first.NumWorkers:
+			return bad("parts of loaders of %d and %d workers", first.NumWorkers, p.NumWorkers)
+		case p.Worker < 0 || p.Worker >= p.NumWorkers:
+			return bad("a part of worker %d of %d", p.Worker, p.NumWorkers)
+		case seen[p.Worker]:
+			return bad("two parts of worker %d", p.Worker)
+		case p.Pack != first.Pack || p.IndexCRC != first.IndexCRC:
+			return bad("worker %d's part is of pack %s, worker %d's of %s", first.Worker, first.Pack, p.Worker, p.Pack)
+		case p.ChunksPerGroup != first.ChunksPerGroup:
+			return bad("worker %d's part is of a layout of %d chunks per group, worker %d's of %d",
+				first.Worker, first.ChunksPerGroup, p.Worker, p.ChunksPerGroup)
+		case p.Epoch != first.Epoch || p.Seed != first.Seed:
+			return bad("worker %d's part is of epoch %d (seed %d), worker %d's of epoch %d (seed %d)",
+				first.Worker, first.Epoch, first.Seed, p.Worker, p.Epoch, p.Seed)
+		}
+		seen[p.Worker] = true
+		b, ok := bitsetOf(p.Delivered, n)
+		if !ok {
+			return bad("worker %d's bitmap of %d bytes for %d samples", p.Worker, len(p.Delivered), n)
+		}
+		for i := range n {
+			if !b.has(i) {
+				continue
+			}
+			if union.has(i) {
+				other := slices.IndexFunc(parts[:k], func(q WorkerPart) bool { b, _ := bitsetOf(q.Delivered, n); return b.has(i) })
+				return bad("position %d delivered by both worker %d and worker %d", i, parts[other].Worker, p.Worker)
+			}
+			union.set(i)
+			count++
+		}
+	}
+	var missing []int
+	for w, ok := range seen {
+		if !ok {
+			missing = append(missing, w)
+		}
+	}
+	if len(missing) > 0 {
+		return bad("no part of worker(s) %v of %d", missing, first.NumWorkers)
+	}
+	bits := union.bytes(n)
+	return State{Version: StateVersion, Pack: first.Pack, IndexCRC: first.IndexCRC, ChunksPerGroup: first.ChunksPerGroup,
+		Seed: first.Seed, Epoch: first.Epoch, Served: count, Filled: bits, Delivered: slices.Clone(bits)}, nil
 }

@@ -195,7 +195,7 @@ def _client_process(address: str, batches: list[list[int]], die: bool, conn) -> 
     c = _client.Client(address, "test")
     got = []
     for idx in batches:
-        meta, ticket = c.get(idx)
+        meta, ticket, _ = c.get(idx)
         positions = meta[0::4]
         if die:
             conn.send(positions)

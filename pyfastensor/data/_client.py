@@ -11,6 +11,9 @@ the server copy the samples into it (the storage's file descriptor travels
 with the request; the server keeps it mapped), and the batch's tensors are
 views of that storage, which torch then hands to the main process without
 a copy. If the worker dies between the two, the server gives the batch back.
+A worker resuming from its part of a StatefulDataLoader's state sends it
+with ``restore``; the server answers once every worker's part came and it
+restored their union.
 
 Nothing here imports the native library; errors come back as the same
 exceptions the native calls raise.
@@ -28,8 +31,8 @@ from typing import Any
 from .. import errors
 
 # Keep in step with loader/local.go.
-PROTOCOL = 1
-HELLO, GET, TAKE, RETURN = 1, 2, 3, 4
+PROTOCOL = 2
+HELLO, GET, TAKE, RETURN, RESTORE = 1, 2, 3, 4, 5
 META_FIELDS = 4
 
 _REQUEST = struct.Struct("<IIIQ")  # frame length, op, n, arg
@@ -125,11 +128,19 @@ class Client:
             buf += chunk
         return bytes(buf)
 
-    def get(self, indices: Sequence[int]) -> tuple[list[int], int]:
-        """Serve requests for ``indices``; return META_FIELDS ints per sample and the batch's ticket."""
+    def hello(self) -> dict[str, Any]:
+        """The server's answer to a hello now: ``samples``, ``epoch``, and ``part``, the head of a
+        worker's part of its state (``loader.WorkerPart``)."""
+        self.info = json.loads(self._call(HELLO, 0, 0, b"")[2])
+        return self.info
+
+    def get(self, indices: Sequence[int]) -> tuple[list[int], int, int]:
+        """Serve requests for ``indices``; return META_FIELDS ints per sample, the batch's ticket
+        and the epoch it was delivered in."""
         n = len(indices)
         _, ticket, meta = self._call(GET, n, 0, struct.pack(f"<{n}q", *indices))
-        return list(struct.unpack(f"<{META_FIELDS * n}q", meta)), ticket
+        values = struct.unpack(f"<{META_FIELDS * n}qQ", meta)
+        return list(values[:-1]), ticket, int(values[-1])
 
     def take(self, ticket: int, n: int, fd: int, size: int, offset: int = 0) -> None:
         """Have the server write the ticket's ``n`` samples, back to back, into the shared memory ``fd`` from ``offset``."""
@@ -138,6 +149,15 @@ class Client:
     def give_back(self, ticket: int) -> None:
         """Give a batch back untaken: the requests asked again get its samples."""
         self._call(RETURN, 0, ticket, b"")
+
+    def restore(self, part: dict[str, Any], timeout: float) -> None:
+        """Send this worker's part of a state; return once the server restored the union of every
+        worker's part (waiting up to ``timeout`` seconds for the others')."""
+        self._sock.settimeout(timeout + 10)
+        try:
+            self._call(RESTORE, 0, max(1, int(timeout * 1000)), json.dumps(part).encode())
+        finally:
+            self._sock.settimeout(None)
 
 
 class BatchBuffers:

@@ -10,11 +10,13 @@ never loading the Go runtime.
 
 from __future__ import annotations
 
+import base64
 import json
 import operator
 import os
 import secrets
 import threading
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -72,12 +74,33 @@ class ChunkDataset(torch.utils.data.Dataset):
     sample kept alive keeps its batch's storage). A worker killed while
     holding a batch it has not taken gives it back: the requests asked again
     (by a new DataLoader resuming the epoch) get its samples, so none is lost
-    or repeated; a batch taken is delivered. ``set_epoch``,
-    ``state_dict``, ``load_state_dict``, ``stats``, ``classes`` and ``layout``
-    belong to the main process. With workers, batches prefetched and not yet
-    consumed count as delivered in a :meth:`state_dict`: take it with the
-    DataLoader's iterator drained (at an epoch's end) or use ``num_workers=0``
-    for mid-epoch resume.
+    or repeated; a batch taken is delivered. ``set_epoch``, ``stats``,
+    ``classes`` and ``layout`` belong to the main process.
+
+    Resume: which loader gives which guarantee.
+
+    - torchdata's ``StatefulDataLoader``, any ``num_workers``, ``fork`` or
+      ``spawn``: its ``state_dict()`` taken after any batch, loaded into a new
+      ``StatefulDataLoader`` over a new ChunkDataset (same pack, a budget giving
+      the same layout, as many workers), in any process, continues the epoch so
+      that every sample is delivered exactly once across the interruption: the
+      batches the loop consumed are in the state, those prefetched past them are
+      not. With ``num_workers=0`` the loader saves this dataset's
+      :meth:`state_dict`. With workers each worker's ``state_dict()`` is its part
+      of the state, the positions its batches delivered this epoch (a bitmap of
+      ``len(self) / 8`` bytes, sent with each batch); on resume each new worker's
+      ``load_state_dict()`` sends its part to the main process's server, which
+      waits for every worker's (``timeout``), restores their union and reads the
+      samples not delivered again as they are asked for. Keep the loader's
+      default ``snapshot_every_n_steps=1`` and ``in_order=True``: a state taken
+      between snapshots replays the batches since the last one on resume, and
+      their samples are skipped for the epoch (workers warn, ``RuntimeWarning``,
+      when batches come without a state). A distributed dataset resumes mid-epoch
+      with ``num_workers=0`` only.
+    - torch's ``DataLoader``: :meth:`state_dict` in the main process. With
+      ``num_workers=0``, exact after any batch. With workers, the batches they
+      prefetched and the loop did not consume yet count as delivered: take it at
+      an epoch's end (the iterator drained).
 
     Concurrency: the methods may be called from several threads; the
     server orders concurrent batches as they reach it.
@@ -139,7 +162,8 @@ class ChunkDataset(torch.utils.data.Dataset):
             of ``memory_budget``. Default: a tenth of ``memory_budget`` (the paper's
             best, section 5.4).
         prefetch: owners prefetch along this rank's access sequence. Default: True.
-        timeout: seconds to wait for another rank (rendezvous, barriers, calls).
+        timeout: seconds to wait for another rank (rendezvous, barriers, calls), and
+            for the other DataLoader workers' parts of a state when they resume.
             Default: 300.
 
     Security (distributed): each rank's server listens on its interface that
@@ -223,6 +247,15 @@ class ChunkDataset(torch.utils.data.Dataset):
         self._client_pid = 0
         self._buffers: _client.BatchBuffers | None = None  # a worker's, for its batches
         self._buffers_pid = 0
+        # A worker's part of a state (StatefulDataLoader): the positions its
+        # batches delivered in epoch _part_epoch, a bitmap, in process _part_pid;
+        # batches fetched since its last state_dict(), and whether it had one.
+        self._part_pid = 0
+        self._part_epoch = -1
+        self._part_bits = bytearray()
+        self._part_unsnapshotted = 0
+        self._part_stated = False
+        self._part_warned = False
         if not self._in_worker():
             self._live()  # opened here, so a worker can reach it whatever the sampler calls
 
@@ -464,7 +497,7 @@ class ChunkDataset(torch.utils.data.Dataset):
         client = self._worker_client()
         self._check_indices(idx, int(client.info["samples"]))
         try:
-            meta, ticket = client.get(idx)
+            meta, ticket, epoch = client.get(idx)
         except errors.EngineUnavailableError as e:
             raise self._node_failed(e) from None
         f = _native.META_FIELDS
@@ -484,12 +517,88 @@ class ChunkDataset(torch.utils.data.Dataset):
             except errors.FastensorError:
                 pass  # the server is gone: nothing to give back to
             raise
+        self._note_delivered(epoch, [meta[k * f] for k in range(len(idx))], int(client.info["samples"]))
         flat = torch.empty(0, dtype=torch.uint8).set_(storage)
         datas, at = [], 0
         for length in lengths:
             datas.append(flat[at:at + length])
             at += length
         return meta, datas
+
+    # A worker's part of a state (torchdata's StatefulDataLoader calls state_dict() in each
+    # worker after each batch, and load_state_dict() in each new worker on resume).
+
+    def _part_bitmap(self, epoch: int, n: int) -> bytearray:
+        """This worker's bitmap of the positions its batches delivered in ``epoch`` (new: none)."""
+        if self._part_pid != os.getpid():
+            self._part_pid, self._part_epoch = os.getpid(), -1
+            self._part_unsnapshotted, self._part_stated, self._part_warned = 0, False, False
+        if self._part_epoch != epoch or len(self._part_bits) != (n + 7) // 8:
+            self._part_epoch, self._part_bits = epoch, bytearray((n + 7) // 8)
+        return self._part_bits
+
+    def _note_delivered(self, epoch: int, positions: list[int], n: int) -> None:
+        """Record a batch this worker took; warn once if batches come without a state between them."""
+        bits = self._part_bitmap(epoch, n)
+        for p in positions:
+            bits[p >> 3] |= 1 << (p & 7)
+        if self._part_stated and self._part_unsnapshotted >= 1 and not self._part_warned:
+            self._part_warned = True
+            warnings.warn(
+                f"ChunkDataset({self.root!r}): DataLoader worker fetched a batch without a state_dict() after "
+                "the one before (StatefulDataLoader's snapshot_every_n_steps > 1): a state taken between "
+                "snapshots replays the batches since the last one on resume, and their samples are skipped "
+                "for the epoch. Use snapshot_every_n_steps=1 for exactly-once resume.",
+                RuntimeWarning, stacklevel=3)
+        self._part_unsnapshotted += 1
+
+    def _worker_state(self) -> dict[str, Any]:
+        """This worker's part of the state: its batches' positions this epoch (``loader.WorkerPart``)."""
+        info = self._worker_client().hello()
+        head = info.get("part")
+        if not head:
+            raise errors.UnsupportedError(
+                f"ChunkDataset({self.root!r}): the loader server gives DataLoader workers no part of its state")
+        bits = self._part_bitmap(int(head["epoch"]), int(info["samples"]))
+        self._part_stated = True
+        worker = torch.utils.data.get_worker_info()
+        part = dict(head, worker=worker.id, num_workers=worker.num_workers,
+                    delivered=base64.b64encode(bytes(bits)).decode("ascii"))
+        if self._part_warned:
+            part["unsnapshotted"] = True  # batches came without their state: see _note_delivered
+        self._part_unsnapshotted = 0
+        return part
+
+    def _worker_restore(self, part: dict[str, Any]) -> None:
+        """Send this worker's part to the server; return once it restored every worker's union."""
+        worker = torch.utils.data.get_worker_info()
+        if part.get("kind") != "worker":
+            raise errors.InvalidArgumentError(
+                f"ChunkDataset({self.root!r}): DataLoader worker {worker.id} was given a main process's state "
+                "(ChunkDataset.state_dict()); a worker loads its own part of a StatefulDataLoader's state. Load a "
+                "ChunkDataset's state with dataset.load_state_dict() in the main process, before the loader starts")
+        if int(part.get("num_workers", -1)) != worker.num_workers:
+            raise errors.InvalidArgumentError(
+                f"ChunkDataset({self.root!r}): a part of the state of a loader of {part.get('num_workers')} "
+                f"workers, loaded into one of {worker.num_workers}: resume with as many workers")
+        if part.get("unsnapshotted"):
+            warnings.warn(
+                f"ChunkDataset({self.root!r}): worker {part.get('worker')}'s part of the state was taken by a "
+                "StatefulDataLoader with snapshot_every_n_steps > 1: the batches it replays on resume skip "
+                "their samples for the epoch", RuntimeWarning, stacklevel=3)
+        client = self._worker_client()
+        n = int(client.info["samples"])
+        try:
+            bits = bytearray(base64.b64decode(part.get("delivered", ""), validate=True))
+        except ValueError:
+            raise errors.InvalidArgumentError(
+                f"ChunkDataset({self.root!r}): worker {part.get('worker')}'s part of the state has no valid "
+                "'delivered' bitmap") from None
+        client.restore(part, self.timeout)
+        self._part_bitmap(int(part["epoch"]), n)
+        self._part_bits[:] = bits  # the server checked its length
+        self._part_stated = True
+        self._part_warned = self._part_warned or bool(part.get("unsnapshotted"))
 
     def _items(self, meta: list[int], datas: list[torch.Tensor]) -> list[tuple[Any, ...]]:
         f = _native.META_FIELDS
@@ -535,7 +644,15 @@ class ChunkDataset(torch.utils.data.Dataset):
         in its epoch deliver exactly the samples not yet delivered, each once,
         and the same samples this dataset would have. The sampler's position
         is not in it: resume the sampler so that it asks for the rest of its
-        epoch's permutation.
+        epoch's permutation (a ``StatefulDataLoader`` saves and resumes both).
+        With DataLoader workers, the batches they prefetched count as
+        delivered: take it at an epoch's end, or let a ``StatefulDataLoader``
+        take the state (see the class's Resume).
+
+        In a DataLoader worker (``StatefulDataLoader`` calls it there after
+        each batch) it is the worker's part of the loader's state instead:
+        ``{"kind": "worker", ..., "worker", "num_workers", "delivered"}``, the
+        positions this worker's batches delivered this epoch.
 
         Distributed, every rank calls it at the same step: each gives the
         samples prefetched into its remote memory back to their owners, waits
@@ -554,6 +671,8 @@ class ChunkDataset(torch.utils.data.Dataset):
 
             >>> torch.save({"model": model.state_dict(), "data": ds.state_dict()}, "ckpt.pt")
         """
+        if self._in_worker():
+            return self._worker_state()
         server = self._live()
         if not self.distributed:
             return server.state()
@@ -569,6 +688,11 @@ class ChunkDataset(torch.utils.data.Dataset):
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Resume from a :meth:`state_dict` (the dataset's seed becomes the state's).
 
+        In a DataLoader worker (``StatefulDataLoader`` resuming), ``state_dict``
+        is the worker's part: it goes to the main process's server, which
+        waits for every worker's part, up to ``timeout`` seconds, and restores
+        their union; this call returns then.
+
         Args:
             state_dict: what :meth:`state_dict` returned, in this process or another.
 
@@ -576,7 +700,11 @@ class ChunkDataset(torch.utils.data.Dataset):
             TypeError: ``state_dict`` is not a mapping.
             InvalidArgumentError: the state is of another pack, of a budget giving
                 another layout, of another rank or cluster size, or inconsistent (the
-                message says what differs).
+                message says what differs); a worker's part given to the main process,
+                or a main process's state to a worker; the workers' parts are of other
+                epochs or loaders.
+            EngineUnavailableError: in a worker, the other workers' parts did not come
+                within ``timeout`` (naming the workers missing).
         """
         if not isinstance(state_dict, Mapping):
             raise TypeError(f"state_dict: expected a mapping from ChunkDataset.state_dict(), got {type(state_dict).__name__}")
@@ -584,6 +712,15 @@ class ChunkDataset(torch.utils.data.Dataset):
             state = json.loads(json.dumps(dict(state_dict)))
         except (TypeError, ValueError) as e:
             raise errors.InvalidArgumentError(f"state_dict: not a ChunkDataset state ({e})") from None
+        if self._in_worker():
+            self._worker_restore(state)
+            return
+        if state.get("kind") == "worker":
+            raise errors.InvalidArgumentError(
+                f"state_dict: DataLoader worker {state.get('worker')}'s part of a StatefulDataLoader's state, loaded "
+                "into the main process's ChunkDataset: load the StatefulDataLoader's own state_dict into a "
+                "StatefulDataLoader over this dataset (loader.load_state_dict(...)); its workers restore the "
+                "dataset from their parts")
         world = int(state.get("world", 1) or 1)
         if world != self._share()[1] or (world > 1 and int(state.get("rank", -1)) != self._share()[0]):
             raise errors.InvalidArgumentError(
