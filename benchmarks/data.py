@@ -1,14 +1,16 @@
-"""``python -m benchmarks data``: ChunkDataset (Brand) against torch's DataLoader, Streaming and WebDataset.
+"""``python -m benchmarks data``: ChunkDataset (Brand) against torch's DataLoader, Streaming, WebDataset and LitData.
 
 A class-sorted dataset (``--files`` samples of ``--file-size`` bytes in
 ``--classes`` classes, written in class order) is read one epoch at a time,
-cold, by four loaders with the same batch size and workers:
+cold, by five loaders with the same batch size and workers:
 
 - ``DataLoader (files)``: torch's ``DataLoader`` over the plain files with a
   ``RandomSampler`` (a full shuffle, one file read per sample);
 - ``Streaming (MDS)``: MosaicML Streaming over local MDS shards, its default
   shuffle (``py1e``);
 - ``WebDataset (tar)``: tar shards, its shard shuffle and sample buffer;
+- ``LitData (optimized)``: Lightning's ``litdata.optimize`` chunks and its
+  ``StreamingDataset(shuffle=True)`` through its ``StreamingDataLoader``;
 - ``ChunkDataset``: a pyfastensor pack of ``--chunk-size`` chunks within
   ``--budget``.
 
@@ -49,7 +51,7 @@ import numpy as np
 from pyfastensor import config
 
 from . import data_loaders as dlm
-from .data_loaders import LOADER_NAMES, LOADERS
+from .data_loaders import FORMAT_DIRS, LOADER_NAMES, LOADERS
 from .harness import (
     ReaderCgroups,
     add_command,
@@ -77,12 +79,13 @@ ENTROPY_TOLERANCE = 0.05
 WASTE_TARGET = 0.10
 
 _DESCRIPTION = """\
-Read one epoch of a class-sorted dataset, cold, through four loaders with the
+Read one epoch of a class-sorted dataset, cold, through five loaders with the
 same --batch-size and --workers, and compare: torch's DataLoader over the
 plain files (RandomSampler, a full shuffle), MosaicML Streaming over local MDS
 shards (its default shuffle), WebDataset over tar shards (shard shuffle and a
-1000-sample buffer), and pyfastensor's ChunkDataset over a pack (Brand).
-Streaming and WebDataset are optional (pip install -r benchmarks/requirements.txt); one
+1000-sample buffer), LitData over its optimized chunks (its shuffle), and
+pyfastensor's ChunkDataset over a pack (Brand).
+Streaming, WebDataset and LitData are optional (pip install -r benchmarks/requirements.txt); one
 that is missing is printed as skipped, with the reason.
 
 Each epoch runs in a process of its own, after sync; echo 3 > drop_caches,
@@ -341,7 +344,7 @@ def _dataset_files(root: Path, loader: str) -> list[str]:
     """The files a loader reads (for the fadvise fallback of drop_caches when not root)."""
     if disk.can_drop_caches():
         return []
-    sub = {"dataloader": "files", "streaming": "mds", "webdataset": "wds", "chunk": "pack"}[loader]
+    sub = FORMAT_DIRS[loader]
     return [os.path.join(d, f) for d, _, fs in os.walk(root / sub) for f in fs]
 
 
@@ -584,7 +587,7 @@ def evaluate_targets(result: dict[str, Any]) -> list[dict[str, Any]]:
         out.append({"name": f"{s}: ChunkDataset samples/s >= {goal:g}x DataLoader's",
                     "value": f"{ratio:.2f}x" if ratio is not None else "not measured",
                     "met": None if ratio is None else ratio >= goal})
-        for peer in ("streaming", "webdataset"):
+        for peer in ("streaming", "webdataset", "litdata"):
             theirs = sps(s, peer)
             ratio = mine / theirs if mine and theirs else None
             peer_ent = order.get(peer, {}).get("label_entropy")
@@ -838,7 +841,7 @@ def plot(result: dict[str, Any], path: str | os.PathLike[str]) -> Path:
     fig = Figure(figsize=(18 if conv else 12, 5), layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, 3 if conv else 2)
-    colors = {"dataloader": "tab:blue", "streaming": "tab:orange", "webdataset": "tab:green",
+    colors = {"dataloader": "tab:blue", "streaming": "tab:orange", "webdataset": "tab:green", "litdata": "tab:purple",
               "chunk": "tab:red"}
     ax = axes[0]
     width = 0.8 / max(1, len(p["loaders"]))

@@ -42,17 +42,21 @@ import numpy as np
 #: Bytes at the start of every sample: its index and its label, int64 little-endian.
 HEADER = 16
 #: The loaders, in report order.
-LOADERS = ("dataloader", "streaming", "webdataset", "chunk")
+LOADERS = ("dataloader", "streaming", "webdataset", "litdata", "chunk")
 #: Their names in the report.
 LOADER_NAMES = {"dataloader": "DataLoader (files)", "streaming": "Streaming (MDS)",
-                "webdataset": "WebDataset (tar)", "chunk": "ChunkDataset"}
+                "webdataset": "WebDataset (tar)", "litdata": "LitData (optimized)", "chunk": "ChunkDataset"}
 #: Samples the WebDataset shuffle buffer holds (its documented example's size).
 WDS_BUFFER = 1000
 #: Shards the WebDataset shard shuffle draws among (its value for shardshuffle=True).
 WDS_SHARD_SHUFFLE = 100
 #: The peers' Python packages and what installs them.
 PEER_MODULES = {"streaming": ("streaming", "pip install mosaicml-streaming"),
-                "webdataset": ("webdataset", "pip install webdataset")}
+                "webdataset": ("webdataset", "pip install webdataset"),
+                "litdata": ("litdata", "pip install litdata")}
+#: Where each loader's format of the dataset lies under the dataset's root.
+FORMAT_DIRS = {"dataloader": "files", "streaming": "mds", "webdataset": "wds", "litdata": "litdata",
+               "chunk": "pack"}
 
 
 def peer_missing(loader: str) -> str:
@@ -163,6 +167,41 @@ def write_wds(out: Path, paths: list[Path], labels: np.ndarray, per_shard: int) 
     return shards
 
 
+def _litdata_sample(item: tuple[str, int, int]) -> dict[str, Any]:
+    """One LitData sample from ``(path, label, index)`` (a top-level function: optimize's workers pickle it)."""
+    path, label, index = item
+    with open(path, "rb") as f:
+        return {"data": f.read(), "label": label, "index": index}
+
+
+def write_litdata(out: Path, paths: list[Path], labels: np.ndarray, shard_bytes: int) -> None:
+    """Write LitData's optimized chunks of the files with ``litdata.optimize``, in index order.
+
+    One worker, so that the chunks hold the samples in index order (as the
+    MDS and tar shards do); ``chunk_bytes`` is the shards' size.
+    """
+    import multiprocessing
+
+    import litdata
+
+    # optimize sets the process's start method (to spawn) for good: put it back,
+    # or every DataLoader with workers started after it would spawn.
+    before = multiprocessing.get_start_method(allow_none=True)
+    try:
+        litdata.optimize(fn=_litdata_sample, inputs=[(str(p), int(labels[i]), i) for i, p in enumerate(paths)],
+                         output_dir=str(out), chunk_bytes=shard_bytes, num_workers=1, mode="overwrite",
+                         keep_data_ordered=True, verbose=False)
+    finally:
+        multiprocessing.set_start_method(before, force=True)
+
+
+def litdata_chunk_starts(out: Path) -> np.ndarray:
+    """The first sample index of each LitData chunk (from its ``index.json``)."""
+    doc = json.loads((out / "index.json").read_text())
+    counts = [c["chunk_size"] for c in doc["chunks"]]
+    return np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+
+
 def write_datasets(root: Path, *, files: int, file_size: int, classes: int, shard_bytes: int,
                    chunk_size: int, seed: int = 0, formats: tuple[str, ...] = LOADERS,
                    make: Callable[[int, int, np.random.Generator], bytes] | None = None,
@@ -211,6 +250,10 @@ def write_datasets(root: Path, *, files: int, file_size: int, classes: int, shar
         say("writing the tar shards (WebDataset) ...")
         meta["wds_shards"] = write_wds(root / "wds", paths, labels, meta["per_shard"])
         done("webdataset")
+    if "litdata" in formats and "litdata" not in meta["formats"] and not peer_missing("litdata"):
+        say("writing LitData's optimized chunks ...")
+        write_litdata(root / "litdata", paths, labels, shard_bytes)
+        done("litdata")
     if "chunk" in formats and "chunk" not in meta["formats"]:
         say(f"packing (chunks of {chunk_size}) ...")
         from pyfastensor.data import pack
@@ -253,6 +296,11 @@ def _to_tensor(b: bytes) -> Any:
     import torch
 
     return torch.frombuffer(bytearray(b), dtype=torch.uint8)
+
+
+def _litdata_item(transform: Callable[[Any], Any] | None, s: dict[str, Any]) -> tuple[Any, int, int]:
+    data = _to_tensor(s["data"])
+    return (transform(data) if transform else data), int(s["label"]), int(s["index"])
 
 
 def make_loader(loader: str, root: Path, layout: dict[str, Any], *, batch_size: int, workers: int,
@@ -316,6 +364,16 @@ def make_loader(loader: str, root: Path, layout: dict[str, Any], *, batch_size: 
         dl = torch.utils.data.DataLoader(ds, **common)
         per = layout["per_shard"]
         return dl, ds, lambda p: p // per, note
+    if loader == "litdata":
+        import functools
+
+        import litdata
+
+        ds = litdata.StreamingDataset(str(root / "litdata"), shuffle=True, seed=seed + epoch,
+                                      transform=functools.partial(_litdata_item, transform))
+        dl = litdata.StreamingDataLoader(ds, **common)
+        starts = litdata_chunk_starts(root / "litdata")
+        return dl, ds, lambda p: int(np.searchsorted(starts, p, side="right") - 1), note
     if loader == "chunk":
         from pyfastensor.data import ChunkDataset
 
