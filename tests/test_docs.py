@@ -172,8 +172,13 @@ def test_directives_are_known() -> None:
 def _anchors(page: Path) -> set[str]:
     """GitHub's anchors of ``page``'s headings: lower case, punctuation dropped, spaces as hyphens."""
     out = set()
+    fence = ""
     for text in page.read_text(encoding="utf-8").splitlines():
-        if text.startswith("#"):
+        m = _FENCE.match(text)
+        if m and (not fence or (m.group(2).startswith(fence) and not m.group(3))):
+            fence = "" if fence else m.group(2)  # a comment in a code block is no heading
+            continue
+        if not fence and text.startswith("#"):
             title = text.lstrip("#").strip().lower()
             out.add(re.sub(r"[^\w\- ]", "", title).replace(" ", "-"))
     return out
