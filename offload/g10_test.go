@@ -1,6 +1,8 @@
 package offload
 
 import (
+	"bytes"
+	"compress/gzip"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -440,6 +442,25 @@ func TestReadTraceNamesThePathAndKind(t *testing.T) {
 	assert.ErrorIs(t, err, ErrTrace)
 	assert.Contains(t, err.Error(), bad)
 	assert.Contains(t, err.Error(), "negative time_ns")
+
+	var zb bytes.Buffer
+	zw := gzip.NewWriter(&zb)
+	_, err = zw.Write([]byte(seedTrace))
+	require.NoError(t, err)
+	require.NoError(t, zw.Close())
+	gz := filepath.Join(dir, "good.json.gz")
+	require.NoError(t, os.WriteFile(gz, zb.Bytes(), 0o644))
+	trz, err := ReadTrace(gz)
+	require.NoError(t, err)
+	assert.Equal(t, tr, trz)
+
+	cut := filepath.Join(dir, "cut.json.gz")
+	require.NoError(t, os.WriteFile(cut, zb.Bytes()[:zb.Len()/2], 0o644))
+	_, err = ReadTrace(cut)
+	assert.ErrorIs(t, err, ErrCorruptTrace)
+	assert.ErrorIs(t, err, ErrTrace)
+	assert.Contains(t, err.Error(), cut)
+	assert.Contains(t, err.Error(), "gzip")
 
 	_, err = ReadTrace(filepath.Join(dir, "missing.json"))
 	assert.ErrorIs(t, err, fs.ErrNotExist)

@@ -120,19 +120,19 @@ func (l *links) route(hw Hardware, c *candidate, tier string, sync bool) route {
 		return r // a global no op uses: it stays in tier, nothing moves
 	}
 	w, rd := &l.ssdW, &l.ssdR
-	wBps, rBps, lat := hw.SSDWriteBps, hw.SSDReadBps, float64(hw.SSDLatencyNs)
+	wBps, rBps, lat := hw.SSDWriteBps, hw.SSDReadBps, hw.SSDLatencyNs
 	if tier == TierHost {
 		w, rd = &l.hostW, &l.hostR
 		wBps, rBps, lat = hw.HostLinkBps, hw.HostLinkBps, 0
 	}
-	dw, dr := float64(c.p.Bytes)/wBps*1e9, float64(c.p.Bytes)/rBps*1e9
-	from, until := float64(c.p.StartNs)+lat, float64(c.p.EndNs)
-	var done, start float64
+	dw, dr := linkNs(c.p.Bytes, wBps), linkNs(c.p.Bytes, rBps)
+	from, until := c.p.StartNs+lat, c.p.EndNs
+	var done, start int64
 	r.evict, done = w.forward(from, dw)
 	r.fetch, start = rd.backward(until, dr)
-	r.queued = done > from+dw+eps || start < until-dr-eps
+	r.queued = done > from+dw || start < until-dr
 	if !sync {
-		r.tail, r.pf = c.windowAt(done, start-lat)
+		r.tail, r.pf = c.windowAt(float64(done), float64(start-lat))
 	}
 	return r
 }

@@ -162,7 +162,11 @@ func (s *sim) step(limit float64) bool {
 	if dt < 0 {
 		dt = 0
 	}
-	s.now += dt
+	if dt == limit-s.now {
+		s.now = limit // exactly: at 1e11 ns, now + (limit - now) may round short of limit
+	} else {
+		s.now += dt
+	}
 	done := false
 	keep := s.xs[:0]
 	for _, x := range s.xs {

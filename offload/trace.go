@@ -13,6 +13,7 @@ package offload
 
 import (
 	"bytes"
+	"compress/gzip"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -100,12 +101,23 @@ func ParseTrace(data []byte) (*Trace, error) {
 	return &t, nil
 }
 
-// ReadTrace reads and parses the trace file at path. Errors name the path;
-// a file that does not parse or validate wraps ErrCorruptTrace and ErrTrace.
+// ReadTrace reads and parses the trace file at path, JSON or gzip-compressed
+// JSON (told apart by gzip's magic bytes, whatever the file's name). Errors
+// name the path; a file that does not decompress, parse or validate wraps
+// ErrCorruptTrace and ErrTrace.
 func ReadTrace(path string) (*Trace, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("offload: reading trace: %w", err)
+	}
+	if len(data) >= 2 && data[0] == 0x1f && data[1] == 0x8b {
+		zr, err := gzip.NewReader(bytes.NewReader(data))
+		if err == nil {
+			data, err = io.ReadAll(zr)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%w: %s: %w", ErrCorruptTrace, path, traceErr("decompressing gzip: %v", err))
+		}
 	}
 	t, err := ParseTrace(data)
 	if err != nil {

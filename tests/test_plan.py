@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import subprocess
@@ -118,6 +119,46 @@ def test_load_of_a_bad_file_is_corrupt_and_names_the_path(tmp_path):
         Trace.load(junk)
     with pytest.raises(NotFoundError):
         Trace.load(tmp_path / "missing.json")
+
+
+def test_load_reads_gzip_compressed_traces(tmp_path):
+    gz = tmp_path / "seed.json.gz"
+    gz.write_bytes(gzip.compress(json.dumps(SEED).encode()))
+    assert Trace.load(gz) == Trace.from_dict(SEED)
+    cut = tmp_path / "cut.json.gz"
+    cut.write_bytes(gz.read_bytes()[:20])
+    with pytest.raises(CorruptFileError, match="gzip") as e:
+        Trace.load(cut)
+    assert str(cut) in str(e.value)
+
+
+_LONG_RUN = """
+import json, sys
+from pyfastensor import plan
+from pyfastensor.plan import Hardware, Trace
+t, hw, f = Trace.from_dict(json.loads(sys.argv[1])), Hardware(**json.loads(sys.argv[2])), int(sys.argv[3])
+long = t.scale_time(f)
+lhw = hw.replace(ssd_read_bps=hw.ssd_read_bps / f, ssd_write_bps=hw.ssd_write_bps / f,
+                 host_link_bps=hw.host_link_bps / f, ssd_latency_ns=hw.ssd_latency_ns * f)
+print(json.dumps({p: [plan.simulate(x, h, p).throughput for x, h in ((t, hw), (long, lhw))]
+                  for p in plan.policies()} | {"ideal_ns": long.total_ns}))
+"""
+
+
+def test_iterations_of_minutes_plan_and_simulate_as_milliseconds_do():
+    # The same problem in a unit of time 100,000 times larger (op times and latency up, bandwidths
+    # down): iterations of minutes, where a float64 clock cannot tell t from t + 1e-5 ns.
+    t = layered(12, act=64 << 20, weight=4 << 20)
+    peak = plan.simulate(t, Hardware.g10_default(), "ideal").peak_device_bytes
+    hw = Hardware.g10_default().replace(device_bytes=peak // 2, host_bytes=256 << 20)
+    out = subprocess.run([sys.executable, "-c", _LONG_RUN, t.to_json(), hw.to_json(), "100000"],
+                         capture_output=True, text=True, timeout=60, check=True,
+                         cwd=os.path.dirname(os.path.dirname(__file__)))
+    got = json.loads(out.stdout)
+    assert got.pop("ideal_ns") > 100 * 10**9
+    for policy, (ms, minutes) in got.items():
+        assert 0 < ms <= 1 and minutes == pytest.approx(ms, abs=1e-3), policy
+    assert got["g10"][0] < 1  # something had to move
 
 
 def test_g10_default_is_table_2():
