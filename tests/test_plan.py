@@ -172,6 +172,11 @@ def test_g10_default_is_table_2():
     assert set(GLOBAL_KINDS) < set(Trace.kinds())
 
 
+def test_g10_artifact_differs_from_table_2_in_the_ssd_only():
+    art, t2 = Hardware.g10_artifact(), Hardware.g10_default()
+    assert art == t2.replace(ssd_write_bps=3.2e9, ssd_latency_ns=16_000)
+
+
 def test_invalid_hardware_and_policy():
     t = Trace.from_dict(SEED)
     with pytest.raises(InvalidArgumentError, match="invalid hardware"):

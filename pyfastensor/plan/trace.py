@@ -98,7 +98,7 @@ class Trace:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Trace:
-        """Read and validate the trace file at ``path``.
+        """Read and validate the trace file at ``path``: JSON, or gzip-compressed JSON (``.json.gz``).
 
         Raises:
             CorruptFileError: the file holds no valid trace; the message names
