@@ -1,6 +1,7 @@
 package offload
 
 import (
+	"container/heap"
 	"fmt"
 	"sort"
 	"strings"
@@ -264,24 +265,45 @@ func MakePlan(t *Trace, hw Hardware) (MigrationPlan, error) {
 		tail, pf := c.window(hw, TierSSD, sync)
 		return benefit(c, tail, pf), tail, pf
 	}
+	// Lazy greedy: benefits only shrink as pressure falls, so a score
+	// computed earlier bounds the score now from above; the top of a heap
+	// of such bounds, recomputed and still on top, is the largest score
+	// (ties to the lowest index), as a scan of every candidate would find.
+	cost := func(i int) float64 {
+		b := cands[i].p.Bytes
+		return hw.evictNs(TierSSD, b) + hw.fetchNs(TierSSD, b)
+	}
+	var heaps [2]scoreHeap // [0]: windows the transfers hide behind; [1]: sync
+	for i := range cands {
+		for si, sync := range []bool{false, true} {
+			if b, _, _ := gain(i, sync); b > 0 {
+				heaps[si] = append(heaps[si], scored{b / cost(i), i})
+			}
+		}
+	}
+	heap.Init(&heaps[0])
+	heap.Init(&heaps[1])
 	for over() {
 		// Pick the period with the largest reduction of pressure above
 		// capacity per unit of migration cost (SSD timings, as in the
 		// paper); periods whose transfers no window hides come last.
-		best, bestScore, bestSync := -1, 0.0, false
-		for _, sync := range []bool{false, true} {
-			for i, c := range cands {
-				b, _, _ := gain(i, sync)
+		best, bestSync := -1, false
+		for si, sync := range []bool{false, true} {
+			h := &heaps[si]
+			for h.Len() > 0 {
+				top := heap.Pop(h).(scored)
+				b, _, _ := gain(top.i, sync)
 				if b <= 0 {
 					continue
 				}
-				score := b / (hw.evictNs(TierSSD, c.p.Bytes) + hw.fetchNs(TierSSD, c.p.Bytes))
-				if score > bestScore {
-					best, bestScore = i, score
+				now := scored{b / cost(top.i), top.i}
+				if h.Len() == 0 || !(*h)[0].before(now) {
+					best, bestSync = top.i, sync
+					break
 				}
+				heap.Push(h, now)
 			}
 			if best >= 0 {
-				bestSync = sync
 				break
 			}
 		}
@@ -428,4 +450,28 @@ func FlashNeuronPlan(t *Trace, hw Hardware) *MigrationPlan {
 			EvictAfter: long.After, PrefetchAt: max(long.After+1, long.Before-1), Need: long.Before})
 	}
 	return plan
+}
+
+// scored is a candidate's score (or a bound on it) in the planner's heaps.
+type scored struct {
+	score float64
+	i     int
+}
+
+// before orders scores high first, ties by index.
+func (a scored) before(b scored) bool {
+	return a.score > b.score || a.score == b.score && a.i < b.i
+}
+
+type scoreHeap []scored
+
+func (h scoreHeap) Len() int           { return len(h) }
+func (h scoreHeap) Less(i, j int) bool { return h[i].before(h[j]) }
+func (h scoreHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *scoreHeap) Push(x any)        { *h = append(*h, x.(scored)) }
+func (h *scoreHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
 }
