@@ -149,12 +149,15 @@ func (l *links) take(r route) {
 	l.ssdR.reserve(r.fetch)
 }
 
-// MakePlan runs G10's smart eviction (Algorithm 1) and smart prefetching
-// (section 4.4) over a trace for hw. It fails, wrapping ErrInfeasible and
-// naming the capacity, when one op alone needs more than the device holds;
-// otherwise the planned peak never exceeds hw.DeviceBytes, and with memory
-// to spare the plan is empty.
-func MakePlan(t *Trace, hw Hardware) (MigrationPlan, error) {
+// makePlan runs G10's smart eviction (Algorithm 1) and smart prefetching
+// (section 4.4) over a trace for hw, with the tier tried first: TierSSD
+// (G10's order) or TierHost (host memory while it holds the tensor, then
+// the SSD; the windows and costs that rank the periods are then the host
+// link's). It fails, wrapping ErrInfeasible and naming the capacity, when
+// one op alone needs more than the device holds; otherwise the planned
+// peak never exceeds hw.DeviceBytes, and with memory to spare the plan is
+// empty.
+func makePlan(t *Trace, hw Hardware, first string) (MigrationPlan, error) {
 	if err := t.Validate(); err != nil {
 		return MigrationPlan{}, err
 	}
@@ -262,7 +265,7 @@ func MakePlan(t *Trace, hw Hardware) (MigrationPlan, error) {
 			}
 			return benefit(c, 0, m.tail) + benefit(c, m.pf, len(c.p.Ops)), 0, len(c.p.Ops)
 		}
-		tail, pf := c.window(hw, TierSSD, sync)
+		tail, pf := c.window(hw, first, sync)
 		return benefit(c, tail, pf), tail, pf
 	}
 	// Lazy greedy: benefits only shrink as pressure falls, so a score
@@ -271,7 +274,7 @@ func MakePlan(t *Trace, hw Hardware) (MigrationPlan, error) {
 	// (ties to the lowest index), as a scan of every candidate would find.
 	cost := func(i int) float64 {
 		b := cands[i].p.Bytes
-		return hw.evictNs(TierSSD, b) + hw.fetchNs(TierSSD, b)
+		return hw.evictNs(first, b) + hw.fetchNs(first, b)
 	}
 	var heaps [2]scoreHeap // [0]: windows the transfers hide behind; [1]: sync
 	for i := range cands {
@@ -341,7 +344,9 @@ func MakePlan(t *Trace, hw Hardware) (MigrationPlan, error) {
 		// the link timelines only choose the tier.
 		hostFits := fitsHost(c)
 		r := lk.route(hw, c, TierSSD, bestSync)
-		if hostFits && bestSync && hostFaster(c) {
+		if first == TierHost && hostFits {
+			r = lk.route(hw, c, TierHost, bestSync)
+		} else if hostFits && bestSync && hostFaster(c) {
 			r = lk.route(hw, c, TierHost, true) // the op waits for the transfers: the faster link
 		} else if hostFits && r.queued {
 			h := lk.route(hw, c, TierHost, bestSync)

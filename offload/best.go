@@ -1,0 +1,95 @@
+package offload
+
+// MakePlan returns the fastest of several candidate migration plans for a
+// trace on hw, as Simulate replays them on hw: G10's plan (smart eviction,
+// Algorithm 1, and smart prefetching, section 4.4, trying the SSD first)
+// and the same planner trying host memory first, each made for hw and for
+// less of it (PlanLadder). Since the plans made for less hardware are among
+// the candidates and are replayed on hw itself, a plan for more device
+// memory, more host memory or faster links is never slower than the plans
+// for the steps of less below it.
+//
+// It fails, wrapping ErrInfeasible and naming the capacity, when one op
+// alone needs more than the device holds; otherwise the planned peak never
+// exceeds hw.DeviceBytes (Capacity is the capacity the chosen plan was
+// made for, at most that), and with memory to spare the plan is empty.
+func MakePlan(t *Trace, hw Hardware) (MigrationPlan, error) {
+	p, _, err := bestPlan(t, hw)
+	return p, err
+}
+
+// planFirst lists the tiers the planner tries first, in the order the
+// candidates are made (the first of equally fast plans is kept).
+var planFirst = []string{TierSSD, TierHost}
+
+// PlanLadder returns the hardware MakePlan makes candidate plans for: hw
+// itself first, then hw with less device memory (one and two steps of a
+// sixteenth of the way from the largest op's bytes to the trace's peak
+// demand, where the device then still holds every op), with half its host
+// memory, and with half its bandwidths.
+func PlanLadder(t *Trace, hw Hardware) []Hardware {
+	a := Analyze(t)
+	lo, hi := int64(0), int64(0)
+	for k := range a.OpBytes {
+		lo = max(lo, a.OpBytes[k])
+		hi = max(hi, a.Pressure[k])
+	}
+	out := []Hardware{hw}
+	if step := (hi - lo) / 16; step > 0 && hw.DeviceBytes < hi {
+		for _, d := range []int64{step / 4, step, 2 * step} {
+			if c := hw.DeviceBytes - d; c >= lo && d > 0 {
+				h := hw
+				h.DeviceBytes = c
+				out = append(out, h)
+			}
+		}
+	}
+	if hw.HostBytes > 0 {
+		h := hw
+		h.HostBytes /= 2
+		out = append(out, h)
+	}
+	h := hw
+	h.SSDReadBps /= 2
+	h.SSDWriteBps /= 2
+	h.HostLinkBps /= 2
+	return append(out, h)
+}
+
+// bestPlan is MakePlan with the chosen plan's simulated result on hw.
+func bestPlan(t *Trace, hw Hardware) (MigrationPlan, Result, error) {
+	if err := t.Validate(); err != nil {
+		return MigrationPlan{}, Result{}, err
+	}
+	if err := hw.Validate(); err != nil {
+		return MigrationPlan{}, Result{}, err
+	}
+	var best, first MigrationPlan
+	var bestR, firstR Result
+	found := false
+	for i, h := range PlanLadder(t, hw) {
+		for _, tier := range planFirst {
+			p, err := makePlan(t, h, tier)
+			if err != nil {
+				if i == 0 {
+					return p, Result{}, err
+				}
+				continue
+			}
+			r := Simulate(t, hw, &p)
+			if i == 0 && first.Capacity == 0 {
+				first, firstR = p, r
+			}
+			if r.Feasible && (!found || r.TimeNs < bestR.TimeNs) {
+				best, bestR, found = p, r, true
+			}
+			if len(p.Migrations) == 0 {
+				break // nothing to move: the other tier plans the same
+			}
+		}
+	}
+	if !found {
+		return first, firstR, nil
+	}
+	return best, bestR, nil
+}
