@@ -1,5 +1,10 @@
 package offload
 
+import (
+	"runtime"
+	"sync"
+)
+
 // MakePlan returns the fastest of several candidate migration plans for a
 // trace on hw, as Simulate replays them on hw: G10's plan (smart eviction,
 // Algorithm 1, and smart prefetching, section 4.4, trying the SSD first)
@@ -28,7 +33,10 @@ var planFirst = []string{TierSSD, TierHost}
 // demand, where the device then still holds every op), with half its host
 // memory, and with half its bandwidths.
 func PlanLadder(t *Trace, hw Hardware) []Hardware {
-	a := Analyze(t)
+	return planLadder(Analyze(t), hw)
+}
+
+func planLadder(a *Analysis, hw Hardware) []Hardware {
 	lo, hi := int64(0), int64(0)
 	for k := range a.OpBytes {
 		lo = max(lo, a.OpBytes[k])
@@ -56,7 +64,9 @@ func PlanLadder(t *Trace, hw Hardware) []Hardware {
 	return append(out, h)
 }
 
-// bestPlan is MakePlan with the chosen plan's simulated result on hw.
+// bestPlan is MakePlan with the chosen plan's simulated result on hw. The
+// candidates are made and replayed in parallel (up to GOMAXPROCS at once);
+// the choice does not depend on the order they finish in.
 func bestPlan(t *Trace, hw Hardware) (MigrationPlan, Result, error) {
 	if err := t.Validate(); err != nil {
 		return MigrationPlan{}, Result{}, err
@@ -64,32 +74,42 @@ func bestPlan(t *Trace, hw Hardware) (MigrationPlan, Result, error) {
 	if err := hw.Validate(); err != nil {
 		return MigrationPlan{}, Result{}, err
 	}
-	var best, first MigrationPlan
-	var bestR, firstR Result
-	found := false
-	for i, h := range PlanLadder(t, hw) {
+	in := newPlanInput(t)
+	type job struct {
+		hw   Hardware
+		tier string
+		p    MigrationPlan
+		r    Result
+		err  error
+	}
+	var jobs []*job
+	for _, h := range planLadder(in.a, hw) {
 		for _, tier := range planFirst {
-			p, err := makePlan(t, h, tier)
-			if err != nil {
-				if i == 0 {
-					return p, Result{}, err
-				}
-				continue
-			}
-			r := Simulate(t, hw, &p)
-			if i == 0 && first.Capacity == 0 {
-				first, firstR = p, r
-			}
-			if r.Feasible && (!found || r.TimeNs < bestR.TimeNs) {
-				best, bestR, found = p, r, true
-			}
-			if len(p.Migrations) == 0 {
-				break // nothing to move: the other tier plans the same
-			}
+			jobs = append(jobs, &job{hw: h, tier: tier})
 		}
 	}
-	if !found {
-		return first, firstR, nil
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, max(1, runtime.GOMAXPROCS(0)))
+	for _, j := range jobs {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			j.p, j.err = in.plan(j.hw, j.tier)
+			if j.err == nil {
+				j.r = simulate(in.a, t, hw, &j.p)
+			}
+		}()
 	}
-	return best, bestR, nil
+	wg.Wait()
+	if err := jobs[0].err; err != nil {
+		return jobs[0].p, Result{}, err // one op alone does not fit hw
+	}
+	best := jobs[0]
+	for _, j := range jobs[1:] {
+		if j.err == nil && j.r.Feasible && (!best.r.Feasible || j.r.TimeNs < best.r.TimeNs) {
+			best = j
+		}
+	}
+	return best.p, best.r, nil
 }

@@ -62,8 +62,8 @@ func (p MigrationPlan) String() string {
 
 // candidate is an inactive period with its ops' unrolled times.
 type candidate struct {
-	p      InactivePeriod
-	st, en []float64 // start and end of each op of p.Ops, unrolled
+	p  InactivePeriod
+	st []float64 // start of each op of p.Ops, unrolled
 }
 
 // window returns the positions in c.p.Ops freed by migrating through tier
@@ -164,7 +164,42 @@ func makePlan(t *Trace, hw Hardware, first string) (MigrationPlan, error) {
 	if err := hw.Validate(); err != nil {
 		return MigrationPlan{}, err
 	}
+	return newPlanInput(t).plan(hw, first)
+}
+
+// planInput is what every plan for one trace starts from: its analysis
+// and its inactive periods with their ops' unrolled times. Planning only
+// reads it, so plans for several hardware can be made from one at once.
+type planInput struct {
+	t     *Trace
+	a     *Analysis
+	cands []*candidate
+}
+
+func newPlanInput(t *Trace) *planInput {
 	a := Analyze(t)
+	in := &planInput{t: t, a: a}
+	total := float64(a.TotalNs)
+	for _, p := range a.AllPeriods() {
+		if p.Bytes == 0 {
+			continue
+		}
+		c := &candidate{p: p, st: make([]float64, 0, len(p.Ops))}
+		for _, k := range p.Ops {
+			s := float64(a.OpStartNs[k])
+			if p.Wraps && k < p.Before {
+				s += total
+			}
+			c.st = append(c.st, s)
+		}
+		in.cands = append(in.cands, c)
+	}
+	return in
+}
+
+// plan is makePlan over a valid trace and hardware.
+func (in *planInput) plan(hw Hardware, first string) (MigrationPlan, error) {
+	t, a, cands := in.t, in.a, in.cands
 	capB := hw.DeviceBytes
 	plan := MigrationPlan{Capacity: capB}
 	for k, b := range a.OpBytes {
@@ -181,22 +216,28 @@ func makePlan(t *Trace, hw Hardware, first string) (MigrationPlan, error) {
 		plan.PeakBytes = plan.DemandBytes
 		return plan, nil
 	}
-	total := float64(a.TotalNs)
-	var cands []*candidate
-	for _, p := range a.AllPeriods() {
-		if p.Bytes == 0 {
-			continue
+	// overW[k]: the sum of (time + 1) over ops before k above capacity
+	// with nothing migrated, for bounds on the benefits below.
+	n := len(t.Ops)
+	overW := make([]float64, n+1)
+	for k := range t.Ops {
+		overW[k+1] = overW[k]
+		if pressure[k] > capB {
+			overW[k+1] += float64(t.Ops[k].TimeNs + 1)
 		}
-		c := &candidate{p: p}
-		for _, k := range p.Ops {
-			s := float64(a.OpStartNs[k])
-			if p.Wraps && k < p.Before {
-				s += total
-			}
-			c.st = append(c.st, s)
-			c.en = append(c.en, s+float64(t.Ops[k].TimeNs))
+	}
+	// benefitBound bounds benefit(c, tail, pf) from above: ops of a
+	// period are consecutive (modulo n for a wrapping one).
+	benefitBound := func(c *candidate, tail, pf int) float64 {
+		if tail >= pf {
+			return 0
 		}
-		cands = append(cands, c)
+		lo, hi := c.p.Ops[tail], c.p.Ops[pf-1]
+		w := overW[hi+1] - overW[lo]
+		if hi < lo {
+			w = overW[n] - overW[lo] + overW[hi+1]
+		}
+		return float64(c.p.Bytes) * w * (1 + 1e-9)
 	}
 	benefit := func(c *candidate, tail, pf int) float64 {
 		var b float64
@@ -277,9 +318,10 @@ func makePlan(t *Trace, hw Hardware, first string) (MigrationPlan, error) {
 		return hw.evictNs(first, b) + hw.fetchNs(first, b)
 	}
 	var heaps [2]scoreHeap // [0]: windows the transfers hide behind; [1]: sync
-	for i := range cands {
+	for i, c := range cands {
 		for si, sync := range []bool{false, true} {
-			if b, _, _ := gain(i, sync); b > 0 {
+			tail, pf := c.window(hw, first, sync)
+			if b := benefitBound(c, tail, pf); b > 0 {
 				heaps[si] = append(heaps[si], scored{b / cost(i), i})
 			}
 		}

@@ -299,10 +299,14 @@ func (s *sim) makeRoom(need int64, keep map[int]bool) bool {
 // less memory takes the same time on more). Time is when the last op ends
 // (the last evictions overlap the next iteration).
 func Simulate(t *Trace, hw Hardware, plan *MigrationPlan) Result {
+	return simulate(Analyze(t), t, hw, plan)
+}
+
+// simulate is Simulate with the trace's analysis, which it only reads.
+func simulate(a *Analysis, t *Trace, hw Hardware, plan *MigrationPlan) Result {
 	if plan != nil && plan.Capacity > 0 && plan.Capacity < hw.DeviceBytes {
 		hw.DeviceBytes = plan.Capacity
 	}
-	a := Analyze(t)
 	n := len(t.Ops)
 	r := Result{IdealNs: a.TotalNs, Feasible: true, OpStallNs: make([]int64, n), OpSlowdown: make([]float64, n)}
 	s := &sim{hw: hw, ts: make([]simTensor, len(a.Tensors)), r: &r}
