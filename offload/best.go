@@ -96,8 +96,17 @@ func bestPlan(t *Trace, hw Hardware) (MigrationPlan, Result, error) {
 		go func() {
 			defer func() { <-sem; wg.Done() }()
 			j.p, j.err = in.plan(j.hw, j.tier)
-			if j.err == nil {
-				j.r = simulate(in.a, t, hw, &j.p)
+			if j.err != nil {
+				return
+			}
+			j.r = simulate(in.a, t, hw, &j.p)
+			if j.p.Capacity < hw.DeviceBytes {
+				// The plan for less memory, also given all of hw's.
+				wide := j.p
+				wide.Capacity = hw.DeviceBytes
+				if r := simulate(in.a, t, hw, &wide); r.Feasible && r.TimeNs < j.r.TimeNs {
+					j.p, j.r = wide, r
+				}
 			}
 		}()
 	}
