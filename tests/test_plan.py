@@ -421,3 +421,23 @@ def test_bench_plan_help_names_the_runtime_part():
     out = subprocess.run([sys.executable, "-m", "pyfastensor", "bench", "plan", "--help"],
                          capture_output=True, text=True, check=True).stdout
     assert "--runtime" in out and "--runtime-only" in out and "--rounds" in out
+
+
+G10_TRACES = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "g10", "traces")
+
+
+@pytest.mark.skipif(not os.path.isdir(G10_TRACES), reason="G10's traces are not beside this checkout")
+@pytest.mark.parametrize("name", ["BERT_Base-768", "VIT-1280", "Inceptionv3-1280", "ResNet152-768", "SENet154-512"])
+def test_g10_traces_more_resources_not_slower(name):
+    # One of each of G10's five models (the slowest to plan among them, SENet-154, in about a
+    # second): more device memory, host memory or faster links, at most 0.1% slower (the
+    # candidates MakePlan keeps the fastest of make regressions rare and small, not impossible).
+    t = Trace.load(os.path.join(G10_TRACES, f"{name}.json.gz"))
+    hw = Hardware.g10_artifact()
+    base = plan.simulate(t, hw, "g10")
+    assert base.feasible and base.peak_device_bytes <= hw.device_bytes
+    more = [hw.replace(device_bytes=hw.device_bytes + (8 << 30)), hw.replace(host_bytes=2 * hw.host_bytes),
+            hw.replace(ssd_read_bps=1.25 * hw.ssd_read_bps, ssd_write_bps=1.25 * hw.ssd_write_bps,
+                       host_link_bps=1.25 * hw.host_link_bps)]
+    for h in more:
+        assert plan.simulate(t, h, "g10").time_ns <= base.time_ns * 1.001, h
