@@ -23,9 +23,13 @@ func MakePlan(t *Trace, hw Hardware) (MigrationPlan, error) {
 	return p, err
 }
 
-// planFirst lists the tiers the planner tries first, in the order the
-// candidates are made (the first of equally fast plans is kept).
+// planFirst lists the tiers the planner tries first.
 var planFirst = []string{TierSSD, TierHost}
+
+// planVariants lists the variants of the planner each hardware of the
+// ladder is planned with, in the order the candidates are made (the first
+// of equally fast plans is kept).
+var planVariants = []planVariant{{TierSSD, false}, {TierHost, false}, {TierSSD, true}, {TierHost, true}}
 
 // PlanLadder returns the hardware MakePlan makes candidate plans for: hw
 // itself first, then hw with less device memory (one and two steps of a
@@ -57,11 +61,14 @@ func planLadder(a *Analysis, hw Hardware) []Hardware {
 		h.HostBytes /= 2
 		out = append(out, h)
 	}
-	h := hw
-	h.SSDReadBps /= 2
-	h.SSDWriteBps /= 2
-	h.HostLinkBps /= 2
-	return append(out, h)
+	for _, f := range []float64{2, 4} {
+		h := hw
+		h.SSDReadBps /= f
+		h.SSDWriteBps /= f
+		h.HostLinkBps /= f
+		out = append(out, h)
+	}
+	return out
 }
 
 // bestPlan is MakePlan with the chosen plan's simulated result on hw. The
@@ -77,15 +84,15 @@ func bestPlan(t *Trace, hw Hardware) (MigrationPlan, Result, error) {
 	in := newPlanInput(t)
 	type job struct {
 		hw   Hardware
-		tier string
+		v    planVariant
 		p    MigrationPlan
 		r    Result
 		err  error
 	}
 	var jobs []*job
 	for _, h := range planLadder(in.a, hw) {
-		for _, tier := range planFirst {
-			jobs = append(jobs, &job{hw: h, tier: tier})
+		for _, v := range planVariants {
+			jobs = append(jobs, &job{hw: h, v: v})
 		}
 	}
 	var wg sync.WaitGroup
@@ -95,7 +102,7 @@ func bestPlan(t *Trace, hw Hardware) (MigrationPlan, Result, error) {
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			j.p, j.err = in.plan(j.hw, j.tier)
+			j.p, j.err = in.plan(j.hw, j.v)
 			if j.err != nil {
 				return
 			}
@@ -120,5 +127,12 @@ func bestPlan(t *Trace, hw Hardware) (MigrationPlan, Result, error) {
 			best = j
 		}
 	}
+	if debugBest != nil {
+		for k, j := range jobs {
+			debugBest(k, hw, j.hw, j.v, j.r)
+		}
+	}
 	return best.p, best.r, nil
 }
+
+var debugBest func(k int, hw, h Hardware, v planVariant, r Result)

@@ -164,7 +164,17 @@ func makePlan(t *Trace, hw Hardware, first string) (MigrationPlan, error) {
 	if err := hw.Validate(); err != nil {
 		return MigrationPlan{}, err
 	}
-	return newPlanInput(t).plan(hw, first)
+	return newPlanInput(t).plan(hw, planVariant{first: first})
+}
+
+// planVariant is what a candidate plan varies: the tier tried first, and
+// whether a migration's window is the section's own (uncontended
+// transfers) or the one its link timelines leave (timed: the traffic
+// planned before it counted, so prefetches are issued earlier where a
+// link is busy).
+type planVariant struct {
+	first string
+	timed bool
 }
 
 // planInput is what every plan for one trace starts from: its analysis
@@ -198,8 +208,8 @@ func newPlanInput(t *Trace) *planInput {
 }
 
 // plan is makePlan over a valid trace and hardware.
-func (in *planInput) plan(hw Hardware, first string) (MigrationPlan, error) {
-	t, a, cands := in.t, in.a, in.cands
+func (in *planInput) plan(hw Hardware, v planVariant) (MigrationPlan, error) {
+	t, a, cands, first := in.t, in.a, in.cands, v.first
 	capB := hw.DeviceBytes
 	plan := MigrationPlan{Capacity: capB}
 	for k, b := range a.OpBytes {
@@ -399,6 +409,9 @@ func (in *planInput) plan(hw Hardware, first string) (MigrationPlan, error) {
 		}
 		tier := r.tier
 		tail, pf := c.window(hw, tier, bestSync)
+		if v.timed && !bestSync && r.tail < r.pf {
+			tail, pf = r.tail, r.pf
+		}
 		if !bestSync && benefit(c, tail, pf) <= 0 {
 			tail, pf = c.window(hw, tier, true)
 			bestSync = true
