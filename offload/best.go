@@ -6,36 +6,41 @@ import (
 )
 
 // MakePlan returns the fastest of several candidate migration plans for a
-// trace on hw, as Simulate replays them on hw: G10's plan (smart eviction,
-// Algorithm 1, and smart prefetching, section 4.4, trying the SSD first)
-// and the same planner trying host memory first, each made for hw and for
-// less of it (PlanLadder). Since the plans made for less hardware are among
-// the candidates and are replayed on hw itself, a plan for more device
-// memory, more host memory or faster links is never slower than the plans
-// for the steps of less below it.
+// trace on hw, as Simulate replays them on hw. Each hardware of the ladder
+// (PlanLadder: hw, then hw with less device memory, host memory or
+// bandwidth) is planned with each of four variants of G10's planner (smart
+// eviction, Algorithm 1, then smart prefetching, section 4.4): the SSD
+// first (G10's order) or each migration on whichever link its planned
+// traffic leaves the wider window (so the SSD and the host link share the
+// load), each with the section's windows (uncontended transfers) or the
+// windows the links' planned traffic leaves. A plan made for less device
+// memory is replayed both within its own capacity and with all of hw's.
+//
+// So the result is never slower than any plan for the ladder's lesser
+// hardware; a plan for more device memory, host memory or faster links is
+// rarely slower than one for less, not never (a plan for hardware off the
+// ladder is not a candidate). Planning for less memory or slower links
+// than there is leaves slack that a replay with shared links can use.
 //
 // It fails, wrapping ErrInfeasible and naming the capacity, when one op
 // alone needs more than the device holds; otherwise the planned peak never
-// exceeds hw.DeviceBytes (Capacity is the capacity the chosen plan was
-// made for, at most that), and with memory to spare the plan is empty.
+// exceeds hw.DeviceBytes (Capacity is the capacity the chosen plan runs
+// within, at most that), and with memory to spare the plan is empty.
 func MakePlan(t *Trace, hw Hardware) (MigrationPlan, error) {
 	p, _, err := bestPlan(t, hw)
 	return p, err
 }
 
-// planFirst lists the tiers the planner tries first.
-var planFirst = []string{TierSSD, TierHost}
-
 // planVariants lists the variants of the planner each hardware of the
 // ladder is planned with, in the order the candidates are made (the first
 // of equally fast plans is kept).
-var planVariants = []planVariant{{TierSSD, false}, {TierHost, false}, {TierSSD, true}, {TierHost, true}}
+var planVariants = []planVariant{{TierSSD, false}, {tierEither, false}, {TierSSD, true}, {tierEither, true}}
 
 // PlanLadder returns the hardware MakePlan makes candidate plans for: hw
-// itself first, then hw with less device memory (one and two steps of a
-// sixteenth of the way from the largest op's bytes to the trace's peak
-// demand, where the device then still holds every op), with half its host
-// memory, and with half its bandwidths.
+// itself first, then hw with less device memory (a quarter, one and two
+// steps of a sixteenth of the way from the largest op's bytes to the
+// trace's peak demand, where the device then still holds every op), with
+// half its host memory, and with half its bandwidths.
 func PlanLadder(t *Trace, hw Hardware) []Hardware {
 	return planLadder(Analyze(t), hw)
 }
@@ -61,7 +66,7 @@ func planLadder(a *Analysis, hw Hardware) []Hardware {
 		h.HostBytes /= 2
 		out = append(out, h)
 	}
-	for _, f := range []float64{2, 4} {
+	for _, f := range []float64{2} {
 		h := hw
 		h.SSDReadBps /= f
 		h.SSDWriteBps /= f
@@ -83,11 +88,11 @@ func bestPlan(t *Trace, hw Hardware) (MigrationPlan, Result, error) {
 	}
 	in := newPlanInput(t)
 	type job struct {
-		hw   Hardware
-		v    planVariant
-		p    MigrationPlan
-		r    Result
-		err  error
+		hw  Hardware
+		v   planVariant
+		p   MigrationPlan
+		r   Result
+		err error
 	}
 	var jobs []*job
 	for _, h := range planLadder(in.a, hw) {

@@ -325,8 +325,8 @@ func TestNeverSlowerThanTheLadder(t *testing.T) {
 			assert.LessOrEqual(t, h.DeviceBytes, hw.DeviceBytes)
 			assert.LessOrEqual(t, h.HostBytes, hw.HostBytes)
 			assert.LessOrEqual(t, h.HostLinkBps, hw.HostLinkBps)
-			for _, tier := range planFirst {
-				p, err := makePlan(tr, h, tier)
+			for _, v := range planVariants {
+				p, err := newPlanInput(tr).plan(h, v)
 				require.NoError(t, err)
 				on := Simulate(tr, hw, &p)
 				assert.LessOrEqual(t, got.TimeNs, on.TimeNs, "trace %d: slower than the plan for %+v", i, h)

@@ -172,6 +172,11 @@ func makePlan(t *Trace, hw Hardware, first string) (MigrationPlan, error) {
 // transfers) or the one its link timelines leave (timed: the traffic
 // planned before it counted, so prefetches are issued earlier where a
 // link is busy).
+// tierEither, as the tier tried first, sends each migration over the
+// link (the SSD's or, while host memory holds the tensor, the host's)
+// whose planned traffic leaves it the wider window.
+const tierEither = "either"
+
 type planVariant struct {
 	first string
 	timed bool
@@ -209,7 +214,11 @@ func newPlanInput(t *Trace) *planInput {
 
 // plan is makePlan over a valid trace and hardware.
 func (in *planInput) plan(hw Hardware, v planVariant) (MigrationPlan, error) {
-	t, a, cands, first := in.t, in.a, in.cands, v.first
+	t, a, cands := in.t, in.a, in.cands
+	first := v.first // the tier whose timings rank the periods
+	if v.first == tierEither {
+		first = TierHost
+	}
 	capB := hw.DeviceBytes
 	plan := MigrationPlan{Capacity: capB}
 	for k, b := range a.OpBytes {
@@ -396,8 +405,14 @@ func (in *planInput) plan(hw Hardware, v planVariant) (MigrationPlan, error) {
 		// the link timelines only choose the tier.
 		hostFits := fitsHost(c)
 		r := lk.route(hw, c, TierSSD, bestSync)
-		if first == TierHost && hostFits {
+		if v.first == TierHost && hostFits {
 			r = lk.route(hw, c, TierHost, bestSync)
+		} else if v.first == tierEither && hostFits {
+			// The link whose planned traffic leaves the wider window,
+			// host memory on a tie: the two links share the load.
+			if h := lk.route(hw, c, TierHost, bestSync); bestSync || benefit(c, h.tail, h.pf) >= benefit(c, r.tail, r.pf) {
+				r = h
+			}
 		} else if hostFits && bestSync && hostFaster(c) {
 			r = lk.route(hw, c, TierHost, true) // the op waits for the transfers: the faster link
 		} else if hostFits && r.queued {
