@@ -40,7 +40,7 @@ var planVariants = []planVariant{{TierSSD, false}, {tierEither, false}, {TierSSD
 // itself first, then hw with less device memory (a quarter, one and two
 // steps of a sixteenth of the way from the largest op's bytes to the
 // trace's peak demand, where the device then still holds every op), with
-// half its host memory, and with half its bandwidths.
+// half its host memory, and with two thirds and half its bandwidths.
 func PlanLadder(t *Trace, hw Hardware) []Hardware {
 	return planLadder(Analyze(t), hw)
 }
@@ -66,7 +66,7 @@ func planLadder(a *Analysis, hw Hardware) []Hardware {
 		h.HostBytes /= 2
 		out = append(out, h)
 	}
-	for _, f := range []float64{2} {
+	for _, f := range []float64{1.5, 2} {
 		h := hw
 		h.SSDReadBps /= f
 		h.SSDWriteBps /= f
