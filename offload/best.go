@@ -132,12 +132,5 @@ func bestPlan(t *Trace, hw Hardware) (MigrationPlan, Result, error) {
 			best = j
 		}
 	}
-	if debugBest != nil {
-		for k, j := range jobs {
-			debugBest(k, hw, j.hw, j.v, j.r)
-		}
-	}
 	return best.p, best.r, nil
 }
-
-var debugBest func(k int, hw, h Hardware, v planVariant, r Result)
