@@ -37,10 +37,10 @@ func MakePlan(t *Trace, hw Hardware) (MigrationPlan, error) {
 var planVariants = []planVariant{{TierSSD, false}, {tierEither, false}, {TierSSD, true}, {tierEither, true}}
 
 // PlanLadder returns the hardware MakePlan makes candidate plans for: hw
-// itself first, then hw with less device memory (a quarter, one and two
-// steps of a sixteenth of the way from the largest op's bytes to the
-// trace's peak demand, where the device then still holds every op), with
-// half its host memory, and with two thirds and half its bandwidths.
+// itself first, then hw with less device memory (the points 1, 2, 4 and 8
+// cells below it of a grid of 64 cells from the largest op's bytes to the
+// trace's peak demand, where the device still holds every op), with half
+// its host memory, and with two thirds and half its bandwidths.
 func PlanLadder(t *Trace, hw Hardware) []Hardware {
 	return planLadder(Analyze(t), hw)
 }
@@ -52,9 +52,12 @@ func planLadder(a *Analysis, hw Hardware) []Hardware {
 		hi = max(hi, a.Pressure[k])
 	}
 	out := []Hardware{hw}
-	if step := (hi - lo) / 16; step > 0 && hw.DeviceBytes < hi {
-		for _, d := range []int64{step / 4, step, 2 * step} {
-			if c := hw.DeviceBytes - d; c >= lo && d > 0 {
+	if q := (hi - lo) / 64; q > 0 && hw.DeviceBytes < hi {
+		// Points of a grid fixed by the trace, so that the ladders of
+		// nearby capacities share them: 1, 2, 4 and 8 cells below.
+		g := lo + (hw.DeviceBytes-1-lo)/q*q
+		for _, k := range []int64{0, 1, 3, 7} {
+			if c := g - k*q; c >= lo && c < hw.DeviceBytes {
 				h := hw
 				h.DeviceBytes = c
 				out = append(out, h)
