@@ -72,6 +72,8 @@ func FuzzParseTrace(f *testing.F) {
 	b, err := layered(nil, 3, 1000, 100).Marshal()
 	require.NoError(f, err)
 	f.Add(b)
+	f.Add([]byte(`{"version": 1, "tensors": [], "ops": [], "meta": {"op_time": "cpu", "n": [1, {}]}}`))
+	f.Add([]byte(`{"version": 1, "tensors": [], "ops": [], "meta": {}}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		tr, err := ParseTrace(data)
 		if err != nil {

@@ -5,11 +5,13 @@ package offload
 //
 //	{"version": 1,
 //	 "tensors": [{"id": 0, "bytes": 4096, "kind": "weight"}],
-//	 "ops": [{"name": "layer1.fwd", "time_ns": 12000, "reads": [0, 3], "writes": [4]}]}
+//	 "ops": [{"name": "layer1.fwd", "time_ns": 12000, "reads": [0, 3], "writes": [4]}],
+//	 "meta": {"op_time": "cuda_events"}}
 //
-// Ops are in execution order. Weights, optimizer state and inputs are
-// global: alive from the start of the iteration. Any other tensor is alive
-// from the op that first writes it to its last use.
+// "meta" is optional and free-form. Ops are in execution order. Weights,
+// optimizer state and inputs are global: alive from the start of the
+// iteration. Any other tensor is alive from the op that first writes it to
+// its last use.
 
 import (
 	"bytes"
@@ -78,6 +80,9 @@ type Trace struct {
 	Version int           `json:"version"`
 	Tensors []TraceTensor `json:"tensors"`
 	Ops     []TraceOp     `json:"ops"`
+	// Meta is free-form notes on how the trace was made (the recorder
+	// says how it timed the ops); nothing reads it. Empty reads as absent.
+	Meta map[string]any `json:"meta,omitempty"`
 }
 
 func traceErr(format string, a ...any) error {
@@ -94,6 +99,9 @@ func ParseTrace(data []byte) (*Trace, error) {
 	}
 	if _, err := dec.Token(); err != io.EOF {
 		return nil, traceErr("trailing data after the trace object")
+	}
+	if len(t.Meta) == 0 {
+		t.Meta = nil
 	}
 	if err := t.Validate(); err != nil {
 		return nil, err

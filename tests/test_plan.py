@@ -316,6 +316,61 @@ def test_trace_cli_records_a_consistent_trace(tmp_path, capsys, model):
     del torch
 
 
+def _tiny_step():
+    torch = pytest.importorskip("torch")
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
+    return model, (torch.randn(8, 32), torch.randint(0, 10, (8,))), lambda m, x, y: nn.functional.cross_entropy(m(x), y)
+
+
+def test_record_on_cpu_says_it_timed_ops_on_cpu(tmp_path):
+    from pyfastensor.plan import record_trace
+
+    t = record_trace(*_tiny_step())
+    assert t.meta == {"op_time": "cpu", "device": "cpu"}
+    t.save(tmp_path / "t.json")
+    back = Trace.load(tmp_path / "t.json")
+    assert back.meta == t.meta and back == t
+    assert t.scale_time(0.5).scale_time(0.5).meta == {**t.meta, "time_scale": 0.25}
+
+
+def test_record_on_cuda_times_each_op_by_cuda_events(monkeypatch):
+    # A fake CUDA clock: every event recorded moves it 0.25 ms on, so each op (two events) takes
+    # 0.25 ms, whatever the host's clock says; the end event must be waited for before it is read.
+    torch = pytest.importorskip("torch")
+    from pyfastensor.plan import record
+
+    clock, synced = [0.0], []
+
+    class Event:
+        def __init__(self, enable_timing: bool = False) -> None:
+            assert enable_timing
+            self.at, self.done = None, False
+
+        def record(self) -> None:
+            clock[0] += 0.25
+            self.at = clock[0]
+
+        def synchronize(self) -> None:
+            self.done = True
+
+        def elapsed_time(self, end: Event) -> float:
+            assert end.done, "read before the end event was waited for"
+            return end.at - self.at
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: synced.append(device))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Fake GPU")
+    monkeypatch.setattr(record, "_device_of", lambda model, batch: torch.device("cuda", 0))
+    t = record.record_trace(*_tiny_step())
+    _check_consistent(t)
+    assert {o.time_ns for o in t.ops} == {250_000}
+    assert t.meta == {"op_time": "cuda_events", "device": "cuda:0", "device_name": "Fake GPU"}
+    assert synced == [torch.device("cuda", 0)]  # the warm step's work waited for before the first op
+
+
 def test_record_marks_saved_tensors_and_gradients():
     torch = pytest.importorskip("torch")
     from torch import nn
