@@ -27,6 +27,7 @@ type planDefaults struct {
 	Policies     []string         `json:"policies"`
 	Tiers        []string         `json:"tiers"`
 	Hardware     offload.Hardware `json:"hardware"`
+	Artifact     offload.Hardware `json:"hardware_artifact"`
 }
 
 // planMade is a migration plan with its printable table.
@@ -38,7 +39,7 @@ type planMade struct {
 func defaults() planDefaults {
 	return planDefaults{TraceVersion: offload.TraceVersion, Kinds: offload.TraceKinds,
 		Policies: offload.Policies, Tiers: []string{offload.TierSSD, offload.TierHost},
-		Hardware: offload.G10Default()}
+		Hardware: offload.G10Default(), Artifact: offload.G10Artifact()}
 }
 
 // normalTrace returns t as JSON with every list present (empty, not null).
@@ -120,8 +121,9 @@ func cbytes(s *C.char, what string) ([]byte, error) {
 }
 
 // pft_plan_defaults returns, as JSON, the trace schema version, the tensor
-// kinds, the policies pft_plan_simulate knows, the tiers and the seed's
-// Table 2 hardware (offload.G10Default).
+// kinds, the policies pft_plan_simulate knows, the tiers, the seed's
+// Table 2 hardware (offload.G10Default) and the G10 artifact's
+// (offload.G10Artifact).
 //
 //export pft_plan_defaults
 func pft_plan_defaults(out **C.char, errbuf *C.char, errlen C.size_t) C.int {

@@ -86,6 +86,7 @@ func TestPlanMake(t *testing.T) {
 func TestPlanDefaultsAreOffloads(t *testing.T) {
 	d := defaults()
 	assert.Equal(t, offload.G10Default(), d.Hardware)
+	assert.Equal(t, offload.G10Artifact(), d.Artifact)
 	assert.Equal(t, offload.Policies, d.Policies)
 	assert.Equal(t, offload.TraceKinds, d.Kinds)
 }

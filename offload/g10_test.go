@@ -1,6 +1,8 @@
 package offload
 
 import (
+	"bytes"
+	"compress/gzip"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -70,6 +72,8 @@ func FuzzParseTrace(f *testing.F) {
 	b, err := layered(nil, 3, 1000, 100).Marshal()
 	require.NoError(f, err)
 	f.Add(b)
+	f.Add([]byte(`{"version": 1, "tensors": [], "ops": [], "meta": {"op_time": "cpu", "n": [1, {}]}}`))
+	f.Add([]byte(`{"version": 1, "tensors": [], "ops": [], "meta": {}}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		tr, err := ParseTrace(data)
 		if err != nil {
@@ -270,16 +274,15 @@ func TestPlanNeverExceedsCapacity(t *testing.T) {
 	}
 }
 
-// More device memory should never be slower; the greedy planner does not
-// guarantee it (seen: up to 2.83% slower on these traces), so this checks a
-// 5% bound and logs every regression.
-func TestMoreMemoryAtMostSlightlySlower(t *testing.T) {
+// More device memory over a sweep of capacities: the greedy planner alone
+// was up to 2.83% slower a step up, 3 times in 160 steps; MakePlan, which
+// keeps the fastest of its candidates (the plans for less memory among
+// them), is not here, but can be (the plan that wins a step below may be
+// for hardware off the ladder of the step above). This logs each
+// regression.
+func TestMoreMemoryRarelySlower(t *testing.T) {
 	r := rand.New(rand.NewSource(3))
-	worst := 0.0
-	defer func() {
-		t.Logf("worst regression from more memory: %.2f%%", 100*worst)
-		assert.LessOrEqual(t, worst, 0.05)
-	}()
+	slower, worst := 0, 0.0
 	for i := 0; i < 20; i++ {
 		tr := layered(r, 4+r.Intn(8), 4<<20, 1<<20)
 		a := Analyze(tr)
@@ -293,13 +296,92 @@ func TestMoreMemoryAtMostSlightlySlower(t *testing.T) {
 			require.NoError(t, err)
 			require.True(t, res.Feasible, res.Error)
 			if prev >= 0 && res.TimeNs > prev {
-				t.Logf("trace %d: capacity %d: %d ns, %.2f%% slower than the capacity below", i, capB, res.TimeNs, 100*float64(res.TimeNs-prev)/float64(prev))
-				worst = max(worst, float64(res.TimeNs-prev)/float64(prev))
+				d := float64(res.TimeNs-prev) / float64(prev)
+				slower, worst = slower+1, max(worst, d)
+				t.Logf("trace %d: capacity %d: %.2f%% slower than the capacity below", i, capB, 100*d)
 			}
 			prev = res.TimeNs
 		}
 		assert.Equal(t, sumOps(tr), prev) // everything fits at the top
 	}
+	assert.LessOrEqual(t, slower, 1)
+	assert.Less(t, worst, 0.01)
+}
+
+// A plan runs within the capacity it was made for: on more memory it takes
+// the same time. So MakePlan's result is never slower than a plan for any
+// of its ladder's hardware replayed on hw: for less device memory exactly,
+// for less host memory and slower links as Simulate replays them on hw.
+func TestNeverSlowerThanTheLadder(t *testing.T) {
+	r := rand.New(rand.NewSource(8))
+	for i := 0; i < 30; i++ {
+		tr := layered(r, 3+r.Intn(10), 1<<20+r.Int63n(16<<20), 1<<16+r.Int63n(4<<20))
+		a := Analyze(tr)
+		lo, hi := max64(a.OpBytes), max64(a.Pressure)
+		hw := smallHW(lo + r.Int63n(hi-lo+1))
+		hw.HostBytes = r.Int63n(hi)
+		got, err := SimulatePolicy(tr, hw, PolicyG10)
+		require.NoError(t, err)
+		ladder := PlanLadder(tr, hw)
+		require.Equal(t, hw, ladder[0])
+		for _, h := range ladder {
+			assert.LessOrEqual(t, h.DeviceBytes, hw.DeviceBytes)
+			assert.LessOrEqual(t, h.HostBytes, hw.HostBytes)
+			assert.LessOrEqual(t, h.HostLinkBps, hw.HostLinkBps)
+			for _, v := range planVariants {
+				p, err := newPlanInput(tr).plan(h, v)
+				require.NoError(t, err)
+				on := Simulate(tr, hw, &p)
+				assert.LessOrEqual(t, got.TimeNs, on.TimeNs, "trace %d: slower than the plan for %+v", i, h)
+				if h.HostBytes == hw.HostBytes && h.HostLinkBps == hw.HostLinkBps {
+					assert.Equal(t, Simulate(tr, h, &p).TimeNs, on.TimeNs, "trace %d: a plan for less memory, on more", i)
+				}
+			}
+		}
+	}
+}
+
+// Random pairs of hardware, one with more device memory, host memory or
+// faster links than the other. The candidates make regressions rare and
+// small, not impossible: a plan for hardware between two ladder steps, or
+// a link speed off the ladder, is not among the candidates, and the
+// simulator shares a link equally among its transfers, so a faster link can
+// start a prefetch that then slows a more urgent one. This logs each.
+func TestMoreResourcesRarelySlower(t *testing.T) {
+	r := rand.New(rand.NewSource(11))
+	slower, worst := 0, 0.0
+	const n = 300
+	for i := 0; i < n; i++ {
+		tr := layered(r, 3+r.Intn(10), 1<<20+r.Int63n(16<<20), 1<<16+r.Int63n(4<<20))
+		a := Analyze(tr)
+		lo, hi := max64(a.OpBytes), max64(a.Pressure)
+		hw := smallHW(lo + r.Int63n(hi-lo+1))
+		hw.HostBytes = r.Int63n(hi)
+		more := hw
+		switch r.Intn(3) {
+		case 0:
+			more.DeviceBytes += r.Int63n(hi - hw.DeviceBytes + 1)
+		case 1:
+			more.HostBytes += r.Int63n(hi)
+		case 2:
+			f := 1 + r.Float64()
+			more.SSDReadBps *= f
+			more.SSDWriteBps *= f
+			more.HostLinkBps *= f
+		}
+		base, err := SimulatePolicy(tr, hw, PolicyG10)
+		require.NoError(t, err)
+		got, err := SimulatePolicy(tr, more, PolicyG10)
+		require.NoError(t, err)
+		if got.TimeNs > base.TimeNs {
+			d := float64(got.TimeNs-base.TimeNs) / float64(base.TimeNs)
+			slower, worst = slower+1, max(worst, d)
+			t.Logf("trace %d: %.3f%% slower on %+v than on %+v", i, 100*d, more, hw)
+		}
+	}
+	t.Logf("%d of %d pairs slower with more, worst by %.3f%%", slower, n, 100*worst)
+	assert.LessOrEqual(t, slower, n/100)
+	assert.Less(t, worst, 0.02)
 }
 
 func TestSlowSSDSendsTrafficToHost(t *testing.T) {
@@ -440,6 +522,25 @@ func TestReadTraceNamesThePathAndKind(t *testing.T) {
 	assert.ErrorIs(t, err, ErrTrace)
 	assert.Contains(t, err.Error(), bad)
 	assert.Contains(t, err.Error(), "negative time_ns")
+
+	var zb bytes.Buffer
+	zw := gzip.NewWriter(&zb)
+	_, err = zw.Write([]byte(seedTrace))
+	require.NoError(t, err)
+	require.NoError(t, zw.Close())
+	gz := filepath.Join(dir, "good.json.gz")
+	require.NoError(t, os.WriteFile(gz, zb.Bytes(), 0o644))
+	trz, err := ReadTrace(gz)
+	require.NoError(t, err)
+	assert.Equal(t, tr, trz)
+
+	cut := filepath.Join(dir, "cut.json.gz")
+	require.NoError(t, os.WriteFile(cut, zb.Bytes()[:zb.Len()/2], 0o644))
+	_, err = ReadTrace(cut)
+	assert.ErrorIs(t, err, ErrCorruptTrace)
+	assert.ErrorIs(t, err, ErrTrace)
+	assert.Contains(t, err.Error(), cut)
+	assert.Contains(t, err.Error(), "gzip")
 
 	_, err = ReadTrace(filepath.Join(dir, "missing.json"))
 	assert.ErrorIs(t, err, fs.ErrNotExist)

@@ -1,9 +1,12 @@
 package offload
 
 import (
+	"math/rand"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 func TestTimeline(t *testing.T) {
@@ -29,4 +32,70 @@ func TestTimeline(t *testing.T) {
 	assert.Equal(t, []span{{5, 30}}, l.busy) // merged
 	_, end = l.forward(0, 10)
 	assert.InDelta(t, 35, end, 1e-9) // [0, 5) then [30, 35)
+}
+
+func TestTimelineEndsAtLargeTimes(t *testing.T) {
+	// Near 1e11 ns a float64 clock cannot move by less than ~1.5e-5 ns;
+	// whole nanoseconds carry every transfer in a bounded number of steps.
+	var l timeline
+	const t0 = int64(100e9)
+	l.reserve([]span{{t0 + 3, t0 + 5}, {t0 + 7, t0 + 1_000_000}})
+	got, end := l.forward(t0, 10)
+	assert.Equal(t, []span{{t0, t0 + 3}, {t0 + 5, t0 + 7}, {t0 + 1_000_000, t0 + 1_000_005}}, got)
+	assert.Equal(t, t0+1_000_005, end)
+	got, start := l.backward(t0+1_000_000, 7)
+	assert.Equal(t, []span{{t0 + 5, t0 + 7}, {t0 - 2, t0 + 3}}, got)
+	assert.Equal(t, t0-2, start)
+	assert.Equal(t, int64(1), linkNs(1, 1e12), "any bytes take at least 1 ns")
+	assert.Equal(t, int64(0), linkNs(0, 1e9))
+	assert.Equal(t, int64(1_000_000_000), linkNs(3_200_000_000, 3.2e9))
+}
+
+// scaled is tr with every op time multiplied by f.
+func scaled(tr *Trace, f int64) *Trace {
+	out := *tr
+	out.Ops = append([]TraceOp(nil), tr.Ops...)
+	for i := range out.Ops {
+		out.Ops[i].TimeNs *= f
+	}
+	return &out
+}
+
+// The same problem in a larger unit of time (op times and latency times
+// f, bandwidths over f) plans and simulates, to the same fraction of
+// ideal, with iterations of minutes: the float64 timeline this replaced
+// lost progress there and never returned.
+func TestPlanAtLongIterations(t *testing.T) {
+	r := rand.New(rand.NewSource(5))
+	for i := 0; i < 4; i++ {
+		tr := layered(r, 6+r.Intn(8), 64<<20, 4<<20)
+		a := Analyze(tr)
+		hw := smallHW((max64(a.OpBytes) + max64(a.Pressure)) / 2)
+		hw.HostBytes = 256 << 20
+		var frac [2]float64
+		for j, f := range []int64{1, 100_000} {
+			long, lhw := scaled(tr, f), hw
+			lhw.SSDReadBps /= float64(f)
+			lhw.SSDWriteBps /= float64(f)
+			lhw.HostLinkBps /= float64(f)
+			lhw.SSDLatencyNs *= f
+			done := make(chan Result, 1)
+			go func() {
+				res, err := SimulatePolicy(long, lhw, PolicyG10)
+				assert.NoError(t, err)
+				done <- res
+			}()
+			select {
+			case res := <-done:
+				require.True(t, res.Feasible, res.Error)
+				if f > 1 {
+					require.Greater(t, res.IdealNs, int64(100e9), "iterations of 100 s and more")
+				}
+				frac[j] = float64(res.IdealNs) / float64(res.TimeNs)
+			case <-time.After(time.Minute):
+				t.Fatalf("trace %d at %dx: planning and simulating did not finish in a minute", i, f)
+			}
+		}
+		assert.InDelta(t, frac[0], frac[1], 1e-3, "trace %d: the same problem in another unit", i)
+	}
 }

@@ -1,6 +1,7 @@
 package offload
 
 import (
+	"container/heap"
 	"fmt"
 	"sort"
 	"strings"
@@ -61,8 +62,8 @@ func (p MigrationPlan) String() string {
 
 // candidate is an inactive period with its ops' unrolled times.
 type candidate struct {
-	p      InactivePeriod
-	st, en []float64 // start and end of each op of p.Ops, unrolled
+	p  InactivePeriod
+	st []float64 // start of each op of p.Ops, unrolled
 }
 
 // window returns the positions in c.p.Ops freed by migrating through tier
@@ -120,19 +121,19 @@ func (l *links) route(hw Hardware, c *candidate, tier string, sync bool) route {
 		return r // a global no op uses: it stays in tier, nothing moves
 	}
 	w, rd := &l.ssdW, &l.ssdR
-	wBps, rBps, lat := hw.SSDWriteBps, hw.SSDReadBps, float64(hw.SSDLatencyNs)
+	wBps, rBps, lat := hw.SSDWriteBps, hw.SSDReadBps, hw.SSDLatencyNs
 	if tier == TierHost {
 		w, rd = &l.hostW, &l.hostR
 		wBps, rBps, lat = hw.HostLinkBps, hw.HostLinkBps, 0
 	}
-	dw, dr := float64(c.p.Bytes)/wBps*1e9, float64(c.p.Bytes)/rBps*1e9
-	from, until := float64(c.p.StartNs)+lat, float64(c.p.EndNs)
-	var done, start float64
+	dw, dr := linkNs(c.p.Bytes, wBps), linkNs(c.p.Bytes, rBps)
+	from, until := c.p.StartNs+lat, c.p.EndNs
+	var done, start int64
 	r.evict, done = w.forward(from, dw)
 	r.fetch, start = rd.backward(until, dr)
-	r.queued = done > from+dw+eps || start < until-dr-eps
+	r.queued = done > from+dw || start < until-dr
 	if !sync {
-		r.tail, r.pf = c.windowAt(done, start-lat)
+		r.tail, r.pf = c.windowAt(float64(done), float64(start-lat))
 	}
 	return r
 }
@@ -148,19 +149,76 @@ func (l *links) take(r route) {
 	l.ssdR.reserve(r.fetch)
 }
 
-// MakePlan runs G10's smart eviction (Algorithm 1) and smart prefetching
-// (section 4.4) over a trace for hw. It fails, wrapping ErrInfeasible and
-// naming the capacity, when one op alone needs more than the device holds;
-// otherwise the planned peak never exceeds hw.DeviceBytes, and with memory
-// to spare the plan is empty.
-func MakePlan(t *Trace, hw Hardware) (MigrationPlan, error) {
+// makePlan runs G10's smart eviction (Algorithm 1) and smart prefetching
+// (section 4.4) over a trace for hw, with the tier tried first: TierSSD
+// (G10's order) or TierHost (host memory while it holds the tensor, then
+// the SSD; the windows and costs that rank the periods are then the host
+// link's). It fails, wrapping ErrInfeasible and naming the capacity, when
+// one op alone needs more than the device holds; otherwise the planned
+// peak never exceeds hw.DeviceBytes, and with memory to spare the plan is
+// empty.
+func makePlan(t *Trace, hw Hardware, first string) (MigrationPlan, error) {
 	if err := t.Validate(); err != nil {
 		return MigrationPlan{}, err
 	}
 	if err := hw.Validate(); err != nil {
 		return MigrationPlan{}, err
 	}
+	return newPlanInput(t).plan(hw, planVariant{first: first})
+}
+
+// planVariant is what a candidate plan varies: the tier tried first, and
+// whether a migration's window is the section's own (uncontended
+// transfers) or the one its link timelines leave (timed: the traffic
+// planned before it counted, so prefetches are issued earlier where a
+// link is busy).
+// tierEither, as the tier tried first, sends each migration over the
+// link (the SSD's or, while host memory holds the tensor, the host's)
+// whose planned traffic leaves it the wider window.
+const tierEither = "either"
+
+type planVariant struct {
+	first string
+	timed bool
+}
+
+// planInput is what every plan for one trace starts from: its analysis
+// and its inactive periods with their ops' unrolled times. Planning only
+// reads it, so plans for several hardware can be made from one at once.
+type planInput struct {
+	t     *Trace
+	a     *Analysis
+	cands []*candidate
+}
+
+func newPlanInput(t *Trace) *planInput {
 	a := Analyze(t)
+	in := &planInput{t: t, a: a}
+	total := float64(a.TotalNs)
+	for _, p := range a.AllPeriods() {
+		if p.Bytes == 0 {
+			continue
+		}
+		c := &candidate{p: p, st: make([]float64, 0, len(p.Ops))}
+		for _, k := range p.Ops {
+			s := float64(a.OpStartNs[k])
+			if p.Wraps && k < p.Before {
+				s += total
+			}
+			c.st = append(c.st, s)
+		}
+		in.cands = append(in.cands, c)
+	}
+	return in
+}
+
+// plan is makePlan over a valid trace and hardware.
+func (in *planInput) plan(hw Hardware, v planVariant) (MigrationPlan, error) {
+	t, a, cands := in.t, in.a, in.cands
+	first := v.first // the tier whose timings rank the periods
+	if v.first == tierEither {
+		first = TierHost
+	}
 	capB := hw.DeviceBytes
 	plan := MigrationPlan{Capacity: capB}
 	for k, b := range a.OpBytes {
@@ -177,22 +235,28 @@ func MakePlan(t *Trace, hw Hardware) (MigrationPlan, error) {
 		plan.PeakBytes = plan.DemandBytes
 		return plan, nil
 	}
-	total := float64(a.TotalNs)
-	var cands []*candidate
-	for _, p := range a.AllPeriods() {
-		if p.Bytes == 0 {
-			continue
+	// overW[k]: the sum of (time + 1) over ops before k above capacity
+	// with nothing migrated, for bounds on the benefits below.
+	n := len(t.Ops)
+	overW := make([]float64, n+1)
+	for k := range t.Ops {
+		overW[k+1] = overW[k]
+		if pressure[k] > capB {
+			overW[k+1] += float64(t.Ops[k].TimeNs + 1)
 		}
-		c := &candidate{p: p}
-		for _, k := range p.Ops {
-			s := float64(a.OpStartNs[k])
-			if p.Wraps && k < p.Before {
-				s += total
-			}
-			c.st = append(c.st, s)
-			c.en = append(c.en, s+float64(t.Ops[k].TimeNs))
+	}
+	// benefitBound bounds benefit(c, tail, pf) from above: ops of a
+	// period are consecutive (modulo n for a wrapping one).
+	benefitBound := func(c *candidate, tail, pf int) float64 {
+		if tail >= pf {
+			return 0
 		}
-		cands = append(cands, c)
+		lo, hi := c.p.Ops[tail], c.p.Ops[pf-1]
+		w := overW[hi+1] - overW[lo]
+		if hi < lo {
+			w = overW[n] - overW[lo] + overW[hi+1]
+		}
+		return float64(c.p.Bytes) * w * (1 + 1e-9)
 	}
 	benefit := func(c *candidate, tail, pf int) float64 {
 		var b float64
@@ -261,27 +325,49 @@ func MakePlan(t *Trace, hw Hardware) (MigrationPlan, error) {
 			}
 			return benefit(c, 0, m.tail) + benefit(c, m.pf, len(c.p.Ops)), 0, len(c.p.Ops)
 		}
-		tail, pf := c.window(hw, TierSSD, sync)
+		tail, pf := c.window(hw, first, sync)
 		return benefit(c, tail, pf), tail, pf
 	}
+	// Lazy greedy: benefits only shrink as pressure falls, so a score
+	// computed earlier bounds the score now from above; the top of a heap
+	// of such bounds, recomputed and still on top, is the largest score
+	// (ties to the lowest index), as a scan of every candidate would find.
+	cost := func(i int) float64 {
+		b := cands[i].p.Bytes
+		return hw.evictNs(first, b) + hw.fetchNs(first, b)
+	}
+	var heaps [2]scoreHeap // [0]: windows the transfers hide behind; [1]: sync
+	for i, c := range cands {
+		for si, sync := range []bool{false, true} {
+			tail, pf := c.window(hw, first, sync)
+			if b := benefitBound(c, tail, pf); b > 0 {
+				heaps[si] = append(heaps[si], scored{b / cost(i), i})
+			}
+		}
+	}
+	heap.Init(&heaps[0])
+	heap.Init(&heaps[1])
 	for over() {
 		// Pick the period with the largest reduction of pressure above
 		// capacity per unit of migration cost (SSD timings, as in the
 		// paper); periods whose transfers no window hides come last.
-		best, bestScore, bestSync := -1, 0.0, false
-		for _, sync := range []bool{false, true} {
-			for i, c := range cands {
-				b, _, _ := gain(i, sync)
+		best, bestSync := -1, false
+		for si, sync := range []bool{false, true} {
+			h := &heaps[si]
+			for h.Len() > 0 {
+				top := heap.Pop(h).(scored)
+				b, _, _ := gain(top.i, sync)
 				if b <= 0 {
 					continue
 				}
-				score := b / (hw.evictNs(TierSSD, c.p.Bytes) + hw.fetchNs(TierSSD, c.p.Bytes))
-				if score > bestScore {
-					best, bestScore = i, score
+				now := scored{b / cost(top.i), top.i}
+				if h.Len() == 0 || !(*h)[0].before(now) {
+					best, bestSync = top.i, sync
+					break
 				}
+				heap.Push(h, now)
 			}
 			if best >= 0 {
-				bestSync = sync
 				break
 			}
 		}
@@ -319,7 +405,15 @@ func MakePlan(t *Trace, hw Hardware) (MigrationPlan, error) {
 		// the link timelines only choose the tier.
 		hostFits := fitsHost(c)
 		r := lk.route(hw, c, TierSSD, bestSync)
-		if hostFits && bestSync && hostFaster(c) {
+		if v.first == TierHost && hostFits {
+			r = lk.route(hw, c, TierHost, bestSync)
+		} else if v.first == tierEither && hostFits {
+			// The link whose planned traffic leaves the wider window,
+			// host memory on a tie: the two links share the load.
+			if h := lk.route(hw, c, TierHost, bestSync); bestSync || benefit(c, h.tail, h.pf) >= benefit(c, r.tail, r.pf) {
+				r = h
+			}
+		} else if hostFits && bestSync && hostFaster(c) {
 			r = lk.route(hw, c, TierHost, true) // the op waits for the transfers: the faster link
 		} else if hostFits && r.queued {
 			h := lk.route(hw, c, TierHost, bestSync)
@@ -330,6 +424,9 @@ func MakePlan(t *Trace, hw Hardware) (MigrationPlan, error) {
 		}
 		tier := r.tier
 		tail, pf := c.window(hw, tier, bestSync)
+		if v.timed && !bestSync && r.tail < r.pf {
+			tail, pf = r.tail, r.pf
+		}
 		if !bestSync && benefit(c, tail, pf) <= 0 {
 			tail, pf = c.window(hw, tier, true)
 			bestSync = true
@@ -428,4 +525,28 @@ func FlashNeuronPlan(t *Trace, hw Hardware) *MigrationPlan {
 			EvictAfter: long.After, PrefetchAt: max(long.After+1, long.Before-1), Need: long.Before})
 	}
 	return plan
+}
+
+// scored is a candidate's score (or a bound on it) in the planner's heaps.
+type scored struct {
+	score float64
+	i     int
+}
+
+// before orders scores high first, ties by index.
+func (a scored) before(b scored) bool {
+	return a.score > b.score || a.score == b.score && a.i < b.i
+}
+
+type scoreHeap []scored
+
+func (h scoreHeap) Len() int           { return len(h) }
+func (h scoreHeap) Less(i, j int) bool { return h[i].before(h[j]) }
+func (h scoreHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *scoreHeap) Push(x any)        { *h = append(*h, x.(scored)) }
+func (h *scoreHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
 }

@@ -62,8 +62,12 @@ func TestPlanOverSavedTensors(t *testing.T) {
 		{demand / 2, 1 << 30, 10_000, map[string]bool{TierHost: true}},
 	} {
 		hw.DeviceBytes, hw.HostBytes = tc.capB, tc.host
-		p, err := MakePlan(savedTrace(sizes, tc.opNs), hw)
+		tr := savedTrace(sizes, tc.opNs)
+		p, err := makePlan(tr, hw, TierSSD) // G10's own plan: the SSD first
 		require.NoError(t, err, "capacity %d", tc.capB)
+		best, err := MakePlan(tr, hw)
+		require.NoError(t, err)
+		assert.LessOrEqual(t, Simulate(tr, hw, &best).TimeNs, Simulate(tr, hw, &p).TimeNs)
 		assert.LessOrEqual(t, p.PeakBytes, tc.capB)
 		require.NotEmpty(t, p.Migrations)
 		seen := map[int]bool{}

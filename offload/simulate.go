@@ -61,12 +61,12 @@ func SimulatePolicy(t *Trace, hw Hardware, policy string) (Result, error) {
 	case PolicyFlashNeuron:
 		r = Simulate(t, hw, FlashNeuronPlan(t, hw))
 	case PolicyG10:
-		p, err := MakePlan(t, hw)
+		_, res, err := bestPlan(t, hw)
 		if err != nil {
 			a := Analyze(t)
 			r = Result{IdealNs: a.TotalNs, Error: err.Error()}
 		} else {
-			r = Simulate(t, hw, &p)
+			r = res
 		}
 	default:
 		return Result{}, fmt.Errorf("%w: unknown policy %q (want ideal, on_demand, flashneuron or g10)", gds.ErrInvalid, policy)
@@ -162,7 +162,11 @@ func (s *sim) step(limit float64) bool {
 	if dt < 0 {
 		dt = 0
 	}
-	s.now += dt
+	if dt == limit-s.now {
+		s.now = limit // exactly: at 1e11 ns, now + (limit - now) may round short of limit
+	} else {
+		s.now += dt
+	}
 	done := false
 	keep := s.xs[:0]
 	for _, x := range s.xs {
@@ -290,10 +294,19 @@ func (s *sim) makeRoom(need int64, keep map[int]bool) bool {
 // Simulate replays a valid trace on hw under plan (nil: no plan, the
 // on-demand policy alone). Planned prefetches that do not fit in device
 // memory wait; an op whose tensors do not fit evicts on demand, so device
-// memory never exceeds hw.DeviceBytes. Time is when the last op ends (the
-// last evictions overlap the next iteration).
+// memory never exceeds hw.DeviceBytes, nor the plan's Capacity where that
+// is less (a plan runs within the memory it was made for, so a plan for
+// less memory takes the same time on more). Time is when the last op ends
+// (the last evictions overlap the next iteration).
 func Simulate(t *Trace, hw Hardware, plan *MigrationPlan) Result {
-	a := Analyze(t)
+	return simulate(Analyze(t), t, hw, plan)
+}
+
+// simulate is Simulate with the trace's analysis, which it only reads.
+func simulate(a *Analysis, t *Trace, hw Hardware, plan *MigrationPlan) Result {
+	if plan != nil && plan.Capacity > 0 && plan.Capacity < hw.DeviceBytes {
+		hw.DeviceBytes = plan.Capacity
+	}
 	n := len(t.Ops)
 	r := Result{IdealNs: a.TotalNs, Feasible: true, OpStallNs: make([]int64, n), OpSlowdown: make([]float64, n)}
 	s := &sim{hw: hw, ts: make([]simTensor, len(a.Tensors)), r: &r}

@@ -5,14 +5,17 @@ package offload
 //
 //	{"version": 1,
 //	 "tensors": [{"id": 0, "bytes": 4096, "kind": "weight"}],
-//	 "ops": [{"name": "layer1.fwd", "time_ns": 12000, "reads": [0, 3], "writes": [4]}]}
+//	 "ops": [{"name": "layer1.fwd", "time_ns": 12000, "reads": [0, 3], "writes": [4]}],
+//	 "meta": {"op_time": "cuda_events"}}
 //
-// Ops are in execution order. Weights, optimizer state and inputs are
-// global: alive from the start of the iteration. Any other tensor is alive
-// from the op that first writes it to its last use.
+// "meta" is optional and free-form. Ops are in execution order. Weights,
+// optimizer state and inputs are global: alive from the start of the
+// iteration. Any other tensor is alive from the op that first writes it to
+// its last use.
 
 import (
 	"bytes"
+	"compress/gzip"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -77,6 +80,9 @@ type Trace struct {
 	Version int           `json:"version"`
 	Tensors []TraceTensor `json:"tensors"`
 	Ops     []TraceOp     `json:"ops"`
+	// Meta is free-form notes on how the trace was made (the recorder
+	// says how it timed the ops); nothing reads it. Empty reads as absent.
+	Meta map[string]any `json:"meta,omitempty"`
 }
 
 func traceErr(format string, a ...any) error {
@@ -94,18 +100,32 @@ func ParseTrace(data []byte) (*Trace, error) {
 	if _, err := dec.Token(); err != io.EOF {
 		return nil, traceErr("trailing data after the trace object")
 	}
+	if len(t.Meta) == 0 {
+		t.Meta = nil
+	}
 	if err := t.Validate(); err != nil {
 		return nil, err
 	}
 	return &t, nil
 }
 
-// ReadTrace reads and parses the trace file at path. Errors name the path;
-// a file that does not parse or validate wraps ErrCorruptTrace and ErrTrace.
+// ReadTrace reads and parses the trace file at path, JSON or gzip-compressed
+// JSON (told apart by gzip's magic bytes, whatever the file's name). Errors
+// name the path; a file that does not decompress, parse or validate wraps
+// ErrCorruptTrace and ErrTrace.
 func ReadTrace(path string) (*Trace, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("offload: reading trace: %w", err)
+	}
+	if len(data) >= 2 && data[0] == 0x1f && data[1] == 0x8b {
+		zr, err := gzip.NewReader(bytes.NewReader(data))
+		if err == nil {
+			data, err = io.ReadAll(zr)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%w: %s: %w", ErrCorruptTrace, path, traceErr("decompressing gzip: %v", err))
+		}
 	}
 	t, err := ParseTrace(data)
 	if err != nil {

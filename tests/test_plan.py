@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import subprocess
@@ -123,6 +124,46 @@ def test_load_of_a_bad_file_is_corrupt_and_names_the_path(tmp_path):
         Trace.load(tmp_path / "missing.json")
 
 
+def test_load_reads_gzip_compressed_traces(tmp_path):
+    gz = tmp_path / "seed.json.gz"
+    gz.write_bytes(gzip.compress(json.dumps(SEED).encode()))
+    assert Trace.load(gz) == Trace.from_dict(SEED)
+    cut = tmp_path / "cut.json.gz"
+    cut.write_bytes(gz.read_bytes()[:20])
+    with pytest.raises(CorruptFileError, match="gzip") as e:
+        Trace.load(cut)
+    assert str(cut) in str(e.value)
+
+
+_LONG_RUN = """
+import json, sys
+from pyfastensor import plan
+from pyfastensor.plan import Hardware, Trace
+t, hw, f = Trace.from_dict(json.loads(sys.argv[1])), Hardware(**json.loads(sys.argv[2])), int(sys.argv[3])
+long = t.scale_time(f)
+lhw = hw.replace(ssd_read_bps=hw.ssd_read_bps / f, ssd_write_bps=hw.ssd_write_bps / f,
+                 host_link_bps=hw.host_link_bps / f, ssd_latency_ns=hw.ssd_latency_ns * f)
+print(json.dumps({p: [plan.simulate(x, h, p).throughput for x, h in ((t, hw), (long, lhw))]
+                  for p in plan.policies()} | {"ideal_ns": long.total_ns}))
+"""
+
+
+def test_iterations_of_minutes_plan_and_simulate_as_milliseconds_do():
+    # The same problem in a unit of time 100,000 times larger (op times and latency up, bandwidths
+    # down): iterations of minutes, where a float64 clock cannot tell t from t + 1e-5 ns.
+    t = layered(12, act=64 << 20, weight=4 << 20)
+    peak = plan.simulate(t, Hardware.g10_default(), "ideal").peak_device_bytes
+    hw = Hardware.g10_default().replace(device_bytes=peak // 2, host_bytes=256 << 20)
+    out = subprocess.run([sys.executable, "-c", _LONG_RUN, t.to_json(), hw.to_json(), "100000"],
+                         capture_output=True, text=True, timeout=60, check=True,
+                         cwd=os.path.dirname(os.path.dirname(__file__)))
+    got = json.loads(out.stdout)
+    assert got.pop("ideal_ns") > 100 * 10**9
+    for policy, (ms, minutes) in got.items():
+        assert 0 < ms <= 1 and minutes == pytest.approx(ms, abs=1e-3), policy
+    assert got["g10"][0] < 1  # something had to move
+
+
 def test_g10_default_is_table_2():
     hw = Hardware.g10_default()
     # The seed's Table 2: A100 40 GB, 128 GB DDR4, Z-NAND 3.2/3.0 GB/s with 20 us read latency,
@@ -132,6 +173,11 @@ def test_g10_default_is_table_2():
     assert hw.replace(device_bytes=1).device_bytes == 1
     assert set(plan.policies()) == {"ideal", "on_demand", "flashneuron", "g10"}
     assert set(GLOBAL_KINDS) < set(Trace.kinds())
+
+
+def test_g10_artifact_differs_from_table_2_in_the_ssd_only():
+    art, t2 = Hardware.g10_artifact(), Hardware.g10_default()
+    assert art == t2.replace(ssd_write_bps=3.2e9, ssd_latency_ns=16_000)
 
 
 def test_invalid_hardware_and_policy():
@@ -273,6 +319,61 @@ def test_trace_cli_records_a_consistent_trace(tmp_path, capsys, model):
     del torch
 
 
+def _tiny_step():
+    torch = pytest.importorskip("torch")
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
+    return model, (torch.randn(8, 32), torch.randint(0, 10, (8,))), lambda m, x, y: nn.functional.cross_entropy(m(x), y)
+
+
+def test_record_on_cpu_says_it_timed_ops_on_cpu(tmp_path):
+    from pyfastensor.plan import record_trace
+
+    t = record_trace(*_tiny_step())
+    assert t.meta == {"op_time": "cpu", "device": "cpu"}
+    t.save(tmp_path / "t.json")
+    back = Trace.load(tmp_path / "t.json")
+    assert back.meta == t.meta and back == t
+    assert t.scale_time(0.5).scale_time(0.5).meta == {**t.meta, "time_scale": 0.25}
+
+
+def test_record_on_cuda_times_each_op_by_cuda_events(monkeypatch):
+    # A fake CUDA clock: every event recorded moves it 0.25 ms on, so each op (two events) takes
+    # 0.25 ms, whatever the host's clock says; the end event must be waited for before it is read.
+    torch = pytest.importorskip("torch")
+    from pyfastensor.plan import record
+
+    clock, synced = [0.0], []
+
+    class Event:
+        def __init__(self, enable_timing: bool = False) -> None:
+            assert enable_timing
+            self.at, self.done = None, False
+
+        def record(self) -> None:
+            clock[0] += 0.25
+            self.at = clock[0]
+
+        def synchronize(self) -> None:
+            self.done = True
+
+        def elapsed_time(self, end: Event) -> float:
+            assert end.done, "read before the end event was waited for"
+            return end.at - self.at
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: synced.append(device))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Fake GPU")
+    monkeypatch.setattr(record, "_device_of", lambda model, batch: torch.device("cuda", 0))
+    t = record.record_trace(*_tiny_step())
+    _check_consistent(t)
+    assert {o.time_ns for o in t.ops} == {250_000}
+    assert t.meta == {"op_time": "cuda_events", "device": "cuda:0", "device_name": "Fake GPU"}
+    assert synced == [torch.device("cuda", 0)]  # the warm step's work waited for before the first op
+
+
 def test_record_marks_saved_tensors_and_gradients():
     torch = pytest.importorskip("torch")
     from torch import nn
@@ -379,3 +480,23 @@ def test_bench_plan_help_names_the_runtime_part():
     out = subprocess.run([sys.executable, "-m", "benchmarks", "plan", "--help"],
                          capture_output=True, text=True, check=True, cwd=ROOT).stdout
     assert "--runtime" in out and "--runtime-only" in out and "--rounds" in out
+
+
+G10_TRACES = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "g10", "traces")
+
+
+@pytest.mark.skipif(not os.path.isdir(G10_TRACES), reason="G10's traces are not beside this checkout")
+@pytest.mark.parametrize("name", ["BERT_Base-768", "VIT-1280", "Inceptionv3-1280", "ResNet152-768", "SENet154-512"])
+def test_g10_traces_more_resources_not_slower(name):
+    # One of each of G10's five models (the slowest to plan among them, SENet-154, in about a
+    # second): more device memory, host memory or faster links, at most 0.1% slower (the
+    # candidates MakePlan keeps the fastest of make regressions rare and small, not impossible).
+    t = Trace.load(os.path.join(G10_TRACES, f"{name}.json.gz"))
+    hw = Hardware.g10_artifact()
+    base = plan.simulate(t, hw, "g10")
+    assert base.feasible and base.peak_device_bytes <= hw.device_bytes
+    more = [hw.replace(device_bytes=hw.device_bytes + (8 << 30)), hw.replace(host_bytes=2 * hw.host_bytes),
+            hw.replace(ssd_read_bps=1.25 * hw.ssd_read_bps, ssd_write_bps=1.25 * hw.ssd_write_bps,
+                       host_link_bps=1.25 * hw.host_link_bps)]
+    for h in more:
+        assert plan.simulate(t, h, "g10").time_ns <= base.time_ns * 1.001, h

@@ -33,7 +33,7 @@ def _json_call(name: str, *args: Any) -> Any:
 
 
 def defaults() -> dict[str, Any]:
-    """Trace version, kinds, policies, tiers and Table 2 hardware, as Go defines them (cached)."""
+    """Trace version, kinds, policies, tiers, Table 2 and G10 artifact hardware, as Go defines them (cached)."""
     global _defaults
     if _defaults is None:
         _defaults = _json_call("pft_plan_defaults")

@@ -1,11 +1,15 @@
-"""Recording a trace from a real training step on CPU (:func:`record_trace`).
+"""Recording a trace from a real training step (:func:`record_trace`), on CPU or CUDA.
 
 The recorder runs one step (forward, backward, optimizer step) of a model
 under a :class:`~torch.utils._python_dispatch.TorchDispatchMode`, which sees
 every aten op with its input and output tensors, and under
 :func:`torch.autograd.graph.saved_tensors_hooks`, which sees every tensor
-saved for backward. Each op is timed on its own (``time.perf_counter_ns``
-around the kernel, outside the recorder's bookkeeping).
+saved for backward. Each op is timed on its own, outside the recorder's
+bookkeeping: on a CUDA device by two CUDA events around its kernels on the
+current stream, waited for before the next op (so a trace recorded on a GPU
+has the GPU's op times, each op run alone); on CPU by
+``time.perf_counter_ns`` around the kernel. The trace's ``meta`` says which
+(``op_time``: ``"cuda_events"`` or ``"cpu"``) and on what device.
 
 A trace tensor is a *storage*: views share their base's storage and map to
 one tensor, of the storage's size. During the recorded step the recorder
@@ -23,10 +27,10 @@ Approximations: an op reads every tensor among its arguments and writes its
 fresh outputs and the arguments its schema marks as written (``add_``'s
 self, ``_foreach_add_``'s lists); a view op writes nothing. A tensor that
 existed before the step and is none of the kinds above (a constant) is
-recorded as ``input``. Times are CPU kernel times of a warm step (one
-unrecorded step runs first, which also creates the optimizer's state), not
-a GPU's; the ops the autograd engine runs outside the dispatcher (none
-known) would be missed.
+recorded as ``input``. Times are those of a warm step (one unrecorded step
+runs first, which also creates the optimizer's state); on CPU they are the
+CPU's, not a GPU's. The ops the autograd engine runs outside the dispatcher
+(none known) would be missed.
 """
 
 from __future__ import annotations
@@ -46,11 +50,46 @@ from .trace import Trace
 PHASES = ("fwd", "bwd", "step")
 
 
+class _CpuTimer:
+    """Times an op by the host's clock around the call (CPU kernels run in it)."""
+
+    name = "cpu"
+
+    def start(self) -> Any:
+        return time.perf_counter_ns()
+
+    def stop(self, started: Any) -> int:
+        return time.perf_counter_ns() - started
+
+
+class _CudaEventTimer:
+    """Times an op by two CUDA events around its kernels on the current stream, waited for.
+
+    The start event is recorded after the work queued before the op, so the
+    time between the events is the op's kernels alone; waiting for the end
+    event before the next op keeps each op's time its own.
+    """
+
+    name = "cuda_events"
+
+    def start(self) -> Any:
+        e = torch.cuda.Event(enable_timing=True)
+        e.record()
+        return e
+
+    def stop(self, started: Any) -> int:
+        end = torch.cuda.Event(enable_timing=True)
+        end.record()
+        end.synchronize()
+        return round(started.elapsed_time(end) * 1e6)  # ms -> ns
+
+
 class _Recorder(TorchDispatchMode):
     """Assigns ids to storages and records each op's reads, writes and time."""
 
-    def __init__(self) -> None:
+    def __init__(self, timer: _CpuTimer | _CudaEventTimer | None = None) -> None:
         super().__init__()
+        self.timer = timer or _CpuTimer()
         self.ids: dict[int, int] = {}  # storage data_ptr -> tensor id
         self.bytes: list[int] = []
         self.kind: dict[int, str] = {}  # fixed kinds: weight, optimizer, input, activation
@@ -106,9 +145,9 @@ class _Recorder(TorchDispatchMode):
                 if i not in self.written_in and i not in self.kind:
                     self.kind[i] = "input"  # existed before the step: a constant
                 reads[i] = None
-        start = time.perf_counter_ns()
+        started = self.timer.start()
         out = func(*args, **kwargs)
-        ns = time.perf_counter_ns() - start
+        ns = self.timer.stop(started)
         writes: dict[int, None] = {}
         for t in _written_args(func, args, kwargs):
             i = self._id(t)
@@ -131,7 +170,7 @@ class _Recorder(TorchDispatchMode):
                          "reads": list(reads), "writes": list(writes)})
         return out
 
-    def trace(self, grads: Iterable[torch.Tensor]) -> Trace:
+    def trace(self, grads: Iterable[torch.Tensor], meta: dict[str, Any] | None = None) -> Trace:
         grad_ids = {self._id(g) for g in grads}
         tensors = []
         for i, b in enumerate(self.bytes):
@@ -142,7 +181,8 @@ class _Recorder(TorchDispatchMode):
                 else:
                     kind = "workspace"
             tensors.append({"id": i, "bytes": b, "kind": kind})
-        return Trace.from_dict({"version": 1, "tensors": tensors, "ops": self.ops})
+        return Trace.from_dict({"version": 1, "tensors": tensors, "ops": self.ops,
+                                "meta": {"op_time": self.timer.name, **(meta or {})}})
 
 
 def _written_args(func: Any, args: tuple, kwargs: dict) -> list[torch.Tensor]:
@@ -162,15 +202,20 @@ def _written_args(func: Any, args: tuple, kwargs: dict) -> list[torch.Tensor]:
 def record_trace(model: nn.Module, batch: tuple[torch.Tensor, ...],
                  loss_fn: Callable[..., torch.Tensor],
                  optimizer: torch.optim.Optimizer | None = None) -> Trace:
-    """Record one training step of ``model`` on CPU as a G10 trace.
+    """Record one training step of ``model`` as a G10 trace, with its device's op times.
 
     One unrecorded step runs first (it warms the kernels and creates the
     optimizer's state); then the recorded step: ``loss_fn(model, *batch)``,
     its backward and ``optimizer.step()``. The model's parameters change
     (two steps are taken).
 
+    On a CUDA device each op is timed by CUDA events and waited for before
+    the next (the recorded step runs slower than an unrecorded one, its op
+    times are the GPU's); on CPU by the host's clock. ``trace.meta`` says
+    which (``op_time``: ``"cuda_events"`` or ``"cpu"``) and the device.
+
     Args:
-        model: the model, on CPU, in training mode.
+        model: the model, in training mode, on CPU or one CUDA device.
         batch: the step's tensors (inputs and targets), recorded as ``input``.
         loss_fn: called as ``loss_fn(model, *batch)``; returns the scalar loss.
         optimizer: default ``torch.optim.Adam(model.parameters())``.
@@ -180,6 +225,11 @@ def record_trace(model: nn.Module, batch: tuple[torch.Tensor, ...],
         approximated).
     """
     opt = optimizer if optimizer is not None else torch.optim.Adam(model.parameters(), lr=1e-3)
+    device = _device_of(model, batch)
+    timer: _CpuTimer | _CudaEventTimer = _CudaEventTimer() if device.type == "cuda" else _CpuTimer()
+    meta = {"device": str(device)}
+    if device.type == "cuda":
+        meta["device_name"] = torch.cuda.get_device_name(device)
 
     def step(rec: _Recorder | None) -> None:
         opt.zero_grad(set_to_none=True)
@@ -198,14 +248,22 @@ def record_trace(model: nn.Module, batch: tuple[torch.Tensor, ...],
 
     step(None)
     opt.zero_grad(set_to_none=True)
-    rec = _Recorder()
+    rec = _Recorder(timer)
     rec.register(model.parameters(), "weight")
     rec.register(model.buffers(), "weight")
     rec.register((v for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)),
                  "optimizer")
     rec.register(batch, "input")
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)  # the warm step's work is not the first op's
     step(rec)
-    return rec.trace(p.grad for p in model.parameters() if p.grad is not None)
+    return rec.trace((p.grad for p in model.parameters() if p.grad is not None), meta)
+
+
+def _device_of(model: nn.Module, batch: tuple[torch.Tensor, ...]) -> torch.device:
+    """The device the step runs on: its first parameter's, or its first tensor's (CPU if none)."""
+    return next((t.device for t in (*model.parameters(), *batch) if isinstance(t, torch.Tensor)),
+                torch.device("cpu"))
 
 
 def _pack(rec: _Recorder) -> Callable[[torch.Tensor], torch.Tensor]:

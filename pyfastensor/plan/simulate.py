@@ -16,7 +16,7 @@ def policies() -> tuple[str, ...]:
     ``ideal`` (unlimited device memory), ``on_demand`` (evict the least
     recently used tensor, read back when needed, synchronously),
     ``flashneuron`` (FlashNeuron's linear selection over the activations) and
-    ``g10`` (:func:`make_plan`).
+    ``g10`` (:func:`make_plan`'s plan).
     """
     return tuple(_native.defaults()["policies"])
 
@@ -164,7 +164,8 @@ class MigrationPlan:
 
     Attributes:
         migrations: the planned migrations, by eviction op.
-        capacity: the device bytes planned for.
+        capacity: the device bytes the plan runs within (at most the hardware's: a
+            plan made for less memory may win, and takes the same time on more).
         demand_bytes: the peak with nothing migrated.
         peak_bytes: the planned peak, at most ``capacity``.
 
@@ -189,10 +190,20 @@ class MigrationPlan:
 def make_plan(trace: Trace, hardware: Hardware) -> MigrationPlan:
     """Plan G10's migrations for ``trace`` on ``hardware`` (``offload.MakePlan``).
 
-    Smart eviction (the seed's Algorithm 1: inactive periods by benefit over
-    cost, the SSD first and host memory when SSD writes are saturated), then
-    eager prefetch. With memory to spare the plan is empty; otherwise the
-    planned peak never exceeds ``hardware.device_bytes``.
+    The fastest, as :func:`simulate` replays them on ``hardware``, of several
+    candidate plans: G10's planner (smart eviction, the seed's Algorithm 1:
+    inactive periods by benefit over cost; then eager prefetch) with the SSD
+    first as the seed does, or with each migration on whichever link (SSD or,
+    while host memory holds the tensor, the host link) its planned traffic
+    leaves the wider window; with the seed's windows (uncontended transfers)
+    or the windows the planned traffic leaves; each made for ``hardware`` and
+    for less of it (less device memory, half the host memory, two thirds and
+    half the bandwidths: plans with slack). So a plan is never slower than
+    those for the lesser hardware, and more memory or faster links are rarely
+    slower, not never (4 in 1,000 random pairs of small traces, by up to 6%). With memory to spare the plan is
+    empty; otherwise the planned peak never exceeds ``capacity``, at most
+    ``hardware.device_bytes``. Planning G10's traces of 1,000 to 2,300 ops
+    takes 0.1 to 3 s on two cores (about 30 plans and replays).
 
     Raises:
         InvalidArgumentError: one op alone needs more than the device holds

@@ -4,9 +4,10 @@ A trace is JSON, schema version 1 (``offload/trace.go`` holds the rules)::
 
     {"version": 1,
      "tensors": [{"id": 0, "bytes": 4096, "kind": "weight"}],
-     "ops": [{"name": "layer1.fwd", "time_ns": 12000, "reads": [0, 3], "writes": [4]}]}
+     "ops": [{"name": "layer1.fwd", "time_ns": 12000, "reads": [0, 3], "writes": [4]}],
+     "meta": {"op_time": "cuda_events"}}
 
-Ops are in execution order. Weights, optimizer state and inputs are alive
+``meta`` is optional, free-form notes on how the trace was made. Ops are in execution order. Weights, optimizer state and inputs are alive
 from the start of the iteration; any other tensor from the op that first
 writes it to its last use. Validation is the Go parser's (``ParseTrace``),
 reached through :mod:`._native`, so the rules are written down once.
@@ -18,7 +19,7 @@ import json
 import os
 import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,9 @@ class Trace:
     tensors: tuple[TraceTensor, ...]
     ops: tuple[TraceOp, ...]
     version: int = 1
+    #: Free-form notes on how the trace was made (the recorder's ``op_time`` says how it timed
+    #: the ops); not compared.
+    meta: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
     @staticmethod
     def kinds() -> tuple[str, ...]:
@@ -98,7 +102,7 @@ class Trace:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Trace:
-        """Read and validate the trace file at ``path``.
+        """Read and validate the trace file at ``path``: JSON, or gzip-compressed JSON (``.json.gz``).
 
         Raises:
             CorruptFileError: the file holds no valid trace; the message names
@@ -110,20 +114,23 @@ class Trace:
     @classmethod
     def _from_normal(cls, d: dict[str, Any]) -> Trace:
         return cls(
-            version=d["version"],
+            version=d["version"], meta=d.get("meta") or {},
             tensors=tuple(TraceTensor(t["id"], t["bytes"], t["kind"]) for t in d["tensors"]),
             ops=tuple(TraceOp(o["name"], o["time_ns"], tuple(o["reads"]), tuple(o["writes"]))
                       for o in d["ops"]),
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """The trace's JSON form (what :meth:`from_dict` takes)."""
-        return {
+        """The trace's JSON form (what :meth:`from_dict` takes); ``meta`` only when there is some."""
+        d: dict[str, Any] = {
             "version": self.version,
             "tensors": [{"id": t.id, "bytes": t.bytes, "kind": t.kind} for t in self.tensors],
             "ops": [{"name": o.name, "time_ns": o.time_ns, "reads": list(o.reads), "writes": list(o.writes)}
                     for o in self.ops],
         }
+        if self.meta:
+            d["meta"] = dict(self.meta)
+        return d
 
     def to_json(self) -> str:
         """The trace as JSON text (computed once)."""
@@ -147,14 +154,16 @@ class Trace:
 
     def scale_time(self, factor: float) -> Trace:
         """A copy with every op time multiplied by ``factor`` (rounded), e.g. ``1 / 20`` to stand
-        CPU-measured times in for a device that computes 20 times faster.
+        CPU-measured times in for a device that computes 20 times faster. ``meta["time_scale"]``
+        says by how much the times were scaled, all scalings together.
 
         Raises:
             InvalidArgumentError: ``factor`` is not positive.
         """
         if not factor > 0:
             raise InvalidArgumentError(f"time scale factor must be positive, got {factor}")
-        return Trace(version=self.version, tensors=self.tensors,
+        meta = {**self.meta, "time_scale": self.meta.get("time_scale", 1) * factor}
+        return Trace(version=self.version, tensors=self.tensors, meta=meta,
                      ops=tuple(TraceOp(o.name, round(o.time_ns * factor), o.reads, o.writes) for o in self.ops))
 
     @property

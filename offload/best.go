@@ -1,0 +1,139 @@
+package offload
+
+import (
+	"runtime"
+	"sync"
+)
+
+// MakePlan returns the fastest of several candidate migration plans for a
+// trace on hw, as Simulate replays them on hw. Each hardware of the ladder
+// (PlanLadder: hw, then hw with less device memory, host memory or
+// bandwidth) is planned with each of four variants of G10's planner (smart
+// eviction, Algorithm 1, then smart prefetching, section 4.4): the SSD
+// first (G10's order) or each migration on whichever link its planned
+// traffic leaves the wider window (so the SSD and the host link share the
+// load), each with the section's windows (uncontended transfers) or the
+// windows the links' planned traffic leaves. A plan made for less device
+// memory is replayed both within its own capacity and with all of hw's.
+//
+// So the result is never slower than any plan for the ladder's lesser
+// hardware; a plan for more device memory, host memory or faster links is
+// rarely slower than one for less, not never (a plan for hardware off the
+// ladder is not a candidate). Planning for less memory or slower links
+// than there is leaves slack that a replay with shared links can use.
+//
+// It fails, wrapping ErrInfeasible and naming the capacity, when one op
+// alone needs more than the device holds; otherwise the planned peak never
+// exceeds hw.DeviceBytes (Capacity is the capacity the chosen plan runs
+// within, at most that), and with memory to spare the plan is empty.
+func MakePlan(t *Trace, hw Hardware) (MigrationPlan, error) {
+	p, _, err := bestPlan(t, hw)
+	return p, err
+}
+
+// planVariants lists the variants of the planner each hardware of the
+// ladder is planned with, in the order the candidates are made (the first
+// of equally fast plans is kept).
+var planVariants = []planVariant{{TierSSD, false}, {tierEither, false}, {TierSSD, true}, {tierEither, true}}
+
+// PlanLadder returns the hardware MakePlan makes candidate plans for: hw
+// itself first, then hw with less device memory (the points 1, 2, 4 and 8
+// cells below it of a grid of 64 cells from the largest op's bytes to the
+// trace's peak demand, where the device still holds every op), with half
+// its host memory, and with two thirds and half its bandwidths.
+func PlanLadder(t *Trace, hw Hardware) []Hardware {
+	return planLadder(Analyze(t), hw)
+}
+
+func planLadder(a *Analysis, hw Hardware) []Hardware {
+	lo, hi := int64(0), int64(0)
+	for k := range a.OpBytes {
+		lo = max(lo, a.OpBytes[k])
+		hi = max(hi, a.Pressure[k])
+	}
+	out := []Hardware{hw}
+	if q := (hi - lo) / 64; q > 0 && hw.DeviceBytes < hi {
+		// Points of a grid fixed by the trace, so that the ladders of
+		// nearby capacities share them: 1, 2, 4 and 8 cells below.
+		g := lo + (hw.DeviceBytes-1-lo)/q*q
+		for _, k := range []int64{0, 1, 3, 7} {
+			if c := g - k*q; c >= lo && c < hw.DeviceBytes {
+				h := hw
+				h.DeviceBytes = c
+				out = append(out, h)
+			}
+		}
+	}
+	if hw.HostBytes > 0 {
+		h := hw
+		h.HostBytes /= 2
+		out = append(out, h)
+	}
+	for _, f := range []float64{1.5, 2} {
+		h := hw
+		h.SSDReadBps /= f
+		h.SSDWriteBps /= f
+		h.HostLinkBps /= f
+		out = append(out, h)
+	}
+	return out
+}
+
+// bestPlan is MakePlan with the chosen plan's simulated result on hw. The
+// candidates are made and replayed in parallel (up to GOMAXPROCS at once);
+// the choice does not depend on the order they finish in.
+func bestPlan(t *Trace, hw Hardware) (MigrationPlan, Result, error) {
+	if err := t.Validate(); err != nil {
+		return MigrationPlan{}, Result{}, err
+	}
+	if err := hw.Validate(); err != nil {
+		return MigrationPlan{}, Result{}, err
+	}
+	in := newPlanInput(t)
+	type job struct {
+		hw  Hardware
+		v   planVariant
+		p   MigrationPlan
+		r   Result
+		err error
+	}
+	var jobs []*job
+	for _, h := range planLadder(in.a, hw) {
+		for _, v := range planVariants {
+			jobs = append(jobs, &job{hw: h, v: v})
+		}
+	}
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, max(1, runtime.GOMAXPROCS(0)))
+	for _, j := range jobs {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			j.p, j.err = in.plan(j.hw, j.v)
+			if j.err != nil {
+				return
+			}
+			j.r = simulate(in.a, t, hw, &j.p)
+			if j.p.Capacity < hw.DeviceBytes {
+				// The plan for less memory, also given all of hw's.
+				wide := j.p
+				wide.Capacity = hw.DeviceBytes
+				if r := simulate(in.a, t, hw, &wide); r.Feasible && r.TimeNs < j.r.TimeNs {
+					j.p, j.r = wide, r
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if err := jobs[0].err; err != nil {
+		return jobs[0].p, Result{}, err // one op alone does not fit hw
+	}
+	best := jobs[0]
+	for _, j := range jobs[1:] {
+		if j.err == nil && j.r.Feasible && (!best.r.Feasible || j.r.TimeNs < best.r.TimeNs) {
+			best = j
+		}
+	}
+	return best.p, best.r, nil
+}
