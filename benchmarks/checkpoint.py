@@ -578,6 +578,7 @@ def run(directory: str, *, workloads: list[Workload] | None = None, quick: bool 
     disk.prime_memory(min(3 * max((w.nbytes for w in loads), default=0), available_memory() // 2))
     limits: list[disk.DiskLimit] = []
     rounds: dict[str, dict[str, list[dict[str, float]]]] = {w.name: {t: [] for t in tools} for w in loads}
+    failed: dict[tuple[str, str], str] = {}  # (workload, peer) -> why it failed there
     for i in range(repeat):
         if limit and "limit_error" not in result:
             if progress:
@@ -593,10 +594,19 @@ def run(directory: str, *, workloads: list[Workload] | None = None, quick: bool 
         order = tools[i % len(tools):] + tools[: i % len(tools)] if tools else tools
         for w in loads:
             for tool in order:
+                if (w.name, tool) in failed:
+                    continue
                 if progress:
                     progress(f"round {i + 1}/{repeat}: {w.name}: {tool}")
-                rounds[w.name][tool].append(measure_round(tool, w, directory, check=i == 0,
-                                                          sized_limit=limit and w.name in MODELS))
+                try:
+                    rounds[w.name][tool].append(measure_round(tool, w, directory, check=i == 0,
+                                                              sized_limit=limit and w.name in MODELS))
+                except Exception as e:  # noqa: BLE001 - a peer that cannot take a workload is reported, not fatal
+                    if tool in OURS:
+                        raise
+                    failed[(w.name, tool)] = f"{type(e).__name__}: {e}"
+                    rounds[w.name][tool] = []
+                    _remove(os.path.join(directory, _TOOLS[tool][2]))
     if limits:
         result["limit"] = {
             "write_mbps": statistics.median(x.write_mbps for x in limits),
@@ -605,8 +615,12 @@ def run(directory: str, *, workloads: list[Workload] | None = None, quick: bool 
             "describe": limits[0].describe(),
         }
     for w in loads:
+        rows = summarize(w.nbytes, rounds[w.name], limits)
+        for (name, tool), why in failed.items():
+            if name == w.name:
+                rows[tool]["error"] = why
         result["workloads"][w.name] = {"nbytes": w.nbytes, "params": w.params, "tensors": len(w.state),
-                                       "rows": summarize(w.nbytes, rounds[w.name], limits)}
+                                       "rows": rows}
     result["targets"] = targets(result)
     return result
 
@@ -655,6 +669,9 @@ def format_report(result: dict[str, Any]) -> str:
                          f"{'ratio save':>11}{'cold':>6}{'warm':>6}{'save/wlim':>11}{'cold/rlim':>10}")
             for tool in present:
                 r = m["rows"][tool]
+                if r.get("error"):
+                    lines.append(f"  {tool:<22}failed: {r['error']}")
+                    continue
                 rt = r["ratio"]
                 lines.append(
                     f"  {tool:<22}{_f(r['save_gbps'], '.2f'):>10}{_f(r['cold_gbps'], '.2f'):>10}"

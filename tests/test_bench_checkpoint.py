@@ -165,3 +165,19 @@ def test_each_round_starts_with_another_tool(tmp_path, monkeypatch):
     bench.run(str(tmp_path), workloads=_tiny()[:1], tools=tools, repeat=4, limit=False)
     assert calls == ["pyfastensor", "torch", "safetensors", "torch", "safetensors", "pyfastensor",
                      "safetensors", "pyfastensor", "torch", "pyfastensor", "torch", "safetensors"]
+
+
+def test_a_peer_that_fails_a_workload_is_reported_and_the_run_goes_on(tmp_path, monkeypatch):
+    def refuse(sd, path):
+        raise ValueError("Metadata overflow")
+
+    _, load, name, timed = bench._TOOLS["tensorizer"]
+    monkeypatch.setitem(bench._TOOLS, "tensorizer", (refuse, load, name, timed))
+    result = bench.run(str(tmp_path), workloads=_tiny()[:1], limit=False, repeat=2)
+    rows = next(iter(result["workloads"].values()))["rows"]
+    assert rows["tensorizer"]["error"] == "ValueError: Metadata overflow"
+    assert rows["tensorizer"]["save_gbps"] is None and rows["tensorizer"]["ratio"]["cold_gbps"] is None
+    assert rows["torch"]["cold_gbps"] > 0 and len(rows["torch"]["rounds"]) == 2
+    line = next(x for x in bench.format_report(result).splitlines() if x.strip().startswith("tensorizer"))
+    assert line.split() == ["tensorizer", "failed:", "ValueError:", "Metadata", "overflow"]
+    assert list(tmp_path.iterdir()) == []
