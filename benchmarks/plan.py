@@ -1,6 +1,11 @@
-"""``python -m benchmarks plan``: G10 against its baselines on recorded traces (the G10 paper's Figure 11).
+"""``python -m benchmarks plan``: G10 against its baselines on G10's own A100 traces, then on traces recorded here.
 
-For each built-in model (BERT-like, ViT-like, ResNet-like) and batch size,
+First (``--no-g10`` skips it, ``--g10-only`` keeps only it): the 25
+workloads of ``benchmarks/g10-traces`` against G10's published results,
+and g10's sensitivity to the SSD's bandwidth and the host memory's size
+(``benchmarks/plan_g10.py`` says what each column is).
+
+Second, small models recorded on this CPU: for each built-in model (BERT-like, ViT-like, ResNet-like) and batch size,
 one training step is recorded on CPU (:mod:`pyfastensor.plan.record`), and
 the trace is simulated on the G10 paper's Table 2 hardware
 (``Hardware.g10_default()``) with the device memory set relative to the
@@ -55,7 +60,15 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from .harness import add_command, paired_ratios, plot_or_say, save_figure, spread, write_json
+from .harness import (
+    add_command,
+    paired_ratios,
+    plot_or_say,
+    progress,
+    save_figure,
+    spread,
+    write_json,
+)
 
 #: Targets: G10's throughput against ideal (mean over rows) and against FlashNeuron's selection.
 G10_OF_IDEAL = 0.90
@@ -280,7 +293,7 @@ def _demands(s: str) -> tuple[float, ...]:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Add ``benchmarks plan`` to ``sub``."""
-    p = add_command(sub, "plan", help="G10 against on-demand and FlashNeuron on recorded traces (simulated)",
+    p = add_command(sub, "plan", help="G10 against on-demand and FlashNeuron on G10's A100 traces and on recorded ones (simulated)",
                     description=__doc__, func=_cmd, json_help=None)
     p.add_argument("--models", default="bert,vit,resnet", help="built-in models (default bert,vit,resnet)")
     p.add_argument("--batches", type=_ints, default=DEFAULT_BATCHES,
@@ -302,6 +315,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", default=None, metavar="PATH",
                    help="write the raw results as JSON (the run-time part's to PATH-runtime.json, or to PATH "
                         "with --runtime-only)")
+    g = p.add_argument_group("G10's own A100 traces (the first section)")
+    g.add_argument("--no-g10", action="store_true", help="skip the section on G10's traces")
+    g.add_argument("--g10-only", action="store_true", help="only the section on G10's traces")
+    g.add_argument("--g10-workloads", default=None, metavar="W[,W...]",
+                   help="workloads among benchmarks/g10-traces, e.g. BERT_Base/256,VIT/1280 (default: all 25)")
+    g.add_argument("--no-sensitivity", action="store_true",
+                   help="skip the SSD-bandwidth and host-memory sweeps (G10 figures 16 and 18)")
+    g.add_argument("--g10-plot", default="bench-out/plan-g10.png",
+                   help="PNG like G10's figures 11 and 15 (default bench-out/plan-g10.png)")
     r = p.add_argument_group("run time (policy='planned' on this CPU)")
     r.add_argument("--runtime", action="store_true",
                    help="also time training steps under policy='planned' against 'scheduled', 'all' and no "
@@ -320,6 +342,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd(args: argparse.Namespace) -> int:
+    if not args.no_g10 and not args.runtime_only:
+        from . import plan_g10
+
+        names = [n.strip() for n in args.g10_workloads.split(",")] if args.g10_workloads else None
+        g10 = plan_g10.run(names=names, sensitivity=not args.no_sensitivity, progress=progress)
+        print(plan_g10.format_report(g10))
+        if args.json:
+            path = Path(args.json)
+            write_json(g10, path.with_name(path.stem + "-g10.json"), what="raw results on G10's traces")
+        if not args.no_plot:
+            plot_or_say(plan_g10.plot, g10, args.g10_plot)
+        if args.g10_only:
+            return 0
+        print("\nsmall models recorded on this CPU:")
     if not args.runtime_only:
         _cmd_simulated(args)
     if args.runtime or args.runtime_only:

@@ -407,7 +407,7 @@ def test_record_marks_saved_tensors_and_gradients():
 
 def test_bench_plan_tiny(tmp_path, capsys):
     pytest.importorskip("torch")
-    args = ["plan", "--models", "bert,resnet", "--batches", "2", "--demands", "150%,3",
+    args = ["plan", "--no-g10", "--models", "bert,resnet", "--batches", "2", "--demands", "150%,3",
             "--layers", "1", "--width", "bert=16,resnet=8", "--no-plot", "--json", str(tmp_path / "r.json"),
             "--traces", str(tmp_path / "traces")]
     assert main(args) == 0
@@ -500,3 +500,38 @@ def test_g10_traces_more_resources_not_slower(name):
                        host_link_bps=1.25 * hw.host_link_bps)]
     for h in more:
         assert plan.simulate(t, h, "g10").time_ns <= base.time_ns * 1.001, h
+
+
+def test_bench_plan_on_g10_traces(tmp_path, capsys):
+    """The first section: G10's own traces against G10's published figures, a table, JSON and a PNG."""
+    from benchmarks import plan_g10
+
+    assert len(plan_g10.workloads()) == 25  # every trace in the repository has G10's published figure
+    small = "BERT_Base/128,VIT/256,BERT_Base/512"
+    args = ["plan", "--g10-only", "--g10-workloads", small, "--json", str(tmp_path / "r.json"),
+            "--g10-plot", str(tmp_path / "g10.png")]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    result = json.loads((tmp_path / "r-g10.json").read_text())
+    assert [r["workload"] for r in result["rows"]] == small.split(",")
+    for r in result["rows"]:
+        assert 0 < r["g10"] <= r["bound"] + 1e-9 and r["peak_rss_bytes"] > 0 and r["plan_s"] > 0
+        assert r["met"] == (r["g10"] >= r["published"] - 1e-9)
+        line = next(x for x in out.splitlines() if x.startswith(r["workload"] + " "))
+        assert line.split()[1:4] == [f"{r['g10']:.3f}", f"{r['published']:.3f}", f"{r['bound']:.3f}"]
+    bert512 = result["rows"][2]
+    assert bert512["published"] == pytest.approx(0.670, abs=1e-3)  # G10's figure, from published.json
+    assert bert512["target"] == pytest.approx((bert512["published"] + bert512["bound"]) / 2)
+    assert "targets: g10 >= G10's published prefetch_lru on" in out
+    assert (tmp_path / "g10.png").read_bytes()[:4] == b"\x89PNG"
+    assert "small models recorded on this CPU" not in out  # --g10-only
+
+
+def test_bench_plan_sensitivity_on_g10_traces():
+    from benchmarks import plan_g10
+
+    s = plan_g10._sensitivity("VIT/256", str(plan_g10.TRACES))
+    ssd = [s["ssd"][str(b)] for b in plan_g10.SSD_BPS]
+    host = [s["host"][str(h)] for h in plan_g10.HOST_BYTES]
+    assert all(0 < v <= 1 for v in ssd + host)
+    assert ssd == sorted(ssd) and host == sorted(host)  # more bandwidth, more host memory: never slower
