@@ -74,11 +74,11 @@ from .harness import (
 G10_OF_IDEAL = 0.90
 G10_OVER_FLASHNEURON = 1.3
 
-#: The seed's device (Table 2): an A100's FP32 peak rate, FLOP/s.
+#: The G10 paper's device (Table 2): an A100's FP32 peak rate, FLOP/s.
 A100_FP32_FLOPS = 19.5e12
 
 DEFAULT_BATCHES = (64, 128, 192, 256)
-#: The seed's widths: BERT-base and ViT-B 768, ResNet-152's first stage 64 channels.
+#: The G10 paper's widths: BERT-base and ViT-B 768, ResNet-152's first stage 64 channels.
 DEFAULT_WIDTHS = {"bert": 768, "vit": 768, "resnet": 64}
 DEFAULT_DEMANDS = (1.5, 2.0, 3.0, 4.0)
 

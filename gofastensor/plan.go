@@ -121,7 +121,7 @@ func cbytes(s *C.char, what string) ([]byte, error) {
 }
 
 // pft_plan_defaults returns, as JSON, the trace schema version, the tensor
-// kinds, the policies pft_plan_simulate knows, the tiers, the seed's
+// kinds, the policies pft_plan_simulate knows, the tiers, the G10 paper's
 // Table 2 hardware (offload.G10Default) and the G10 artifact's
 // (offload.G10Artifact).
 //

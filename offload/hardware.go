@@ -22,7 +22,7 @@ type Hardware struct {
 	HostLinkBps  float64 `json:"host_link_bps"`  // device to host and back, each way
 }
 
-// G10Default is the seed paper's Table 2: an A100 with 40 GB, 128 GB of
+// G10Default is the G10 paper's Table 2: an A100 with 40 GB, 128 GB of
 // host DRAM, a Z-NAND SSD at 3.2 GB/s read and 3.0 GB/s write with 20 µs
 // read latency (16 µs write; one latency is modelled, the larger), and
 // PCIe Gen3 x16 at 15.754 GB/s. GB of memory read as GiB, of bandwidth

@@ -63,7 +63,7 @@ class Offload:
     slots at once (and closes the store if no other object uses it).
     ``policy="none"`` opens no store.
 
-    ``policy="planned"`` is G10's tensor migration (the seed's sections 4.2
+    ``policy="planned"`` is G10's tensor migration (the G10 paper's sections 4.2
     to 4.4) at run time. The profiling step offloads every eligible tensor
     while recording the saved tensors (pack order, sizes), their unpack
     order in backward, grouped by backward node, and the compute time

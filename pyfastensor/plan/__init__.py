@@ -1,4 +1,4 @@
-"""G10 (the seed's smart tensor migration) over traces: ``pyfastensor.plan``.
+"""G10's smart tensor migration over traces: ``pyfastensor.plan``.
 
 Record what one training iteration does (:func:`record_trace`), then simulate it on a
 memory system (:class:`Hardware`) under a policy (:func:`simulate`: ideal,

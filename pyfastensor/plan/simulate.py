@@ -191,11 +191,11 @@ def make_plan(trace: Trace, hardware: Hardware) -> MigrationPlan:
     """Plan G10's migrations for ``trace`` on ``hardware`` (``offload.MakePlan``).
 
     The fastest, as :func:`simulate` replays them on ``hardware``, of several
-    candidate plans: G10's planner (smart eviction, the seed's Algorithm 1:
+    candidate plans: G10's planner (smart eviction, the G10 paper's Algorithm 1:
     inactive periods by benefit over cost; then eager prefetch) with the SSD
-    first as the seed does, or with each migration on whichever link (SSD or,
+    first as the paper does, or with each migration on whichever link (SSD or,
     while host memory holds the tensor, the host link) its planned traffic
-    leaves the wider window; with the seed's windows (uncontended transfers)
+    leaves the wider window; with the paper's windows (uncontended transfers)
     or the windows the planned traffic leaves; each made for ``hardware`` and
     for less of it (less device memory, half the host memory, two thirds and
     half the bandwidths: plans with slack). So a plan is never slower than
