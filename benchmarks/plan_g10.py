@@ -167,6 +167,15 @@ def format_report(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+#: Short model names for the plot's axis.
+_SHORT = {"BERT_Base": "BERT", "Inceptionv3": "Incep-v3", "ResNet152": "RN-152", "SENet154": "SE-154", "VIT": "ViT"}
+
+
+def _short(workload: str) -> str:
+    model, batch = workload.split("/")
+    return f"{_SHORT.get(model, model)}/{batch}"
+
+
 def plot(result: dict[str, Any], path: str | os.PathLike[str]) -> Path:
     """Bars per workload like the G10 paper's figures 11 and 15: ours, G10's published, baselines, bound.
 
@@ -188,11 +197,10 @@ def plot(result: dict[str, Any], path: str | os.PathLike[str]) -> Path:
         ax.bar(xs, [r[key] or 0.0 for r in rows], width, color=color, label=label)
     ax.scatter(range(len(rows)), [r["bound"] or 0.0 for r in rows], marker="_", s=200, color="black",
                label="links' bound", zorder=3)
-    ax.set_xticks(range(len(rows)), [r["workload"].replace("_Base", "").replace("/", "\n") for r in rows],
-                  fontsize=7)
+    ax.set_xticks(range(len(rows)), [_short(r["workload"]).replace("/", "\n") for r in rows], fontsize=7)
     ax.set_ylabel("fraction of ideal throughput")
     ax.set_ylim(0, 1.05)
-    ax.legend(fontsize=7, ncols=5, loc="lower left")
+    ax.legend(fontsize=7, ncols=5, loc="upper center", bbox_to_anchor=(0.5, -0.12))
     ax.set_title("python -m benchmarks plan: G10's A100 traces, hardware g10_artifact", fontsize=10)
     fig.tight_layout()
     return save_figure(fig, path)
