@@ -30,7 +30,7 @@ from typing import Any
 
 from .. import errors
 
-# Keep in step with loader/local.go.
+# Keep in step with loader/local.go (tests/test_protocol_sync.py checks).
 PROTOCOL = 2
 HELLO, GET, TAKE, RETURN, RESTORE = 1, 2, 3, 4, 5
 META_FIELDS = 4
