@@ -464,7 +464,7 @@ def slowest_peer(rows: dict[str, dict[str, Any]], ours: str, key: str) -> tuple[
 
 
 def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
-    """The issue's targets, each ``{"workload", "what", "met", "figures"}``, from a :func:`run` result.
+    """The targets, each ``{"workload", "what", "met", "figures"}``, from a :func:`run` result.
 
     Fractions of the limit and ratios to peers are medians of per-round
     figures (see :func:`summarize`).

@@ -54,7 +54,7 @@ MiB = 1 << 20
 #: The tools compared: ours, then DCP's own.
 TOOLS = ("pyfastensor", "filesystem")
 
-#: Targets of the issue.
+#: The targets this benchmark judges.
 SPEEDUP_TARGET = 1.5
 RESHARD_TARGET = 1.1
 
