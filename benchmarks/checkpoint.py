@@ -65,11 +65,10 @@ from .harness import (
     add_command,
     crc_speed,
     disk,
-    plot_or_say,
+    finish,
     progress,
     save_figure,
     temp_dir,
-    write_json,
 )
 from .workloads import STATE_DICTS as WORKLOADS
 from .workloads import StateDict, build_state_dicts
@@ -826,9 +825,4 @@ def _cmd_checkpoint(args: argparse.Namespace) -> int:
         ws = build_state_dicts(names, quick=args.quick)
         result = run(d, workloads=ws, quick=args.quick, repeat=args.repeat, limit=not args.no_limit,
                      progress=progress)
-    print(format_report(result))
-    if args.json:
-        write_json(result, args.json)
-    if not args.no_plot:
-        plot_or_say(plot, result, args.plot)
-    return 0
+    return finish(result, args, format_report, plot)

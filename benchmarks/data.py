@@ -60,10 +60,9 @@ from .harness import (
     child_env,
     disk,
     diskstats_read_bytes,
+    finish,
     mapped_files,
-    plot_or_say,
     save_figure,
-    write_json,
 )
 from .workloads import small_cnn
 
@@ -994,9 +993,4 @@ def _cmd_data(args: argparse.Namespace) -> int:
             for sub in Path(args.dir).glob("*"):
                 if sub.is_dir() and (sub / "layout.json").exists():
                     shutil.rmtree(sub, ignore_errors=True)
-    print(format_report(result))
-    if args.json:
-        write_json(result, args.json)
-    if not args.no_plot:
-        plot_or_say(plot, result, args.plot)
-    return 0
+    return finish(result, args, format_report, plot)

@@ -163,6 +163,21 @@ def save_figure(fig: Any, path: str | os.PathLike[str], *, dpi: int = 110) -> Pa
     return out
 
 
+def finish(result: Any, args: Any, format_report: Callable[[Any], str],
+           plot: Callable[[Any, str], Path] | None = None) -> int:
+    """The end of a benchmark command: print the report, write ``--json``, draw ``--plot`` unless ``--no-plot``.
+
+    Returns:
+        The command's exit status, 0.
+    """
+    print(format_report(result))
+    if getattr(args, "json", None):
+        write_json(result, args.json)
+    if plot is not None and not getattr(args, "no_plot", False):
+        plot_or_say(plot, result, args.plot)
+    return 0
+
+
 def plot_or_say(plot: Callable[[Any, str], Path], result: Any, path: str) -> None:
     """Draw ``plot(result, path)`` and say where, or say why not where matplotlib is missing."""
     try:

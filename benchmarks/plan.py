@@ -62,6 +62,7 @@ from typing import Any
 
 from .harness import (
     add_command,
+    finish,
     paired_ratios,
     plot_or_say,
     progress,
@@ -377,12 +378,7 @@ def _cmd_simulated(args: argparse.Namespace) -> int:
     models = tuple(m.strip() for m in args.models.split(",") if m.strip())
     result = run(models, args.batches, args.demands, layers=args.layers, width=args.width,
                  speedup=args.speedup, traces_dir=args.traces)
-    print(format_report(result))
-    if args.json:
-        write_json(result, args.json)
-    if not args.no_plot:
-        plot_or_say(plot, result, args.plot)
-    return 0
+    return finish(result, args, format_report, plot)
 
 
 # -- the run-time half: policy="planned" on this machine's CPU ------------------------------------
