@@ -127,10 +127,10 @@ def run(root: Path = TRACES, *, names: list[str] | None = None, sensitivity: boo
         if sensitivity:
             fig11 = [n for n in FIGURE11 if n in names]
             sens = list(ex.map(_sensitivity, fig11, [str(root)] * len(fig11)))
-    fig11_rows = [r for r in rows if r["workload"] in FIGURE11]
-    mean = (lambda key: sum(r[key] or 0 for r in fig11_rows) / len(fig11_rows)) if fig11_rows else None
+    fig11 = [r for r in rows if r["workload"] in FIGURE11]
+    means = {k: sum(r[k] or 0 for r in fig11) / len(fig11) for k in ("g10", "published")} if fig11 else None
     return {"hardware": plan.Hardware.g10_artifact().to_dict(), "rows": rows, "sensitivity": sens,
-            "figure11_mean": {"g10": mean("g10"), "published": mean("published")} if mean else None,
+            "figure11_mean": means,
             "met": sum(r["met"] for r in rows), "met_halfway": sum(r["met_halfway"] for r in rows)}
 
 
