@@ -152,6 +152,7 @@ type Server struct {
 	held       int64 // bytes in slotData
 	inflight   int64 // bytes of chunk reads in flight
 	stats      Stats
+	turns      turnState // the round robin of DataLoader workers' batches (turn.go)
 }
 
 // NewServer returns a server of p within o.Budget bytes (PlanLayout: an
@@ -279,6 +280,7 @@ func (s *Server) reset(e uint64) {
 	clear(s.delivered)
 	s.nDelivered, s.held, s.overflow = 0, 0, 0
 	s.stats = Stats{Epoch: e, PeakBytes: s.stats.PeakBytes, Budget: s.stats.Budget}
+	s.turns.reset(0, 0, 0)
 }
 
 // SetEpoch starts epoch e: every sample undelivered again, a new
@@ -337,41 +339,61 @@ func (s *Server) Get(i int) (Sample, error) {
 // to the epoch.
 func (s *Server) GetBatch(is []int) ([]Sample, error) {
 	s.mu.Lock()
-	if err := s.admit(is); err != nil {
-		s.mu.Unlock()
+	b, err := s.begin(is)
+	s.mu.Unlock()
+	if err != nil {
 		return nil, err
 	}
-	tickets := make([]ticket, len(is))
-	var start, ahead []*fill
+	return s.finish(b)
+}
+
+// pending is a batch assigned (its decisions made, under the lock) whose
+// reads may still be running.
+type pending struct {
+	tickets      []ticket
+	start, ahead []*fill
+}
+
+// begin admits and assigns the batch is under the lock: every decision
+// of the batch is made here, in request order.
+func (s *Server) begin(is []int) (*pending, error) {
+	if err := s.admit(is); err != nil {
+		return nil, err
+	}
+	b := &pending{tickets: make([]ticket, len(is))}
 	for k, i := range is {
 		t := s.assign(i)
 		if f := s.readAhead(s.lay.group(i/s.lay.ChunkSize), i%s.lay.ChunkSize); f != nil {
-			ahead = append(ahead, f)
+			b.ahead = append(b.ahead, f)
 		}
 		if !t.ready && t.err == nil && !t.f.started {
 			t.f.started = true
-			start = append(start, t.f)
+			b.start = append(b.start, t.f)
 		}
-		tickets[k] = t
+		b.tickets[k] = t
 	}
-	s.mu.Unlock()
+	return b, nil
+}
 
-	if len(ahead) > 0 {
-		go s.read(ahead)
+// finish runs a batch's reads (begin, outside the lock), waits for its
+// samples and returns them.
+func (s *Server) finish(b *pending) ([]Sample, error) {
+	if len(b.ahead) > 0 {
+		go s.read(b.ahead)
 	}
-	s.read(start)
-	for _, t := range tickets {
+	s.read(b.start)
+	for _, t := range b.tickets {
 		if !t.ready && t.err == nil {
 			<-t.f.done
 		}
 	}
 
-	out := make([]Sample, len(is))
+	out := make([]Sample, len(b.tickets))
 	var first error
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for k := range tickets {
-		t := &tickets[k]
+	for k := range b.tickets {
+		t := &b.tickets[k]
 		if !t.ready && t.err == nil {
 			t.data, t.err = t.f.out[t.pos], cmp.Or(t.f.err, t.f.bad[t.pos])
 			delete(t.f.out, t.pos)

@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -169,6 +170,9 @@ def test_resume_after_every_batch(packed, small, source, digests, tmp_path, work
         before = [s for b in batches[:k] for s in b]
         assert len(child["rest"]) == N - len(before), f"after batch {k}"
         _check_epoch(before + child["rest"], source[1], digests)
+        # The same batches as the uninterrupted loader's, in order: its workers' batches are
+        # served in the loader's round robin, and a part holds the server's state after its batch.
+        assert child["rest"] == [s for b in batches[k:] for s in b], f"after batch {k}"
         assert child["epoch"] == EPOCH
         if not workers:
             assert child["seed"] == 5, "the state's seed"
@@ -286,3 +290,29 @@ def test_sparse_snapshots_are_reported(packed, small):
         list(dl)
     del dl
     ds.close()
+
+
+def _slow_worker(worker: int):
+    def transform(data: torch.Tensor) -> torch.Tensor:
+        info = torch.utils.data.get_worker_info()
+        if info is not None and info.id == worker:
+            time.sleep(0.002)  # this worker's requests reach the server late
+        return data
+    return transform
+
+
+def test_same_seed_same_batches_with_workers(packed, small):
+    """With 2 workers the batches are the same in two runs of the same seed, whichever worker is
+    slower: the server serves the workers' batches in the loader's round robin."""
+    runs = []
+    for slow in (0, 1):
+        ds = ChunkDataset(packed, memory_budget=small, seed=5, with_index=True, transform=_slow_worker(slow))
+        ds.set_epoch(EPOCH)
+        dl = torch.utils.data.DataLoader(ds, batch_size=BATCH, shuffle=True, num_workers=2,
+                                         generator=torch.Generator().manual_seed(3),
+                                         multiprocessing_context="fork", collate_fn=keep)
+        runs.append([[int(index) for _, _, index in batch] for batch in dl])
+        del dl
+        ds.close()
+    assert sorted(p for b in runs[0] for p in b) == list(range(N))
+    assert runs[0] == runs[1]

@@ -31,8 +31,9 @@ from typing import Any
 from .. import errors
 
 # Keep in step with loader/local.go (tests/test_protocol_sync.py checks).
-PROTOCOL = 2
+PROTOCOL = 3
 HELLO, GET, TAKE, RETURN, RESTORE = 1, 2, 3, 4, 5
+GET_IN_TURN, GET_STATE = 1, 2  # GET's flags
 META_FIELDS = 4
 
 _REQUEST = struct.Struct("<IIIQ")  # frame length, op, n, arg
@@ -141,6 +142,26 @@ class Client:
         _, ticket, meta = self._call(GET, n, 0, struct.pack(f"<{n}q", *indices))
         values = struct.unpack(f"<{META_FIELDS * n}qQ", meta)
         return list(values[:-1]), ticket, int(values[-1])
+
+    def get_in_turn(self, indices: Sequence[int], worker: int, workers: int, wait: float,
+                    state: bool) -> tuple[list[int], int, int, int, bytes]:
+        """Serve requests for ``indices`` as batch of ``worker`` of a loader of ``workers`` that hands
+        its batches to them round robin: the server serves it once the batches before it were,
+        waiting up to ``wait`` seconds. Return META_FIELDS ints per sample, the batch's ticket, the
+        epoch, the batch's index in the epoch's round robin and, with ``state``, the server's state
+        after it (JSON bytes; else empty)."""
+        n = len(indices)
+        arg = GET_IN_TURN | (GET_STATE if state else 0) | (worker & 0xFFFF) << 16 | (workers & 0xFFFF) << 32
+        payload = struct.pack(f"<{n}qQ", *indices, max(1, int(wait * 1000)))
+        if wait > 0:
+            self._sock.settimeout(wait + 10)
+        try:
+            _, ticket, meta = self._call(GET, n, arg, payload)
+        finally:
+            self._sock.settimeout(None)
+        head = struct.calcsize(f"<{META_FIELDS * n}qQQ")
+        values = struct.unpack_from(f"<{META_FIELDS * n}qQQ", meta)
+        return list(values[:-2]), ticket, int(values[-2]), int(values[-1]), meta[head:]
 
     def take(self, ticket: int, n: int, fd: int, size: int, offset: int = 0) -> None:
         """Have the server write the ticket's ``n`` samples, back to back, into the shared memory ``fd`` from ``offset``."""

@@ -10,7 +10,6 @@ never loading the Go runtime.
 
 from __future__ import annotations
 
-import base64
 import json
 import operator
 import os
@@ -247,12 +246,16 @@ class ChunkDataset(torch.utils.data.Dataset):
         self._client_pid = 0
         self._buffers: _client.BatchBuffers | None = None  # a worker's, for its batches
         self._buffers_pid = 0
-        # A worker's part of a state (StatefulDataLoader): the positions its
-        # batches delivered in epoch _part_epoch, a bitmap, in process _part_pid;
+        # A worker's part of a state (StatefulDataLoader): the server's state
+        # after this worker's last batch (JSON bytes) and that batch's index
+        # plus one, in epoch _part_epoch, in process _part_pid; whether a
+        # state was asked for (then batches come with the server's state);
         # batches fetched since its last state_dict(), and whether it had one.
         self._part_pid = 0
         self._part_epoch = -1
-        self._part_bits = bytearray()
+        self._part_batch = 0
+        self._part_state = b""
+        self._part_wanted = False
         self._part_unsnapshotted = 0
         self._part_stated = False
         self._part_warned = False
@@ -496,8 +499,12 @@ class ChunkDataset(torch.utils.data.Dataset):
         """A worker's batch: the server's answer, its bytes in one shared-memory storage."""
         client = self._worker_client()
         self._check_indices(idx, int(client.info["samples"]))
+        worker = torch.utils.data.get_worker_info()
+        self._part_own()
         try:
-            meta, ticket, epoch = client.get(idx)
+            # In the loader's round robin: the batches come in the loader's order.
+            meta, ticket, epoch, batch, state = client.get_in_turn(
+                idx, worker.id, worker.num_workers, self.timeout, self._part_wanted)
         except errors.EngineUnavailableError as e:
             raise self._node_failed(e) from None
         f = _native.META_FIELDS
@@ -517,7 +524,7 @@ class ChunkDataset(torch.utils.data.Dataset):
             except errors.FastensorError:
                 pass  # the server is gone: nothing to give back to
             raise
-        self._note_delivered(epoch, [meta[k * f] for k in range(len(idx))], int(client.info["samples"]))
+        self._note_batch(epoch, batch, state)
         flat = torch.empty(0, dtype=torch.uint8).set_(storage)
         datas, at = [], 0
         for length in lengths:
@@ -528,20 +535,15 @@ class ChunkDataset(torch.utils.data.Dataset):
     # A worker's part of a state (torchdata's StatefulDataLoader calls state_dict() in each
     # worker after each batch, and load_state_dict() in each new worker on resume).
 
-    def _part_bitmap(self, epoch: int, n: int) -> bytearray:
-        """This worker's bitmap of the positions its batches delivered in ``epoch`` (new: none)."""
+    def _part_own(self) -> None:
+        """Start this process's part afresh if it was made in another (a forked worker's copy)."""
         if self._part_pid != os.getpid():
-            self._part_pid, self._part_epoch = os.getpid(), -1
+            self._part_pid, self._part_epoch, self._part_batch, self._part_state = os.getpid(), -1, 0, b""
             self._part_unsnapshotted, self._part_stated, self._part_warned = 0, False, False
-        if self._part_epoch != epoch or len(self._part_bits) != (n + 7) // 8:
-            self._part_epoch, self._part_bits = epoch, bytearray((n + 7) // 8)
-        return self._part_bits
 
-    def _note_delivered(self, epoch: int, positions: list[int], n: int) -> None:
+    def _note_batch(self, epoch: int, batch: int, state: bytes) -> None:
         """Record a batch this worker took; warn once if batches come without a state between them."""
-        bits = self._part_bitmap(epoch, n)
-        for p in positions:
-            bits[p >> 3] |= 1 << (p & 7)
+        self._part_epoch, self._part_batch, self._part_state = epoch, batch + 1, state
         if self._part_stated and self._part_unsnapshotted >= 1 and not self._part_warned:
             self._part_warned = True
             warnings.warn(
@@ -553,24 +555,31 @@ class ChunkDataset(torch.utils.data.Dataset):
         self._part_unsnapshotted += 1
 
     def _worker_state(self) -> dict[str, Any]:
-        """This worker's part of the state: its batches' positions this epoch (``loader.WorkerPart``)."""
+        """This worker's part of the state: the server's state after its last batch this epoch
+        (``loader.WorkerPart``)."""
         info = self._worker_client().hello()
         head = info.get("part")
         if not head:
             raise errors.UnsupportedError(
                 f"ChunkDataset({self.root!r}): the loader server gives DataLoader workers no part of its state")
-        bits = self._part_bitmap(int(head["epoch"]), int(info["samples"]))
-        self._part_stated = True
+        self._part_own()
+        self._part_wanted = self._part_stated = True  # from now on batches come with the server's state
         worker = torch.utils.data.get_worker_info()
-        part = dict(head, worker=worker.id, num_workers=worker.num_workers,
-                    delivered=base64.b64encode(bytes(bits)).decode("ascii"))
+        part = dict(head, worker=worker.id, num_workers=worker.num_workers)
+        if self._part_epoch == int(head["epoch"]) and self._part_batch > 0:
+            if not self._part_state:
+                raise errors.UnsupportedError(
+                    f"ChunkDataset({self.root!r}): DataLoader worker {worker.id} fetched batches before its first "
+                    "state_dict(): its part of the state is unknown (a StatefulDataLoader asks for it at the start)")
+            part["batch"] = self._part_batch
+            part["state"] = json.loads(self._part_state)
         if self._part_warned:
-            part["unsnapshotted"] = True  # batches came without their state: see _note_delivered
+            part["unsnapshotted"] = True  # batches came without their state: see _note_batch
         self._part_unsnapshotted = 0
         return part
 
     def _worker_restore(self, part: dict[str, Any]) -> None:
-        """Send this worker's part to the server; return once it restored every worker's union."""
+        """Send this worker's part to the server; return once it restored the loader's state."""
         worker = torch.utils.data.get_worker_info()
         if part.get("kind") != "worker":
             raise errors.InvalidArgumentError(
@@ -586,18 +595,12 @@ class ChunkDataset(torch.utils.data.Dataset):
                 f"ChunkDataset({self.root!r}): worker {part.get('worker')}'s part of the state was taken by a "
                 "StatefulDataLoader with snapshot_every_n_steps > 1: the batches it replays on resume skip "
                 "their samples for the epoch", RuntimeWarning, stacklevel=3)
-        client = self._worker_client()
-        n = int(client.info["samples"])
-        try:
-            bits = bytearray(base64.b64decode(part.get("delivered", ""), validate=True))
-        except ValueError:
-            raise errors.InvalidArgumentError(
-                f"ChunkDataset({self.root!r}): worker {part.get('worker')}'s part of the state has no valid "
-                "'delivered' bitmap") from None
-        client.restore(part, self.timeout)
-        self._part_bitmap(int(part["epoch"]), n)
-        self._part_bits[:] = bits  # the server checked its length
-        self._part_stated = True
+        self._worker_client().restore(part, self.timeout)
+        self._part_own()
+        state = part.get("state")
+        self._part_epoch, self._part_batch = int(part["epoch"]), int(part.get("batch", 0) or 0)
+        self._part_state = json.dumps(state).encode() if state else b""
+        self._part_wanted = self._part_stated = True
         self._part_warned = self._part_warned or bool(part.get("unsnapshotted"))
 
     def _items(self, meta: list[int], datas: list[torch.Tensor]) -> list[tuple[Any, ...]]:
