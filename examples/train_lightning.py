@@ -200,7 +200,7 @@ def train(args: argparse.Namespace) -> int:
                                  persistent=False)
             self.dataset, self.offload = dataset, offload
             self.step_starts: list[float] = []
-            self.saved_bytes = 0
+            self.saved_bytes: int | None = None  # stock: counted in the first step
             self.log_file = open(out / "steps.jsonl", "a")  # noqa: SIM115 - open for the whole run
 
         def loss(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -227,7 +227,7 @@ def train(args: argparse.Namespace) -> int:
                 with self.offload:
                     loss = self.loss(tokens)
                     self.manual_backward(loss)
-            elif not self.saved_bytes:
+            elif self.saved_bytes is None:
                 # Stock: the bytes of the activations saved for backward, counted once (in the first
                 # step, which is not timed): the storages offload would take (not the parameters').
                 params = {p.untyped_storage().data_ptr() for p in self.parameters()}
@@ -294,7 +294,7 @@ def train(args: argparse.Namespace) -> int:
         "checkpoints": len(io.seconds), "checkpoint_total_s": sum(io.seconds),
         "checkpoint_mean_s": statistics.fmean(io.seconds) if io.seconds else None,
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-        "activations_peak_bytes": summary.resident_peak_bytes if summary is not None else model.saved_bytes,
+        "activations_peak_bytes": summary.resident_peak_bytes if summary is not None else model.saved_bytes or 0,
         "offloaded_bytes": summary.raw_bytes_offloaded if summary is not None else 0,
         "checkpoint_bytes": (out / "checkpoints" / "latest.ckpt").stat().st_size
         if (out / "checkpoints" / "latest.ckpt").exists() else None,

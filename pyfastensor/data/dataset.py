@@ -15,7 +15,6 @@ import operator
 import os
 import secrets
 import threading
-import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -82,27 +81,35 @@ class ChunkDataset(torch.utils.data.Dataset):
       ``spawn``: its ``state_dict()`` taken after any batch, loaded into a new
       ``StatefulDataLoader`` over a new ChunkDataset (same pack, a budget giving
       the same layout, as many workers), in any process, continues the epoch so
-      that every sample is delivered exactly once across the interruption: the
-      batches the loop consumed are in the state, those prefetched past them are
-      not. With ``num_workers=0`` the loader saves this dataset's
-      :meth:`state_dict`. With workers each worker's ``state_dict()`` is its part
-      of the state, the positions its batches delivered this epoch (a bitmap of
-      ``len(self) / 8`` bytes, sent with each batch); on resume each new worker's
-      ``load_state_dict()`` sends its part to the main process's server, which
-      waits for every worker's (``timeout``), restores their union and reads the
-      samples not delivered again as they are asked for. Keep the loader's
-      default ``snapshot_every_n_steps=1`` and ``in_order=True``: a state taken
-      between snapshots replays the batches since the last one on resume, and
-      their samples are skipped for the epoch (workers warn, ``RuntimeWarning``,
-      when batches come without a state). A distributed dataset resumes mid-epoch
-      with ``num_workers=0`` only.
+      that every sample is delivered exactly once across the interruption, with
+      the batches the interrupted loader would have given: the batches the loop
+      consumed are in the state, those prefetched past them are not. With
+      ``num_workers=0`` the loader saves this dataset's :meth:`state_dict`. With
+      workers each worker's ``state_dict()`` is its part of the state, the
+      server's state right after the worker's last batch (two bitmaps of
+      ``len(self) / 8`` bytes, sent with each batch once the loader asked for a
+      state); on resume each new worker's ``load_state_dict()`` sends its part
+      to the main process's server, which waits for every worker's
+      (``timeout``) and restores the one of the latest batch. Any
+      ``snapshot_every_n_steps``: the batches the loader replays after its last
+      snapshot are served again as they were. A distributed dataset resumes
+      mid-epoch with ``num_workers=0`` only.
     - torch's ``DataLoader``: :meth:`state_dict` in the main process. With
       ``num_workers=0``, exact after any batch. With workers, the batches they
       prefetched and the loop did not consume yet count as delivered: take it at
       an epoch's end (the iterator drained).
 
+    Order: DataLoader workers' batches are served in the loader's order
+    (torch's loaders with ``in_order=True``, their default, hand batch ``b`` to
+    worker ``b % num_workers``; a request that is ahead waits for the batches
+    before it, up to ``timeout``), so the same pack, budget, seed, sampler order
+    and ``num_workers`` give the same batches, also across a resume. Another
+    ``num_workers`` gives other batches. ``in_order=False`` is not supported
+    with workers.
+
     Concurrency: the methods may be called from several threads; the
-    server orders concurrent batches as they reach it.
+    server orders concurrent batches of the main process as they reach it
+    (a DataLoader's workers': in the loader's order, above).
 
     Args:
         root: the pack's directory.
@@ -161,8 +168,9 @@ class ChunkDataset(torch.utils.data.Dataset):
             of ``memory_budget``. Default: a tenth of ``memory_budget`` (the paper's
             best, section 5.4).
         prefetch: owners prefetch along this rank's access sequence. Default: True.
-        timeout: seconds to wait for another rank (rendezvous, barriers, calls), and
-            for the other DataLoader workers' parts of a state when they resume.
+        timeout: seconds to wait for another rank (rendezvous, barriers, calls), for
+            the other DataLoader workers' parts of a state when they resume, and
+            for the batches before a worker's own in the loader's order.
             Default: 300.
 
     Security (distributed): each rank's server listens on its interface that
@@ -248,17 +256,13 @@ class ChunkDataset(torch.utils.data.Dataset):
         self._buffers_pid = 0
         # A worker's part of a state (StatefulDataLoader): the server's state
         # after this worker's last batch (JSON bytes) and that batch's index
-        # plus one, in epoch _part_epoch, in process _part_pid; whether a
-        # state was asked for (then batches come with the server's state);
-        # batches fetched since its last state_dict(), and whether it had one.
+        # plus one, in epoch _part_epoch, in process _part_pid; and whether a
+        # state was asked for (then batches come with the server's state).
         self._part_pid = 0
         self._part_epoch = -1
         self._part_batch = 0
         self._part_state = b""
         self._part_wanted = False
-        self._part_unsnapshotted = 0
-        self._part_stated = False
-        self._part_warned = False
         if not self._in_worker():
             self._live()  # opened here, so a worker can reach it whatever the sampler calls
 
@@ -539,20 +543,10 @@ class ChunkDataset(torch.utils.data.Dataset):
         """Start this process's part afresh if it was made in another (a forked worker's copy)."""
         if self._part_pid != os.getpid():
             self._part_pid, self._part_epoch, self._part_batch, self._part_state = os.getpid(), -1, 0, b""
-            self._part_unsnapshotted, self._part_stated, self._part_warned = 0, False, False
 
     def _note_batch(self, epoch: int, batch: int, state: bytes) -> None:
-        """Record a batch this worker took; warn once if batches come without a state between them."""
+        """Record a batch this worker took: its index in the epoch's round robin and the server's state after it."""
         self._part_epoch, self._part_batch, self._part_state = epoch, batch + 1, state
-        if self._part_stated and self._part_unsnapshotted >= 1 and not self._part_warned:
-            self._part_warned = True
-            warnings.warn(
-                f"ChunkDataset({self.root!r}): DataLoader worker fetched a batch without a state_dict() after "
-                "the one before (StatefulDataLoader's snapshot_every_n_steps > 1): a state taken between "
-                "snapshots replays the batches since the last one on resume, and their samples are skipped "
-                "for the epoch. Use snapshot_every_n_steps=1 for exactly-once resume.",
-                RuntimeWarning, stacklevel=3)
-        self._part_unsnapshotted += 1
 
     def _worker_state(self) -> dict[str, Any]:
         """This worker's part of the state: the server's state after its last batch this epoch
@@ -563,7 +557,7 @@ class ChunkDataset(torch.utils.data.Dataset):
             raise errors.UnsupportedError(
                 f"ChunkDataset({self.root!r}): the loader server gives DataLoader workers no part of its state")
         self._part_own()
-        self._part_wanted = self._part_stated = True  # from now on batches come with the server's state
+        self._part_wanted = True  # from now on batches come with the server's state
         worker = torch.utils.data.get_worker_info()
         part = dict(head, worker=worker.id, num_workers=worker.num_workers)
         if self._part_epoch == int(head["epoch"]) and self._part_batch > 0:
@@ -573,9 +567,6 @@ class ChunkDataset(torch.utils.data.Dataset):
                     "state_dict(): its part of the state is unknown (a StatefulDataLoader asks for it at the start)")
             part["batch"] = self._part_batch
             part["state"] = json.loads(self._part_state)
-        if self._part_warned:
-            part["unsnapshotted"] = True  # batches came without their state: see _note_batch
-        self._part_unsnapshotted = 0
         return part
 
     def _worker_restore(self, part: dict[str, Any]) -> None:
@@ -590,18 +581,12 @@ class ChunkDataset(torch.utils.data.Dataset):
             raise errors.InvalidArgumentError(
                 f"ChunkDataset({self.root!r}): a part of the state of a loader of {part.get('num_workers')} "
                 f"workers, loaded into one of {worker.num_workers}: resume with as many workers")
-        if part.get("unsnapshotted"):
-            warnings.warn(
-                f"ChunkDataset({self.root!r}): worker {part.get('worker')}'s part of the state was taken by a "
-                "StatefulDataLoader with snapshot_every_n_steps > 1: the batches it replays on resume skip "
-                "their samples for the epoch", RuntimeWarning, stacklevel=3)
         self._worker_client().restore(part, self.timeout)
         self._part_own()
         state = part.get("state")
         self._part_epoch, self._part_batch = int(part["epoch"]), int(part.get("batch", 0) or 0)
         self._part_state = json.dumps(state).encode() if state else b""
-        self._part_wanted = self._part_stated = True
-        self._part_warned = self._part_warned or bool(part.get("unsnapshotted"))
+        self._part_wanted = True
 
     def _items(self, meta: list[int], datas: list[torch.Tensor]) -> list[tuple[Any, ...]]:
         f = _native.META_FIELDS
@@ -654,8 +639,9 @@ class ChunkDataset(torch.utils.data.Dataset):
 
         In a DataLoader worker (``StatefulDataLoader`` calls it there after
         each batch) it is the worker's part of the loader's state instead:
-        ``{"kind": "worker", ..., "worker", "num_workers", "delivered"}``, the
-        positions this worker's batches delivered this epoch.
+        ``{"kind": "worker", ..., "worker", "num_workers", "batch", "state"}``,
+        the server's state right after this worker's last batch this epoch
+        and that batch's place in the epoch (none before its first).
 
         Distributed, every rank calls it at the same step: each gives the
         samples prefetched into its remote memory back to their owners, waits
@@ -694,7 +680,8 @@ class ChunkDataset(torch.utils.data.Dataset):
         In a DataLoader worker (``StatefulDataLoader`` resuming), ``state_dict``
         is the worker's part: it goes to the main process's server, which
         waits for every worker's part, up to ``timeout`` seconds, and restores
-        their union; this call returns then.
+        the state of the latest batch among them (parts of an older version:
+        the union of the positions they delivered); this call returns then.
 
         Args:
             state_dict: what :meth:`state_dict` returned, in this process or another.
