@@ -3,9 +3,11 @@
 The Go server (``loader/server.go``) owns the abstract memory and decides
 which sample answers each request; this class turns requests into one
 native call per batch and the answers into uint8 tensors. The server lives
-in the process that uses the dataset first (the training script's); its
-DataLoader workers are clients of it over a Unix socket (``_client.py``),
-never loading the Go runtime.
+in the process that uses the dataset first (the training script's:
+``_owner.py``); its DataLoader workers are clients of it over a Unix socket
+(``_worker.py``, ``_client.py``), never loading the Go runtime; a
+distributed dataset's server is a node of the ranks' cluster (``_dist.py``).
+This module holds the dataset's public methods.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import operator
 import os
 import secrets
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -23,14 +25,15 @@ import torch.utils.data
 
 from .. import config, errors
 from . import _client, _dist, _native
+from ._owner import _ServerOwner
+from ._worker import _WorkerSide
 from .pack import _check_seed
+from .sampler import ChunkSampler
 
-# Distributed datasets made in this process, in order: the same count on
-# every rank names a dataset's keys in the job's store.
-_dist_datasets = 0
+__all__ = ["ChunkDataset", "ChunkSampler"]
 
 
-class ChunkDataset(torch.utils.data.Dataset):
+class ChunkDataset(_ServerOwner, _WorkerSide, _dist._ClusterMember, torch.utils.data.Dataset):
     """A map-style dataset over a pack (``python -m pyfastensor data pack``), read in whole chunks.
 
     As in Brand (the paper's section 3.3), a request for index ``i`` is
@@ -266,81 +269,6 @@ class ChunkDataset(torch.utils.data.Dataset):
         if not self._in_worker():
             self._live()  # opened here, so a worker can reach it whatever the sampler calls
 
-    # The server: opened on first use in the owning process; a worker's client.
-
-    def _address(self) -> str:
-        return f"@pyfastensor-loader-{self._owner}-{self._token}"
-
-    @staticmethod
-    def _in_worker() -> bool:
-        return torch.utils.data.get_worker_info() is not None
-
-    def _live(self) -> _native.Server:
-        if self._in_worker():
-            info = torch.utils.data.get_worker_info()
-            raise errors.UnsupportedError(
-                f"ChunkDataset({self.root!r}): this method belongs to the main process, not DataLoader "
-                f"worker {info.id if info else '?'}: the server there owns the epoch, its state and "
-                "counters; workers only fetch batches")
-        with self._lock:
-            if self._closed:
-                raise ValueError(f"ChunkDataset({self.root!r}) is closed")
-            if self._server is None or os.getpid() != self._owner:
-                if os.getpid() != self._owner:
-                    # A copy in another process (pickled, not a worker): it
-                    # serves its own, at an address of its own. The owner
-                    # keeps its address: forked workers already hold it.
-                    self._owner, self._token = os.getpid(), secrets.token_hex(8)
-                self._server = None
-                rank, world = self._share()
-                server = _native.Server(self.root, self.memory_budget, self.seed, self.overflow, rank, world)
-                try:
-                    server.listen(self._address())
-                    if self.distributed:
-                        self._join(server, rank, world)
-                except BaseException:
-                    server.close()
-                    raise
-                self._server = server
-            return self._server
-
-    def _share(self) -> tuple[int, int]:
-        """This node's rank and the world size (0 and 1 on one node)."""
-        if not self.distributed:
-            return 0, 1
-        if self.rank is None or self.world_size is None:
-            import torch.distributed as dist
-
-            _dist.default_store()  # raises, naming what to do, without a process group
-            self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        return self.rank, self.world_size
-
-    def _join(self, server: _native.Server, rank: int, world: int) -> None:
-        """Join the cluster: listen, share the address and token through the store, connect."""
-        global _dist_datasets
-        store = self._store if self._store is not None else _dist.default_store()
-        _dist_datasets += 1
-        rv = _dist.Rendezvous(store, f"ds{_dist_datasets}", rank, world, self.timeout)
-        token = rv.token()
-        host = config.data_host() or _dist.local_address(_dist.store_host(store))
-        options = {"rank": rank, "world": world, "token": token, "remote_bytes": self.remote_memory,
-                   "no_prefetch": not self.prefetch, "timeout_s": self.timeout}
-        address = server.dist_listen(options, f"{host}:0")
-        try:
-            server.dist_connect(rv.exchange(address))
-        except errors.EngineUnavailableError as e:
-            raise errors.NodeFailedError(str(e)) from None
-        rv.barrier("every node to connect")
-        self._rendezvous = rv
-
-    def _barrier(self, what: str) -> None:
-        if self._rendezvous is not None:
-            self._rendezvous.barrier(what)
-
-    def _node_failed(self, e: errors.EngineUnavailableError) -> Exception:
-        """A node's failure as NodeFailedError (Go's dist.ErrNodeFailed crosses as engine-unavailable)."""
-        return errors.NodeFailedError(str(e)) if self.distributed else e
-
     def sampler(self, shuffle: bool = True, seed: int | None = None) -> ChunkSampler:
         """A sampler asking for this rank's share of each epoch's permutation, which it tells the
         loader (owners prefetch along it); it resumes after :meth:`load_state_dict`.
@@ -355,50 +283,6 @@ class ChunkDataset(torch.utils.data.Dataset):
             seed: the permutation's seed, with the epoch. Default: the dataset's seed.
         """
         return ChunkSampler(self, shuffle, self.seed if seed is None else seed)
-
-    def _worker_buffers(self) -> _client.BatchBuffers:
-        if self._buffers is None or self._buffers_pid != os.getpid():
-            self._buffers, self._buffers_pid = _client.BatchBuffers(), os.getpid()
-        return self._buffers
-
-    def _worker_client(self) -> _client.Client:
-        if self._closed:
-            raise ValueError(f"ChunkDataset({self.root!r}) is closed")
-        if self._client is None or self._client_pid != os.getpid():
-            self._client = _client.Client(self._address(), f"ChunkDataset({self.root!r})")
-            self._client_pid = os.getpid()
-        return self._client
-
-    def close(self) -> None:
-        """Close the native server and free its memory (idempotent); the dataset is unusable after."""
-        with self._lock:
-            server, self._server, self._closed = self._server, None, True
-            client, self._client = self._client, None
-        if client is not None and self._client_pid == os.getpid():
-            client.close()
-        if server is not None and self._owner == os.getpid():
-            server.close()
-
-    def __enter__(self) -> ChunkDataset:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_server"], state["_lock"], state["_client"], state["_buffers"] = None, None, None, None
-        state["_store"], state["_rendezvous"] = None, None
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._lock = threading.Lock()
-        if self._owner == os.getpid():
-            # A copy in the owner's own process: a server of its own (on
-            # first use), at another address. Elsewhere the copy keeps the
-            # owner's: a spawned worker's.
-            self._token = secrets.token_hex(8)
 
     # What the pack holds.
 
@@ -498,95 +382,6 @@ class ChunkDataset(torch.utils.data.Dataset):
         for i in idx:
             if not 0 <= i < n:
                 raise IndexError(f"index {i} is outside ChunkDataset({self.root!r}) of {n} samples")
-
-    def _fetch_in_worker(self, idx: list[int]) -> tuple[list[int], list[torch.Tensor]]:
-        """A worker's batch: the server's answer, its bytes in one shared-memory storage."""
-        client = self._worker_client()
-        self._check_indices(idx, int(client.info["samples"]))
-        worker = torch.utils.data.get_worker_info()
-        self._part_own()
-        try:
-            # In the loader's round robin: the batches come in the loader's order.
-            meta, ticket, epoch, batch, state = client.get_in_turn(
-                idx, worker.id, worker.num_workers, self.timeout, self._part_wanted)
-        except errors.EngineUnavailableError as e:
-            raise self._node_failed(e) from None
-        f = _native.META_FIELDS
-        lengths = [meta[k * f + 3] for k in range(len(idx))]
-        total = sum(lengths)
-        try:
-            storage = self._worker_buffers().get(total)
-            fd, close_fd = _shared_fd(storage)
-            try:
-                client.take(ticket, len(idx), fd, storage.nbytes())
-            finally:
-                if close_fd:
-                    os.close(fd)
-        except BaseException:
-            try:
-                client.give_back(ticket)
-            except errors.FastensorError:
-                pass  # the server is gone: nothing to give back to
-            raise
-        self._note_batch(epoch, batch, state)
-        flat = torch.empty(0, dtype=torch.uint8).set_(storage)
-        datas, at = [], 0
-        for length in lengths:
-            datas.append(flat[at:at + length])
-            at += length
-        return meta, datas
-
-    # A worker's part of a state (torchdata's StatefulDataLoader calls state_dict() in each
-    # worker after each batch, and load_state_dict() in each new worker on resume).
-
-    def _part_own(self) -> None:
-        """Start this process's part afresh if it was made in another (a forked worker's copy)."""
-        if self._part_pid != os.getpid():
-            self._part_pid, self._part_epoch, self._part_batch, self._part_state = os.getpid(), -1, 0, b""
-
-    def _note_batch(self, epoch: int, batch: int, state: bytes) -> None:
-        """Record a batch this worker took: its index in the epoch's round robin and the server's state after it."""
-        self._part_epoch, self._part_batch, self._part_state = epoch, batch + 1, state
-
-    def _worker_state(self) -> dict[str, Any]:
-        """This worker's part of the state: the server's state after its last batch this epoch
-        (``loader.WorkerPart``)."""
-        info = self._worker_client().hello()
-        head = info.get("part")
-        if not head:
-            raise errors.UnsupportedError(
-                f"ChunkDataset({self.root!r}): the loader server gives DataLoader workers no part of its state")
-        self._part_own()
-        self._part_wanted = True  # from now on batches come with the server's state
-        worker = torch.utils.data.get_worker_info()
-        part = dict(head, worker=worker.id, num_workers=worker.num_workers)
-        if self._part_epoch == int(head["epoch"]) and self._part_batch > 0:
-            if not self._part_state:
-                raise errors.UnsupportedError(
-                    f"ChunkDataset({self.root!r}): DataLoader worker {worker.id} fetched batches before its first "
-                    "state_dict(): its part of the state is unknown (a StatefulDataLoader asks for it at the start)")
-            part["batch"] = self._part_batch
-            part["state"] = json.loads(self._part_state)
-        return part
-
-    def _worker_restore(self, part: dict[str, Any]) -> None:
-        """Send this worker's part to the server; return once it restored the loader's state."""
-        worker = torch.utils.data.get_worker_info()
-        if part.get("kind") != "worker":
-            raise errors.InvalidArgumentError(
-                f"ChunkDataset({self.root!r}): DataLoader worker {worker.id} was given a main process's state "
-                "(ChunkDataset.state_dict()); a worker loads its own part of a StatefulDataLoader's state. Load a "
-                "ChunkDataset's state with dataset.load_state_dict() in the main process, before the loader starts")
-        if int(part.get("num_workers", -1)) != worker.num_workers:
-            raise errors.InvalidArgumentError(
-                f"ChunkDataset({self.root!r}): a part of the state of a loader of {part.get('num_workers')} "
-                f"workers, loaded into one of {worker.num_workers}: resume with as many workers")
-        self._worker_client().restore(part, self.timeout)
-        self._part_own()
-        state = part.get("state")
-        self._part_epoch, self._part_batch = int(part["epoch"]), int(part.get("batch", 0) or 0)
-        self._part_state = json.dumps(state).encode() if state else b""
-        self._part_wanted = True
 
     def _items(self, meta: list[int], datas: list[torch.Tensor]) -> list[tuple[Any, ...]]:
         f = _native.META_FIELDS
@@ -741,60 +536,3 @@ class ChunkDataset(torch.utils.data.Dataset):
         dist = f", rank={self.rank}, world_size={self.world_size}" if self.distributed else ""
         return (f"ChunkDataset({self.root!r}, memory_budget={self.memory_budget}, seed={self.seed}, "
                 f"with_index={self.with_index}, overflow={self.overflow}{dist})")
-
-
-class ChunkSampler(torch.utils.data.Sampler[int]):
-    """This rank's share of each epoch's permutation of a :class:`ChunkDataset` (:meth:`ChunkDataset.sampler`).
-
-    Rank ``r`` of ``w`` asks for ``perm[r::w]``, ``perm`` the epoch's permutation
-    (seeded by ``seed + epoch``, the epoch the dataset's :meth:`~ChunkDataset.set_epoch`
-    set). Each iteration tells a distributed dataset the positions it will ask
-    for, in order: the owners of other ranks' slots prefetch along them. After
-    :meth:`~ChunkDataset.load_state_dict` the first iteration of the state's epoch
-    skips the requests made before the state was taken.
-    """
-
-    def __init__(self, dataset: ChunkDataset, shuffle: bool = True, seed: int = 0) -> None:
-        self.dataset = dataset
-        self.shuffle = shuffle
-        self.seed = seed
-
-    def _order(self) -> tuple[int, list[int]]:
-        ds = self.dataset
-        n = len(ds)
-        rank, world = ds._share()
-        epoch = ds._epoch
-        if self.shuffle:
-            g = torch.Generator()
-            g.manual_seed((self.seed + epoch) % (1 << 63))
-            perm = torch.randperm(n, generator=g)
-        else:
-            perm = torch.arange(n)
-        return epoch, perm[rank::world].tolist()[ds._resume.get(epoch, 0):]
-
-    def __len__(self) -> int:
-        return len(self._order()[1])
-
-    def __iter__(self) -> Iterator[int]:
-        epoch, order = self._order()
-        ds = self.dataset
-        ds._resume.pop(epoch, None)
-        if ds.distributed:
-            ds._live().dist_sequence(epoch, order)
-        return iter(order)
-
-
-def _shared_fd(storage: torch.UntypedStorage) -> tuple[int, bool]:
-    """A file descriptor of a shared-memory storage, and whether the caller closes it.
-
-    Under torch's ``file_descriptor`` sharing strategy (Linux's default) the
-    storage keeps its own; under ``file_system`` its memory is a named file
-    under /dev/shm, opened here.
-    """
-    try:
-        fd, _ = storage._share_fd_cpu_()
-        return int(fd), False
-    except RuntimeError:
-        _, name, _ = storage._share_filename_cpu_()
-        name = name.decode() if isinstance(name, bytes) else name
-        return os.open(os.path.join("/dev/shm", name.lstrip("/")), os.O_RDWR), True
