@@ -53,8 +53,8 @@ import (
 // that died, gives their samples back, so a killed worker loses no sample
 // and duplicates none. Restore is a DataLoader worker resuming from its
 // part of a mid-epoch state (WorkerPart, state.go): the endpoint collects
-// the parts of the loader's workers and, once all came, restores their
-// union (Server.RestoreParts) and answers each of them (restoreParts). A
+// the parts of the loader's workers and, once all came, restores the
+// state they make (Server.RestoreParts) and answers each of them (restoreParts). A
 // non-zero status is the caller's status code
 // (LocalOptions.Status) with the error's message as payload.
 //
@@ -478,7 +478,7 @@ func (l *Local) handle(lc *localConn, body []byte, fds []int) (resp []byte, ok b
 
 // restorePart adds a worker's part to the restore being collected (or
 // starts one) and waits, up to wait, until the round has every worker's
-// part and the backend restored their union, or failed; it returns the
+// part and the backend restored the state they make, or failed; it returns the
 // round's outcome, the same for each of its workers. A part that does
 // not fit the round (another number of workers, or a worker's second
 // part) fails the round, and every worker waiting in it. A worker whose

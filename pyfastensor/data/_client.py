@@ -11,9 +11,11 @@ the server copy the samples into it (the storage's file descriptor travels
 with the request; the server keeps it mapped), and the batch's tensors are
 views of that storage, which torch then hands to the main process without
 a copy. If the worker dies between the two, the server gives the batch back.
-A worker resuming from its part of a StatefulDataLoader's state sends it
-with ``restore``; the server answers once every worker's part came and it
-restored their union.
+A worker asks for its batches in turn (``get_in_turn``): the server serves
+them in the loader's round robin, each with the server's state after it
+once the worker was asked for a state. A worker resuming from its part of
+a StatefulDataLoader's state sends it with ``restore``; the server answers
+once every worker's part came and it restored the latest.
 
 Nothing here imports the native library; errors come back as the same
 exceptions the native calls raise.
@@ -153,12 +155,7 @@ class Client:
         n = len(indices)
         arg = GET_IN_TURN | (GET_STATE if state else 0) | (worker & 0xFFFF) << 16 | (workers & 0xFFFF) << 32
         payload = struct.pack(f"<{n}qQ", *indices, max(1, int(wait * 1000)))
-        if wait > 0:
-            self._sock.settimeout(wait + 10)
-        try:
-            _, ticket, meta = self._call(GET, n, arg, payload)
-        finally:
-            self._sock.settimeout(None)
+        _, ticket, meta = self._call(GET, n, arg, payload)  # the server bounds the wait
         head = struct.calcsize(f"<{META_FIELDS * n}qQQ")
         values = struct.unpack_from(f"<{META_FIELDS * n}qQQ", meta)
         return list(values[:-2]), ticket, int(values[-2]), int(values[-1]), meta[head:]
@@ -172,8 +169,8 @@ class Client:
         self._call(RETURN, 0, ticket, b"")
 
     def restore(self, part: dict[str, Any], timeout: float) -> None:
-        """Send this worker's part of a state; return once the server restored the union of every
-        worker's part (waiting up to ``timeout`` seconds for the others')."""
+        """Send this worker's part of a state; return once the server restored the state every
+        worker's part makes (waiting up to ``timeout`` seconds for the others')."""
         self._sock.settimeout(timeout + 10)
         try:
             self._call(RESTORE, 0, max(1, int(timeout * 1000)), json.dumps(part).encode())
