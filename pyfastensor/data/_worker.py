@@ -111,12 +111,9 @@ class _WorkerSide:
         worker = torch.utils.data.get_worker_info()
         part = dict(head, worker=worker.id, num_workers=worker.num_workers)
         if self._part_epoch == int(head["epoch"]) and self._part_batch > 0:
-            if not self._part_state:
-                raise errors.UnsupportedError(
-                    f"ChunkDataset({self.root!r}): DataLoader worker {worker.id} fetched batches before its first "
-                    "state_dict(): its part of the state is unknown (a StatefulDataLoader asks for it at the start)")
             part["batch"] = self._part_batch
-            part["state"] = json.loads(self._part_state)
+            if self._part_state:  # none from a node of a cluster: its server refuses a restore from parts
+                part["state"] = json.loads(self._part_state)
         return part
 
     def _worker_restore(self, part: dict[str, Any]) -> None:
