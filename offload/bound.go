@@ -25,6 +25,10 @@ import "math"
 //     bandwidth, writes(a, b) / write bandwidth), where a direction's
 //     bandwidth is the SSD's plus the host link's (host memory permitting;
 //     the simulator gives each its own channel). Latencies are left out.
+//   - Host memory holds at most hw.HostBytes of those bytes (a transfer
+//     under way counts there too), and nothing moves between host memory
+//     and the SSD: the rest of reads(a, b) and writes(a, b) cross the SSD's
+//     link, at its bandwidth alone.
 //
 // The bound is the best sum of these over a partition of the iteration into
 // consecutive stretches (a dynamic program over op boundaries), plus the

@@ -111,7 +111,9 @@ def bound_ns(trace: Trace, hardware: Hardware) -> int:
     the device, written out since op ``a`` started. So that stretch takes at
     least its op times, those reads over the read bandwidth and those writes
     over the write bandwidth (the SSD's and the host link's together, host
-    memory permitting; latencies left out). The bound is the best sum over
+    memory permitting; latencies left out), and those of them beyond
+    ``host_bytes`` over the SSD's bandwidth alone (host memory holds no
+    more). The bound is the best sum over
     a partition of the iteration into such stretches. ``ideal_ns / bound``
     is the most throughput any plan can reach: a policy short of it leaves
     bandwidth unused; one at it is bound by the links.
