@@ -37,10 +37,11 @@ func MakePlan(t *Trace, hw Hardware) (MigrationPlan, error) {
 var planVariants = []planVariant{{TierSSD, false}, {tierEither, false}, {TierSSD, true}, {tierEither, true}}
 
 // PlanLadder returns the hardware MakePlan makes candidate plans for: hw
-// itself first, then hw with less device memory (the points 1, 2, 4 and 8
-// cells below it of a grid of 64 cells from the largest op's bytes to the
-// trace's peak demand, where the device still holds every op), with half
-// its host memory, and with two thirds and half its bandwidths.
+// itself first, then hw with less device memory (a quarter cell below it
+// and the points 1, 2, 4 and 8 cells below it of a grid of 64 cells from
+// the largest op's bytes to the trace's peak demand, where the device still
+// holds every op), with half its host memory, and with two thirds and half
+// its bandwidths.
 func PlanLadder(t *Trace, hw Hardware) []Hardware {
 	return planLadder(Analyze(t), hw)
 }
@@ -55,9 +56,15 @@ func planLadder(a *Analysis, hw Hardware) []Hardware {
 	if q := (hi - lo) / 64; q > 0 && hw.DeviceBytes < hi {
 		// Points of a grid fixed by the trace, so that the ladders of
 		// nearby capacities share them: 1, 2, 4 and 8 cells below.
+		// And a quarter cell below hw: the greedy planner's choices
+		// shift with the capacity, a little less memory can plan better.
 		g := lo + (hw.DeviceBytes-1-lo)/q*q
+		cs := []int64{hw.DeviceBytes - max(1, q/4)}
 		for _, k := range []int64{0, 1, 3, 7} {
-			if c := g - k*q; c >= lo && c < hw.DeviceBytes {
+			cs = append(cs, g-k*q)
+		}
+		for i, c := range cs {
+			if c >= lo && c < hw.DeviceBytes && (i == 0 || c != cs[0]) {
 				h := hw
 				h.DeviceBytes = c
 				out = append(out, h)
