@@ -18,9 +18,10 @@ Then the sensitivity of g10 to the SSD's bandwidth and to the host memory's
 size (the G10 paper's figures 16 and 18) on figure 11's five workloads,
 our figures only (the paper's are not in the published results).
 
-What differs from G10's simulator: ours shares a link's bandwidth among its
-transfers and models no page faults; the traces carry no per-transfer PCIe
-latency (5 us) nor G10's 45 us system latency per fault.
+What differs from G10's simulator: ours moves whole tensors, not pages
+(one transfer at a time per link direction, the one needed soonest first),
+and models no page faults; the traces carry no per-transfer PCIe latency
+(5 us) nor G10's 45 us system latency per fault.
 """
 
 from __future__ import annotations

@@ -33,15 +33,14 @@ func more(r *rand.Rand, hw Hardware, kind int, hi int64) Hardware {
 }
 
 // A fixed plan replayed with more device memory takes the same time (it
-// runs within the capacity it was made for: zero tolerance). With more host
-// memory or faster links it is rarely slower, not never: the simulator
-// shares a link equally among its transfers, so a transfer that starts
-// earlier (its link or the op before it sped up) can slow a more urgent
-// one on the same link (here 6 of 1,600 replays, by at most 0.55%, most
-// with a faster host link alone). This logs each.
+// runs within the capacity it was made for), and with more host memory, a
+// faster SSD, a faster host link or both it is never slower: zero
+// tolerance, over 1,600 replays of random traces and hardware. (With each
+// link's bandwidth shared equally among its transfers, 6 of these were
+// slower: a transfer that started earlier slowed a more urgent one.)
 func TestFixedPlanOnMoreResources(t *testing.T) {
 	r := rand.New(rand.NewSource(21))
-	slower, worst, n := 0, 0.0, 0
+	n := 0
 	for i := 0; i < 400; i++ {
 		tr := layered(r, 3+r.Intn(10), 1<<20+r.Int63n(16<<20), 1<<16+r.Int63n(4<<20))
 		a := Analyze(tr)
@@ -61,16 +60,10 @@ func TestFixedPlanOnMoreResources(t *testing.T) {
 				continue
 			}
 			n++
-			if got.TimeNs > base.TimeNs {
-				d := float64(got.TimeNs-base.TimeNs) / float64(base.TimeNs)
-				slower, worst = slower+1, max(worst, d)
-				t.Logf("trace %d: the plan for %+v %.3f%% slower on %+v", i, hw, 100*d, h)
-			}
+			assert.LessOrEqual(t, got.TimeNs, base.TimeNs, "trace %d: the plan for %+v on %+v", i, hw, h)
 		}
 	}
-	t.Logf("%d of %d replays on more host memory or faster links slower, worst by %.3f%%", slower, n, 100*worst)
-	assert.LessOrEqual(t, slower, n/100)
-	assert.Less(t, worst, 0.01)
+	assert.Equal(t, 1600, n)
 }
 
 // On three of G10's traces (a transformer, a ViT, a CNN) the plan MakePlan

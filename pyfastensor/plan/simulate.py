@@ -78,7 +78,9 @@ def simulate(trace: Trace, hardware: Hardware, policy: str = "g10") -> Simulatio
 
     Device memory never exceeds ``hardware.device_bytes``: a policy's
     planned transfers wait for room, and an op whose tensors do not fit evicts
-    on demand. Each link direction is shared by its transfers.
+    on demand. Each link direction serves one transfer at a time at its
+    full bandwidth: a read link the one whose tensor is needed soonest, a
+    write link the first issued (those the running op waits for first).
 
     Args:
         trace: the iteration to replay.
