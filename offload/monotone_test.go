@@ -69,7 +69,8 @@ func TestFixedPlanOnMoreResources(t *testing.T) {
 // On G10's 25 traces the plan MakePlan makes for the artifact's hardware
 // is not slower with 8 GiB more device memory (the same time), twice the
 // host memory, links 1.25 times faster, an SSD or a host link twice as
-// fast: zero tolerance. Skipped where the repository's copy of the traces
+// fast: zero tolerance. And BoundNs is below g10, on_demand and
+// flashneuron on each. Skipped where the repository's copy of the traces
 // is absent, and with -short (it plans all 25: tens of seconds on two
 // cores).
 func TestFixedPlanOnMoreResourcesOnG10Traces(t *testing.T) {
@@ -91,6 +92,10 @@ func TestFixedPlanOnMoreResourcesOnG10Traces(t *testing.T) {
 		p, err := MakePlan(tr, hw)
 		require.NoError(t, err)
 		base := Simulate(tr, hw, &p)
+		b := BoundNs(tr, hw) // below every policy here too
+		assert.LessOrEqual(t, b, base.TimeNs, name)
+		assert.LessOrEqual(t, b, Simulate(tr, hw, nil).TimeNs, name)
+		assert.LessOrEqual(t, b, Simulate(tr, hw, FlashNeuronPlan(tr, hw)).TimeNs, name)
 		for kind, h := range []Hardware{
 			func() Hardware { h := hw; h.DeviceBytes += 8 << 30; return h }(),
 			func() Hardware { h := hw; h.HostBytes *= 2; return h }(),
