@@ -28,9 +28,8 @@ import (
 //
 //export pft_dcp_save
 func pft_dcp_save(path *C.char, n C.int64_t, names *C.char, addrs *unsafe.Pointer, sizes *C.int64_t,
-	durable C.int, engine *C.char, threads C.int, taskSize C.int64_t, workers C.int, progress *C.int64_t,
-	out **C.char, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+	options *C.char, progress *C.int64_t, out **C.char, errOut **C.char) C.int {
+	return call(errOut, func() error {
 		if n < 0 || (n > 0 && (names == nil || addrs == nil || sizes == nil)) {
 			return fmt.Errorf("%w: %d items with missing arrays", gds.ErrInvalid, n)
 		}
@@ -50,7 +49,7 @@ func pft_dcp_save(path *C.char, n C.int64_t, names *C.char, addrs *unsafe.Pointe
 		for i := range items {
 			items[i].Name = nameList[i]
 		}
-		o, err := writeOptions(durable, engine, threads, taskSize, workers, progress)
+		o, err := writeOptions(options, progress)
 		if err != nil {
 			return err
 		}
@@ -70,9 +69,8 @@ func pft_dcp_save(path *C.char, n C.int64_t, names *C.char, addrs *unsafe.Pointe
 //
 //export pft_dcp_read
 func pft_dcp_read(path, records *C.char, n C.int64_t, recs, offs *C.int64_t, addrs *unsafe.Pointer,
-	sizes *C.int64_t, verify C.int, engine *C.char, threads C.int, taskSize C.int64_t, workers C.int,
-	progress *C.int64_t, out **C.char, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+	sizes *C.int64_t, options *C.char, progress *C.int64_t, out **C.char, errOut **C.char) C.int {
+	return call(errOut, func() error {
 		var rs []checkpoint.DCPRecord
 		if err := parseJSON(records, &rs); err != nil {
 			return err
@@ -91,7 +89,7 @@ func pft_dcp_read(path, records *C.char, n C.int64_t, recs, offs *C.int64_t, add
 				ranges[i].Record = int(r)
 			}
 		}
-		o, err := readOptions(verify, engine, threads, taskSize, workers, progress)
+		o, err := readOptions(options, progress)
 		if err != nil {
 			return err
 		}
@@ -109,9 +107,13 @@ func pft_dcp_read(path, records *C.char, n C.int64_t, recs, offs *C.int64_t, add
 // separated by '\n') (checkpoint.CommitDCP). out: the paths removed, JSON.
 //
 //export pft_dcp_commit
-func pft_dcp_commit(dir, name *C.char, addr unsafe.Pointer, size C.int64_t, keep *C.char, durable C.int,
-	out **C.char, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+func pft_dcp_commit(dir, name *C.char, addr unsafe.Pointer, size C.int64_t, keep *C.char, options *C.char,
+	out **C.char, errOut **C.char) C.int {
+	return call(errOut, func() error {
+		o, err := parseOptions(options)
+		if err != nil {
+			return err
+		}
 		meta, err := memory(addr, C.size_t(size))
 		if err != nil {
 			return err
@@ -121,7 +123,7 @@ func pft_dcp_commit(dir, name *C.char, addr unsafe.Pointer, size C.int64_t, keep
 			keepList = strings.Split(C.GoString(keep), "\n")
 		}
 		removed, err := checkpoint.CommitDCP(C.GoString(dir), C.GoString(name), meta, keepList,
-			checkpoint.WriteOptions{NotDurable: durable == 0})
+			checkpoint.WriteOptions{NotDurable: !o.Durable})
 		if err != nil {
 			return err
 		}
