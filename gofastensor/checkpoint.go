@@ -32,9 +32,10 @@ func progressFunc(p *C.int64_t) func(int64) {
 // pft_ckpt_save writes n records as a zip archive at path. names holds the
 // record names separated by '\n'; addrs (addresses), sizes and aligns are
 // arrays of n.
-// The memory of every record is read during the call only. engine: NULL or
-// "" for the default choice, else one engine for every record. progress:
-// NULL, or a counter advanced by data bytes written. out: the stats, JSON.
+// The memory of every record is read during the call only. options
+// (options.go): the engine choice (default, one engine for every record,
+// or the dictionaries'), durable, the engine's tuning. progress: NULL, or
+// a counter advanced by data bytes written. out: the stats, JSON.
 //
 //export pft_ckpt_save
 func pft_ckpt_save(path *C.char, n C.int64_t, names *C.char, addrs *unsafe.Pointer, sizes, aligns *C.int64_t,
@@ -112,9 +113,9 @@ func pft_ckpt_open(path *C.char, forLoad C.int, resident C.double, handle *C.uin
 }
 
 // pft_ckpt_read_whole reads the file at path whole into the caller's
-// memory (size bytes at addr, the file's length) through engine (NULL:
-// the default chooser's), and parses it from there; out and handle as for
-// pft_ckpt_open. With verify non-zero the records' CRC-32s are summed as
+// memory (size bytes at addr, the file's length) through the options'
+// engine choice, and parses it from there; out and handle as for
+// pft_ckpt_open. With the options' verify the records' CRC-32s are summed as
 // the file lands, and pft_ckpt_verify over that memory uses those sums:
 // the memory must stay as read, and mapped, while the handle is open
 // (checkpoint.ReadWhole).
@@ -179,7 +180,7 @@ func pft_ckpt_resident(h C.uint64_t, out **C.char, errOut **C.char) C.int {
 
 // pft_ckpt_read reads n records (indices into the archive's entries) into
 // the caller's memory at addrs, whose sizes must be the records' sizes,
-// checking CRC-32s when verify is non-zero. The memory is used during the
+// checking CRC-32s with the options' verify. The memory is used during the
 // call only.
 //
 //export pft_ckpt_read

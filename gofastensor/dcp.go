@@ -22,8 +22,8 @@ import (
 // addresses used during the call only.
 
 // pft_dcp_save writes n items as a data file at path. names holds the item
-// names separated by '\n'; addrs and sizes are arrays of n. durable,
-// engine, progress as for pft_ckpt_save. out: {"records": [DCPRecord...],
+// names separated by '\n'; addrs and sizes are arrays of n. options,
+// progress as for pft_ckpt_save. out: {"records": [DCPRecord...],
 // "stats": {...}} as JSON.
 //
 //export pft_dcp_save
@@ -64,7 +64,7 @@ func pft_dcp_save(path *C.char, n C.int64_t, names *C.char, addrs *unsafe.Pointe
 // pft_dcp_read fills n ranges from the data file at path. records is JSON,
 // the file's records as pft_dcp_save returned them (those the ranges
 // name); range i is bytes [offs[i], offs[i]+sizes[i]) of record recs[i],
-// read into addrs[i]. With verify non-zero every byte read is checked
+// read into addrs[i]. With the options' verify every byte read is checked
 // (checkpoint.ReadDCP). out: the stats, JSON.
 //
 //export pft_dcp_read
@@ -102,9 +102,10 @@ func pft_dcp_read(path, records *C.char, n C.int64_t, recs, offs *C.int64_t, add
 }
 
 // pft_dcp_commit writes size bytes at addr as the file name in dir, the
-// checkpoint's metadata, with the commit protocol (durable: fsyncs), then
-// removes the data files of earlier saves there: those not in keep (names
-// separated by '\n') (checkpoint.CommitDCP). out: the paths removed, JSON.
+// checkpoint's metadata, with the commit protocol (the options' durable:
+// fsyncs), then removes the data files of earlier saves there: those not
+// in keep (names separated by '\n') (checkpoint.CommitDCP). out: the
+// paths removed, JSON.
 //
 //export pft_dcp_commit
 func pft_dcp_commit(dir, name *C.char, addr unsafe.Pointer, size C.int64_t, keep *C.char, options *C.char,

@@ -16,8 +16,8 @@ import (
 // data, into the caller's memory at addr (used during the call only),
 // summing its CRC-32 as it lands onto crcIn, the sum of the record's
 // bytes before off; crcOut receives the new sum. The record's last part
-// is checked against the central directory's CRC-32 when verify is
-// non-zero (checkpoint.Archive.ReadPart).
+// is checked against the central directory's CRC-32 with the options'
+// verify (checkpoint.Archive.ReadPart); their engine choice reads it.
 //
 //export pft_ckpt_read_part
 func pft_ckpt_read_part(h C.uint64_t, index, off C.int64_t, addr unsafe.Pointer, nbytes C.int64_t, crcIn C.int64_t,

@@ -32,7 +32,7 @@ type safetensorsSpec struct {
 // protocol of pft_ckpt_save. spec is JSON: {"tensors": [{"name", "dtype",
 // "shape", "size"}, ...], "metadata": [{"key", "value"}, ...] or null};
 // addrs holds n addresses, the memory of each tensor (size bytes), read
-// during the call only. engine, progress as for pft_ckpt_save. out: the
+// during the call only. options, progress as for pft_ckpt_save. out: the
 // stats, JSON.
 //
 //export pft_safetensors_save

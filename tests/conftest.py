@@ -44,14 +44,15 @@ def mount_fs(tmp_path: Path) -> Iterator:
         subprocess.run(["umount", "-l", str(where)], check=False, capture_output=True)
 
 
-@pytest.fixture(autouse=True, scope="session")
-def _debug_library() -> None:
+def pytest_configure(config: pytest.Config) -> None:
     """Run the tests against the library built with the test-only exports
     (``go build -tags pftdebug``: gofastensor/debug.go), which the shipped one lacks.
 
-    Built once per Go source (tests/native_build.py caches it) and named by
-    ``PYFASTENSOR_LIB``, so that subprocesses the tests start load it too; its
-    cgo header beside it declares the extra exports. A ``PYFASTENSOR_LIB`` set
+    Built once per Go source (tests/native_build.py caches it) before the tests
+    are collected (collection already calls the library: which engines work
+    here) and named by ``PYFASTENSOR_LIB``, so that subprocesses the tests
+    start load it too; its cgo header beside it declares the extra exports
+    (``_lib._prototypes``). A ``PYFASTENSOR_LIB`` set
     before the tests is kept. Without Go the tests run against the package's
     library and those needing the exports skip, with the reason.
     """
@@ -78,7 +79,7 @@ def inject() -> Iterator:
 
     Goes through the test-only native call ``pft_debug_inject``, whose Go doc comment
     (gofastensor/debug.go) is the spec; skips where the library lacks it (see
-    :func:`_debug_library`). Each call replaces what the previous one installed;
+    :func:`pytest_configure`). Each call replaces what the previous one installed;
     everything is removed when the test ends, whether it passed or not.
     """
     from pyfastensor import _lib

@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 # Why the library the tests load lacks the test-only exports, once known (conftest.py's
-# _debug_library sets it).
+# pytest_configure sets it).
 why_no_debug: str | None = None
 
 
