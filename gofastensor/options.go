@@ -49,14 +49,25 @@ type ioOptions struct {
 
 // parseOptions reads an options argument (NULL: the defaults).
 func parseOptions(s *C.char) (ioOptions, error) {
-	o := ioOptions{Durable: true, Verify: true}
 	if s == nil {
+		return decodeOptions("")
+	}
+	return decodeOptions(C.GoString(s))
+}
+
+// decodeOptions reads options from their JSON text ("": the defaults).
+func decodeOptions(text string) (ioOptions, error) {
+	o := ioOptions{Durable: true, Verify: true}
+	if text == "" {
 		return o, nil
 	}
-	d := json.NewDecoder(bytes.NewReader([]byte(C.GoString(s))))
+	d := json.NewDecoder(bytes.NewReader([]byte(text)))
 	d.DisallowUnknownFields()
 	if err := d.Decode(&o); err != nil {
 		return o, fmt.Errorf("%w: options: %v", gds.ErrInvalid, err)
+	}
+	if d.More() {
+		return o, fmt.Errorf("%w: options: more than one JSON value", gds.ErrInvalid)
 	}
 	return o, nil
 }
