@@ -87,3 +87,11 @@ def write(header: Path, abi: Path) -> bool:
     tmp.write_text(text)
     tmp.replace(abi)
     return True
+
+
+if __name__ == "__main__":  # python -m pyfastensor._cheader pyfastensor/_native.h pyfastensor/_abi.py
+    import sys
+
+    if len(sys.argv) != 3:
+        sys.exit("usage: python -m pyfastensor._cheader HEADER ABI_PY")
+    print(f"{sys.argv[2]}: {'written' if write(Path(sys.argv[1]), Path(sys.argv[2])) else 'unchanged'}")

@@ -210,7 +210,7 @@ def _invoke(cdll: ctypes.CDLL, name: str, args: tuple[Any, ...]) -> None:
 def call(name: str, *args: Any) -> None:
     """Call native function ``name`` with ``args`` and raise on a non-zero status.
 
-    Every function takes ``char **err`` last (not in ``args``): on failure the
+    Every function takes ``char **errOut`` last (not in ``args``): on failure the
     library puts its whole message there (a panic's with its stack), which
     becomes the exception's message.
     """
@@ -218,11 +218,17 @@ def call(name: str, *args: Any) -> None:
 
 
 def call_json(name: str, *args: Any) -> Any:
-    """Call native function ``name`` whose last argument before ``err`` is ``char **out``:
+    """Call native function ``name`` whose last argument before ``errOut`` is ``char **out``:
     pass ``args``, then ``out``, and return the JSON result it receives, parsed (None when
-    the function left ``out`` NULL)."""
+    the function left ``out`` NULL). Raises as :func:`call` does."""
+    cdll = lib()
     out = c_void_p()
-    _invoke(lib(), name, (*args, ctypes.byref(out)))
+    try:
+        _invoke(cdll, name, (*args, ctypes.byref(out)))
+    except BaseException:
+        if out.value:  # a result made before the call failed
+            cdll.pft_free(out)
+        raise
     return None if not out.value else json.loads(take_string(out))
 
 

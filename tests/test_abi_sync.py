@@ -32,6 +32,10 @@ _DEBUG = {"pft_debug_panic", "pft_debug_inject"}
 _OPTION_FIELDS = {"engine", "threads", "taskSize", "workers", "durable", "verify", "queueDepth"}
 # ... except where the name is data: the engine a measured transfer went through.
 _DATA = {("pft_dict_observe", "engine")}
+_REGENERATE = (
+    "Regenerate it (pip install -e . does, or: go build -buildmode=c-shared -o pyfastensor/_native.so "
+    "./gofastensor && python -m pyfastensor._cheader pyfastensor/_native.h pyfastensor/_abi.py) and commit it."
+)
 
 
 def go_statuses() -> dict[str, int]:
@@ -65,11 +69,10 @@ def test_the_table_is_the_header_of_a_fresh_build(built_header):
     changed = sorted(n for n in set(built_header) & set(_abi.PROTOTYPES) if built_header[n] != _abi.PROTOTYPES[n])
     assert not (missing or stale or changed), (
         f"pyfastensor/_abi.py is not the header of the Go source: exported but not in the table {missing}, "
-        f"in the table but not exported {stale}, prototypes changed {changed}. Rebuild (pip install -e .), "
-        "which regenerates it, and commit it."
+        f"in the table but not exported {stale}, prototypes changed {changed}. {_REGENERATE}"
     )
     assert (ROOT / "pyfastensor" / "_abi.py").read_text() == _cheader.render(built_header), (
-        "pyfastensor/_abi.py is not as the build writes it: rebuild (pip install -e .) and commit it"
+        f"pyfastensor/_abi.py is not as the build writes it. {_REGENERATE}"
     )
 
 
