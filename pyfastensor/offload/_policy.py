@@ -29,6 +29,7 @@ from ..info import available_memory
 from . import _planned
 from ._order import PlannedPrefetcher, Prefetcher
 from ._profile import Recorder, schedule
+from ._saved import Entry
 
 
 class Policy:
@@ -44,6 +45,9 @@ class Policy:
 
     uses_store = True
     result: dict[str, Any] | None = None
+
+    def __init__(self, compression: frozenset[str] = frozenset()) -> None:
+        self.compression = compression  # the codecs compression= allows
 
     def profiles(self) -> bool:
         """Whether the step about to start is the profiling step (recorded to make the plan)."""
@@ -61,14 +65,18 @@ class Policy:
             device: the stored saved tensors' device (None: none stored).
         """
 
-    def codec(self, index: int, chosen: Callable[[], str]) -> str | None:
-        """The codec to store pack index ``index`` with, or None to keep it resident.
+    def codec(self, entry: Entry, t: torch.Tensor) -> str | None:
+        """The codec to store ``entry`` (saved tensor ``t``'s storage) with, or None to keep it resident."""
+        return self.compressed(entry, t)
 
-        Args:
-            index: the saved tensor's pack index.
-            chosen: the codec ``compression=`` picks for it.
-        """
-        return chosen()
+    def compressed(self, entry: Entry, t: torch.Tensor) -> str:
+        """The codec ``compression=`` picks for ``entry``: fp16 for float32, sparse for ReLU outputs."""
+        whole = entry.nbytes % t.element_size() == 0 and t.dtype.is_floating_point
+        fp16 = "fp16" in self.compression and whole and t.dtype == torch.float32
+        sparse = "sparse" in self.compression and whole and entry.relu
+        if fp16 and sparse:
+            return "fp16+sparse"
+        return "fp16" if fp16 else "sparse" if sparse else "raw"
 
     def to_host(self, index: int) -> bool:
         """Whether pack index ``index`` goes to the host tier (a staged copy)."""
@@ -107,7 +115,7 @@ class OffloadNone(Policy):
 
     uses_store = False
 
-    def codec(self, index: int, chosen: Callable[[], str]) -> str | None:
+    def codec(self, entry: Entry, t: torch.Tensor) -> str | None:
         return None
 
 
@@ -115,11 +123,13 @@ class Scheduled(Policy):
     """``policy="scheduled"``: FlashNeuron's scheduler decides after the profiling step.
 
     Args:
+        compression: the codecs the scheduler may choose.
         budget: bytes of saved tensors the scheduler keeps resident at most.
         verbose: print the plan when it is made.
     """
 
-    def __init__(self, budget: int, verbose: bool) -> None:
+    def __init__(self, compression: frozenset[str], budget: int, verbose: bool) -> None:
+        super().__init__(compression)
         self.budget, self.verbose = budget, verbose
         self.decisions: dict[int, str | None] | None = None  # pack index -> codec, None: resident
 
@@ -135,10 +145,10 @@ class Scheduled(Policy):
         if self.verbose:
             print(result["text"], end="")
 
-    def codec(self, index: int, chosen: Callable[[], str]) -> str | None:
+    def codec(self, entry: Entry, t: torch.Tensor) -> str | None:
         if self.decisions is None:
-            return chosen()
-        return self.decisions.get(index, "raw")  # indices past the profiled graph: offload as is
+            return self.compressed(entry, t)
+        return self.decisions.get(entry.index, "raw")  # indices past the profiled graph: offload as is
 
 
 class Planned(Policy):
@@ -153,6 +163,7 @@ class Planned(Policy):
     """
 
     def __init__(self, budget: int, host_bytes: int | None, tier: str, verbose: bool) -> None:
+        super().__init__()  # no compression: tensors migrate as they are
         self.budget, self.host_bytes, self.tier, self.verbose = budget, host_bytes, tier, verbose
         self.placement: _planned.Placement | None = None  # the plan by pack index
         self.error: InvalidArgumentError | None = None  # an infeasible budget: every later entry raises it
@@ -181,11 +192,11 @@ class Planned(Policy):
         if self.verbose:
             print(result["text"], end="")
 
-    def codec(self, index: int, chosen: Callable[[], str]) -> str | None:
+    def codec(self, entry: Entry, t: torch.Tensor) -> str | None:
         if self.placement is None:
-            return chosen()
+            return self.compressed(entry, t)
         # Indices past the profiled graph: to the store as they are.
-        return None if self.placement.tier.get(index) == "stay" else "raw"
+        return None if self.placement.tier.get(entry.index) == "stay" else "raw"
 
     def to_host(self, index: int) -> bool:
         return self.placement is not None and self.placement.tier.get(index) == "host"
@@ -207,13 +218,14 @@ class Planned(Policy):
         return None if self.placement is None else self.placement.start_pos
 
 
-def for_mode(policy: str, *, budget: int | None, host_bytes: int | None, tier: str, verbose: bool) -> Policy:
+def for_mode(policy: str, *, compression: frozenset[str], budget: int | None, host_bytes: int | None, tier: str,
+             verbose: bool) -> Policy:
     """The policy object of ``policy=`` (checked already: a budget where the mode needs one)."""
     if policy == "none":
         return OffloadNone()
     if policy == "all":
-        return OffloadAll()
+        return OffloadAll(compression)
     assert budget is not None
     if policy == "scheduled":
-        return Scheduled(budget, verbose)
+        return Scheduled(compression, budget, verbose)
     return Planned(budget, host_bytes, tier, verbose)

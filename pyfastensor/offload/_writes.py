@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import warnings
+import weakref
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from ..errors import NoSpaceError
 from ._profile import Recorder
-from ._saved import Held, Meter
+from ._saved import Entry, Held, Meter
+from ._staging import Staging
 from ._store import SpillStore
 
 
@@ -41,6 +45,54 @@ class Writes:
         self.pending = {}
         self.full = 0
         self.late_error = None
+
+    def start(self, store: SpillStore, account: int, entry: Entry, payload: torch.Tensor,
+              staging: Staging | None) -> torch.Tensor:
+        """Start writing ``entry``'s payload to ``store`` (in ``account``): pending until settled.
+
+        With ``staging``, the payload is first copied to a pinned buffer on
+        the staging's side stream; this returns at once, and the store's
+        write starts on its own thread once the copy has landed
+        (:meth:`SpillStore.put_after`). A finalizer frees the slot when
+        autograd drops the entry.
+
+        Returns:
+            The payload being written (the pinned copy with staging).
+
+        Raises:
+            NoSpaceError: the spill file could not even grow.
+        """
+        if staging is not None:
+            payload, landed = staging.to_host(payload)
+            slot = store.put_after(landed, payload.data_ptr(), payload.numel(), account)
+            entry.staging = staging
+        else:
+            slot = store.put(payload.data_ptr(), payload.numel(), account)
+        entry.held = Held(store, slot, payload, self.meter, self.full_disk_late)
+        entry.payload_nbytes = payload.numel()
+        self.pending[slot] = entry.held
+        weakref.finalize(entry, entry.held.release, self.pending)
+        return payload
+
+    def settle_if_done(self, held: Held) -> None:
+        """Before reading ``held`` back: take its write's outcome if the write is over
+        (it decides where the bytes come from)."""
+        if held.slot not in self.pending:
+            return
+        try:
+            done = held.store.poll(held.slot)
+        except NoSpaceError:
+            done = True
+        if done and self.pending.pop(held.slot, None) is not None:
+            self.settle(held, held.store.poll)
+
+    def release(self, entries: list[weakref.ref[Entry]]) -> None:
+        """Free the slots of a step's entries now, waiting for their writes (after an exception)."""
+        for ref in entries:
+            entry = ref()
+            if entry is not None and entry.held is not None:
+                entry.held.release(self.pending)
+        self.pending.clear()
 
     def drain(self, store: SpillStore | None) -> None:
         """Settle the writes the store has completed."""

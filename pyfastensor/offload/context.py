@@ -26,7 +26,7 @@ from ._order import PlannedPrefetcher, Prefetcher
 from ._pool import BufferPool
 from ._profile import Recorder
 from ._report import summarize
-from ._saved import Entry, Held, Meter, Saved
+from ._saved import Entry, Meter, Saved
 from ._step import Step
 from ._store import SpillStore
 from ._writes import Writes
@@ -177,7 +177,8 @@ class Offload:
         self.compression = _options.compression(compression)
         self.module, self.engine, self.verbose = module, engine, verbose
         self.host_bytes = host_bytes
-        self._policy = _policy.for_mode(policy, budget=budget, host_bytes=host_bytes, tier=tier, verbose=verbose)
+        self._policy = _policy.for_mode(policy, compression=self.compression, budget=budget, host_bytes=host_bytes,
+                                        tier=tier, verbose=verbose)
         self._staging: _staging.Staging | None = None  # host tier copies; None: the device's (tests set a fake)
         # Stored entries' device-to-host copies; None: the device's for accelerator tensors. Tests
         # set a fake here, which stages every tensor, CPU ones included, as a CUDA tensor would be.
@@ -292,18 +293,9 @@ class Offload:
         (waiting for writes in flight), and the store closed unless another
         offload object uses it; a dead graph still referencing the entries
         raises if unpacked."""
-        self._release_step()
+        self._writes.release(self._step.entries)
         if not (set(store.users) - {self}):
             self._drop_store()
-
-    def _release_step(self) -> None:
-        """Free the slots of this step's entries (after an exception)."""
-        pending = self._writes.pending
-        for ref in self._step.entries:
-            entry = ref()
-            if entry is not None and entry.held is not None:
-                entry.held.release(pending)
-        pending.clear()
 
     def _reset_step(self) -> None:
         self._step = Step()
@@ -373,14 +365,8 @@ class Offload:
                 self._writes.drain(self._store)
             entry: Entry = h.entry
             held = entry.held
-            pending = self._writes.pending
-            if self._active and held is not None and held.slot in pending:
-                try:  # its write's outcome decides where the bytes come from
-                    done = held.store.poll(held.slot)
-                except NoSpaceError:
-                    done = True
-                if done and pending.pop(held.slot, None) is not None:
-                    self._writes.settle(held, held.store.poll)
+            if self._active and held is not None:
+                self._writes.settle_if_done(held)
             with self._lock:
                 if not entry.seen:  # the backward node that starts a plan's op may be unpacking
                     self._reach(self._policy.at_unpack(entry.index))
@@ -404,15 +390,6 @@ class Offload:
 
     # -- entries -------------------------------------------------------------
 
-    def _compressed(self, entry: Entry, t: torch.Tensor) -> str:
-        """The codec ``compression=`` picks for ``t``'s storage."""
-        whole = entry.nbytes % t.element_size() == 0 and t.dtype.is_floating_point
-        fp16 = "fp16" in self.compression and whole and t.dtype == torch.float32
-        sparse = "sparse" in self.compression and whole and entry.relu
-        if fp16 and sparse:
-            return "fp16+sparse"
-        return "fp16" if fp16 else "sparse" if sparse else "raw"
-
     def _new_entry(self, t: torch.Tensor, storage: torch.UntypedStorage) -> Entry:
         step = self._step
         nbytes = storage.nbytes()
@@ -420,7 +397,7 @@ class Offload:
                       is_relu_output(t), self._pool)
         step.entries.append(weakref.ref(entry))
         raw = torch.empty(0, dtype=torch.uint8, device=t.device).set_(storage)
-        codec = self._policy.codec(entry.index, lambda: self._compressed(entry, t))
+        codec = self._policy.codec(entry, t)
         if codec is None:
             return self._keep(entry, raw)
         self._device = t.device
@@ -435,29 +412,15 @@ class Offload:
             enc = codecs.encode(raw, "raw")
         if self._recorder is not None and codec != "raw":  # what trying the codec cost
             self._recorder.coded(entry.index, codec, time.perf_counter() - started)
-        payload = enc.payload
         store = self._store
         assert store is not None
         staging = self._device_staging or (_staging.default() if t.device.type != "cpu" else None)
         try:
-            if staging is not None:
-                # Pinned buffer from the staging's pool, copied into on its side stream; pack
-                # returns at once, and the store's write starts on its own thread once the
-                # copy's event has completed (SpillStore.put_after).
-                payload, landed = staging.to_host(payload)
-                slot = store.put_after(landed, payload.data_ptr(), payload.numel(), self._account)
-                entry.staging = staging
-            else:
-                slot = store.put(payload.data_ptr(), payload.numel(), self._account)
+            payload = self._writes.start(store, self._account, entry, enc.payload, staging)
         except NoSpaceError as e:  # the file could not even grow
             self._writes.full_disk(e)
             return self._keep(entry, raw)
-        pending = self._writes.pending
-        entry.held = Held(store, slot, payload, self._meter, self._writes.full_disk_late)
         entry.enc = codecs.with_payload(enc, _EMPTY)
-        entry.payload_nbytes = payload.numel()
-        pending[slot] = entry.held
-        weakref.finalize(entry, entry.held.release, pending)
         step.counts["offloaded"] += 1
         step.raw_bytes += nbytes
         sizes = step.codec_bytes.setdefault(enc.codec, [0, 0])
