@@ -138,3 +138,25 @@ def go_settings() -> Iterator:
     yield override
     if saved:
         _lib.settings(**saved)
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[bytes, tuple[str, int]]]:
+    """A small class-sorted ImageFolder (``data_helpers.make_folder``), one per test module:
+    its root, and each file's bytes -> (path relative to the root, label)."""
+    from data_helpers import make_folder
+
+    root = tmp_path_factory.mktemp("src")
+    return root, make_folder(root)
+
+
+@pytest.fixture(scope="module")
+def packed(source: tuple[Path, dict[bytes, tuple[str, int]]], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``source`` packed in chunks of ``data_helpers.CHUNK`` samples (seed 7), one per test module."""
+    from data_helpers import CHUNK
+
+    from pyfastensor.data import pack
+
+    out = tmp_path_factory.mktemp("pack") / "p"
+    pack(source[0], out, chunk_size=CHUNK, seed=7, progress=False)
+    return out
