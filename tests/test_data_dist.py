@@ -24,10 +24,10 @@ from pathlib import Path
 
 import pytest
 import torch.distributed as dist
-from data_helpers import CHUNK, CLASSES, PER_CLASS, make_folder
+from data_helpers import CLASSES, PER_CLASS
 
 from pyfastensor import _lib, errors
-from pyfastensor.data import ChunkDataset, _dist, _native, pack
+from pyfastensor.data import ChunkDataset, _dist, _native
 
 N = len(CLASSES) * PER_CLASS
 WORKER = Path(__file__).with_name("dist_worker.py")
@@ -36,17 +36,6 @@ ROOT = Path(__file__).resolve().parent.parent
 OVERFLOW = 0.3
 
 
-@pytest.fixture(scope="module")
-def source(tmp_path_factory):
-    root = tmp_path_factory.mktemp("src")
-    return root, make_folder(root)
-
-
-@pytest.fixture(scope="module")
-def packed(source, tmp_path_factory):
-    out = tmp_path_factory.mktemp("pack") / "p"
-    pack(source[0], out, chunk_size=CHUNK, seed=7, progress=False)
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from data_helpers import CHUNK, CLASSES, PER_CLASS, digest, keep, make_folder
+from data_helpers import CLASSES, PER_CLASS, digest, keep
 
-from pyfastensor.data import ChunkDataset, pack
+from pyfastensor.data import ChunkDataset
 from pyfastensor.errors import InvalidArgumentError
 
 torchdata = pytest.importorskip("torchdata.stateful_dataloader")
@@ -35,19 +35,6 @@ N = len(CLASSES) * PER_CLASS
 BATCH = 48  # 7 batches, the last of 12
 BATCHES = -(-N // BATCH)
 EPOCH = 2
-
-
-@pytest.fixture(scope="module")
-def source(tmp_path_factory):
-    root = tmp_path_factory.mktemp("src")
-    return root, make_folder(root)
-
-
-@pytest.fixture(scope="module")
-def packed(source, tmp_path_factory):
-    out = tmp_path_factory.mktemp("pack") / "p"
-    pack(source[0], out, chunk_size=CHUNK, seed=7, progress=False)
-    return out
 
 
 @pytest.fixture(scope="module")
