@@ -167,6 +167,18 @@ func (ls *loaderServer) GetBatch(is []int) ([]loader.Sample, error) { return ls.
 func (ls *loaderServer) Return(samples []loader.Sample)             { ls.backend().Return(samples) }
 func (ls *loaderServer) Release(samples []loader.Sample)            { ls.backend().Release(samples) }
 
+// GetBatchInTurn makes the handle a loader.TurnBackend: a server serves
+// its workers' batches in the loader's order; a node of a cluster serves
+// them as they come (loader/dist orders nothing across nodes).
+func (ls *loaderServer) GetBatchInTurn(t loader.Turn, is []int, state bool, wait time.Duration,
+	gone func() <-chan struct{}) (loader.InTurn, error) {
+	if n, _ := ls.distNode(); n != nil {
+		batch, err := n.GetBatch(is)
+		return loader.InTurn{Samples: batch}, err
+	}
+	return ls.srv.GetBatchInTurn(t, is, state, wait, gone)
+}
+
 // Head and RestoreParts make the handle a loader.Resumable: DataLoader
 // workers resume a server from their parts of a state; a node of a
 // cluster does not.

@@ -27,7 +27,7 @@ import torch.distributed as dist
 from data_helpers import CLASSES, PER_CLASS
 
 from pyfastensor import _lib, errors
-from pyfastensor.data import ChunkDataset, _native, dataset
+from pyfastensor.data import ChunkDataset, _dist, _native
 
 N = len(CLASSES) * PER_CLASS
 WORKER = Path(__file__).with_name("dist_worker.py")
@@ -190,7 +190,7 @@ def test_node_without_the_job_token_is_refused(packed, budget, monkeypatch):
     rogue = _native.Server(packed, budget, 0, OVERFLOW, 1, 2)
     try:
         addr1 = rogue.dist_listen({"rank": 1, "world": 2, "token": "not-the-job-token", "timeout_s": 5}, "127.0.0.1:0")
-        prefix = f"pyfastensor/data/ds{dataset._dist_datasets + 1}/"
+        prefix = f"pyfastensor/data/ds{_dist._datasets + 1}/"
         store.set(prefix + "addr/1", addr1)
         store.set(prefix + "barrier/1/1", "1")
         before = _lib.handle_count()
