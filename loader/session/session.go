@@ -60,9 +60,6 @@ func Open(dir string, o loader.ServerOptions) (*Loader, Summary, error) {
 	return &Loader{srv: srv, budget: o.Budget, tickets: map[uint64][]loader.Sample{}}, Summarize(p, &lay), nil
 }
 
-// Server is the loader's server.
-func (l *Loader) Server() *loader.Server { return l.srv }
-
 // backend is what serves requests: the node of a cluster, or the server.
 func (l *Loader) backend() loader.Backend {
 	if n := l.distNode(); n != nil {
