@@ -8,7 +8,6 @@ import "C"
 
 import (
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -16,10 +15,13 @@ import (
 	"github.com/pyfastensor/pyfastensor/gds"
 	"github.com/pyfastensor/pyfastensor/loader"
 	"github.com/pyfastensor/pyfastensor/loader/dist"
+	"github.com/pyfastensor/pyfastensor/loader/session"
 )
 
 // The training-data loader (loader/, Brand) behind pyfastensor.data: pack
-// and verify a directory, and a server over an opened pack as a handle.
+// and verify a directory, and a server over an opened pack as a handle (a
+// session.Loader: each export below converts its C arguments, calls one
+// of its methods and converts the result back).
 //
 // A batch crosses in two calls. pft_loader_get serves the requests (one
 // GetBatch: the samples are delivered, and invalidated in the abstract
@@ -55,42 +57,6 @@ func progressPair(p *C.int64_t) func(done, total int64) {
 	}
 }
 
-// packSummary describes an opened pack without its index (which holds a
-// record per sample).
-type packSummary struct {
-	Dir       string         `json:"dir"`
-	Version   uint32         `json:"version"`
-	Samples   int            `json:"samples"`
-	Chunks    int            `json:"chunks"`
-	ChunkSize int            `json:"chunk_size"`
-	Seed      uint64         `json:"seed"` // of the pack's shuffle
-	Classes   []string       `json:"classes"`
-	DataBytes int64          `json:"data_bytes"`
-	FileBytes int64          `json:"file_bytes"`
-	Layout    *layoutSummary `json:"layout,omitempty"` // a server's; none for a pack alone
-}
-
-// layoutSummary is a server's layout without its list of owned abstract
-// chunks (every one, on one node).
-type layoutSummary struct {
-	loader.Layout
-	Owned []int `json:"owned,omitempty"` // nil: hides Layout.Owned
-}
-
-func summarize(p *loader.Packed, lay *loader.Layout) packSummary {
-	ix := p.Index
-	s := packSummary{Dir: p.Dir, Version: ix.Version, Samples: ix.Len(), Chunks: len(ix.Chunks),
-		ChunkSize: ix.ChunkSize, Seed: ix.Seed, Classes: ix.Classes}
-	for _, c := range ix.Chunks {
-		s.DataBytes += c.DataLength
-		s.FileBytes += c.Length
-	}
-	if lay != nil {
-		s.Layout = &layoutSummary{Layout: *lay}
-	}
-	return s
-}
-
 // pft_loader_pack packs the samples of spec (JSON, loader.PackSpec: samples
 // as {"path", "label"}, classes, chunk_size, seed) into the directory dir
 // (loader.Pack: resumes or restarts an interrupted pack of it). progress:
@@ -123,83 +89,12 @@ func pft_loader_pack(spec, dir *C.char, progress *C.int64_t, out **C.char, errOu
 //export pft_loader_verify
 func pft_loader_verify(dir *C.char, progress *C.int64_t, out **C.char, errOut **C.char) C.int {
 	return call(errOut, func() error {
-		path := C.GoString(dir)
-		if err := loader.VerifyPack(path, progressPair(progress)); err != nil {
-			return err
-		}
-		p, err := loader.OpenPack(path)
+		s, err := session.Verify(C.GoString(dir), progressPair(progress))
 		if err != nil {
 			return err
 		}
-		return putJSON(out, summarize(p, nil))
+		return putJSON(out, s)
 	})
-}
-
-// loaderServer is a server's handle: the server and the batches got and
-// not yet taken, by ticket.
-type loaderServer struct {
-	srv    *loader.Server
-	budget int64 // its share of the memory limit (loader/memlimit.go)
-
-	local *loader.Local // the endpoint for workers, once listening
-
-	mu      sync.Mutex
-	node    *dist.Node // a node of a cluster (pft_loader_dist_listen), or nil
-	next    uint64
-	tickets map[uint64][]loader.Sample
-}
-
-// backend is what serves requests: the node of a cluster, or the server.
-func (ls *loaderServer) backend() loader.Backend {
-	ls.mu.Lock()
-	defer ls.mu.Unlock()
-	if ls.node != nil {
-		return ls.node
-	}
-	return ls.srv
-}
-
-// The handle is the workers' endpoint's backend, so that a server that
-// joins a cluster after listening serves them as a node.
-func (ls *loaderServer) Len() int                                   { return ls.srv.Len() }
-func (ls *loaderServer) Epoch() uint64                              { return ls.srv.Epoch() }
-func (ls *loaderServer) GetBatch(is []int) ([]loader.Sample, error) { return ls.backend().GetBatch(is) }
-func (ls *loaderServer) Return(samples []loader.Sample)             { ls.backend().Return(samples) }
-func (ls *loaderServer) Release(samples []loader.Sample)            { ls.backend().Release(samples) }
-
-// GetBatchInTurn makes the handle a loader.TurnBackend: a server serves
-// its workers' batches in the loader's order; a node of a cluster serves
-// them as they come (loader/dist orders nothing across nodes).
-func (ls *loaderServer) GetBatchInTurn(t loader.Turn, is []int, state bool, wait time.Duration,
-	gone func() <-chan struct{}) (loader.InTurn, error) {
-	if n, _ := ls.distNode(); n != nil {
-		batch, err := n.GetBatch(is)
-		return loader.InTurn{Samples: batch}, err
-	}
-	return ls.srv.GetBatchInTurn(t, is, state, wait, gone)
-}
-
-// Head and RestoreParts make the handle a loader.Resumable: DataLoader
-// workers resume a server from their parts of a state; a node of a
-// cluster does not.
-func (ls *loaderServer) Head() loader.StateHead { return ls.srv.Head() }
-
-func (ls *loaderServer) RestoreParts(parts []loader.WorkerPart) error {
-	if n, _ := ls.distNode(); n != nil {
-		return fmt.Errorf("%w: loader: a distributed ChunkDataset resumes mid-epoch with num_workers=0 (its state_dict), "+
-			"not from DataLoader workers' parts", gds.ErrUnsupported)
-	}
-	return ls.srv.RestoreParts(parts)
-}
-
-// distNode is the handle's node, or an error saying it has none.
-func (ls *loaderServer) distNode() (*dist.Node, error) {
-	ls.mu.Lock()
-	defer ls.mu.Unlock()
-	if ls.node == nil {
-		return nil, fmt.Errorf("%w: loader: the server is not a node of a cluster (pft_loader_dist_listen first)", gds.ErrInvalid)
-	}
-	return ls.node, nil
 }
 
 // pft_loader_open opens the pack in dir (loader.OpenPack) and a server of
@@ -218,37 +113,30 @@ func pft_loader_open(dir, options *C.char, handle *C.uint64_t, out **C.char, err
 		if err := parseJSON(options, &o); err != nil {
 			return err
 		}
-		p, err := loader.OpenPack(C.GoString(dir))
+		l, s, err := session.Open(C.GoString(dir), o)
 		if err != nil {
 			return err
 		}
-		srv, err := loader.NewServer(p, o)
-		if err != nil {
+		if err := putJSON(out, s); err != nil {
+			_ = l.Close()
 			return err
 		}
-		lay := srv.Layout()
-		if err := putJSON(out, summarize(p, &lay)); err != nil {
-			return err
-		}
-		loader.HoldBudget(o.Budget)
-		*handle = newHandle(&loaderServer{srv: srv, budget: o.Budget, tickets: map[uint64][]loader.Sample{}})
+		*handle = newHandle(l)
 		return nil
 	})
 }
 
-// pft_loader_set_epoch starts epoch e (loader.Server.SetEpoch).
+// pft_loader_set_epoch starts epoch e (loader.Server.SetEpoch; a node's of
+// a cluster, dist.Node.SetEpoch).
 //
 //export pft_loader_set_epoch
 func pft_loader_set_epoch(h C.uint64_t, e C.uint64_t, errOut **C.char) C.int {
 	return call(errOut, func() error {
-		ls, err := lookup[*loaderServer](h)
+		l, err := lookup[*session.Loader](h)
 		if err != nil {
 			return err
 		}
-		if n, _ := ls.distNode(); n != nil {
-			return n.SetEpoch(uint64(e))
-		}
-		return ls.srv.SetEpoch(uint64(e))
+		return l.SetEpoch(uint64(e))
 	})
 }
 
@@ -266,7 +154,7 @@ const loaderMetaFields = loader.LocalMetaFields
 func pft_loader_get(h C.uint64_t, n C.int64_t, indices *C.int64_t, meta *C.int64_t, ticket *C.uint64_t,
 	errOut **C.char) C.int {
 	return call(errOut, func() error {
-		ls, err := lookup[*loaderServer](h)
+		l, err := lookup[*session.Loader](h)
 		if err != nil {
 			return err
 		}
@@ -277,7 +165,7 @@ func pft_loader_get(h C.uint64_t, n C.int64_t, indices *C.int64_t, meta *C.int64
 		for k, v := range unsafe.Slice(indices, n) {
 			is[k] = int(v)
 		}
-		batch, err := ls.GetBatch(is)
+		t, batch, err := l.Get(is)
 		if err != nil {
 			return err
 		}
@@ -286,11 +174,7 @@ func pft_loader_get(h C.uint64_t, n C.int64_t, indices *C.int64_t, meta *C.int64
 			f := m[k*loaderMetaFields:]
 			f[0], f[1], f[2], f[3] = C.int64_t(s.Position), C.int64_t(s.Source), C.int64_t(s.Label), C.int64_t(len(s.Data))
 		}
-		ls.mu.Lock()
-		defer ls.mu.Unlock()
-		ls.next++
-		ls.tickets[ls.next] = batch
-		*ticket = C.uint64_t(ls.next)
+		*ticket = C.uint64_t(t)
 		return nil
 	})
 }
@@ -304,32 +188,16 @@ func pft_loader_get(h C.uint64_t, n C.int64_t, indices *C.int64_t, meta *C.int64
 //export pft_loader_take
 func pft_loader_take(h C.uint64_t, ticket C.uint64_t, n C.int64_t, addrs *unsafe.Pointer, errOut **C.char) C.int {
 	return call(errOut, func() error {
-		ls, err := lookup[*loaderServer](h)
+		l, err := lookup[*session.Loader](h)
 		if err != nil {
 			return err
 		}
-		ls.mu.Lock()
-		batch, ok := ls.tickets[uint64(ticket)]
-		delete(ls.tickets, uint64(ticket))
-		ls.mu.Unlock()
-		switch {
-		case !ok:
-			return fmt.Errorf("%w: loader: no batch of ticket %d (taken already?)", gds.ErrInvalid, uint64(ticket))
-		case addrs == nil:
-			ls.Return(batch)
-			return nil
-		case int(n) != len(batch):
-			return fmt.Errorf("%w: loader: %d addresses for the %d samples of ticket %d", gds.ErrInvalid, n, len(batch), uint64(ticket))
+		if addrs == nil {
+			return l.GiveBack(uint64(ticket))
 		}
-		for k, a := range unsafe.Slice(addrs, n) {
-			dst, err := memory(a, C.size_t(len(batch[k].Data)))
-			if err != nil {
-				return fmt.Errorf("loader: sample %d of ticket %d: %w", k, uint64(ticket), err)
-			}
-			copy(dst, batch[k].Data)
-		}
-		ls.Release(batch)
-		return nil
+		return l.Take(uint64(ticket), int(n), func(k, size int) ([]byte, error) {
+			return memory(unsafe.Slice(addrs, n)[k], C.size_t(size)) // n is the batch's length here
+		})
 	})
 }
 
@@ -341,42 +209,25 @@ func pft_loader_take(h C.uint64_t, ticket C.uint64_t, n C.int64_t, addrs *unsafe
 //export pft_loader_listen
 func pft_loader_listen(h C.uint64_t, addr *C.char, errOut **C.char) C.int {
 	return call(errOut, func() error {
-		ls, err := lookup[*loaderServer](h)
+		l, err := lookup[*session.Loader](h)
 		if err != nil {
 			return err
 		}
-		ls.mu.Lock()
-		defer ls.mu.Unlock()
-		if ls.local != nil {
-			return fmt.Errorf("%w: loader: the server listens on %s already", gds.ErrInvalid, ls.local.Addr())
-		}
-		l, err := loader.ServeLocal(ls, C.GoString(addr), loader.LocalOptions{Status: func(err error) int32 { return int32(statusOf(err)) }})
-		if err != nil {
-			return err
-		}
-		ls.local = l
-		return nil
+		return l.Listen(C.GoString(addr), loader.LocalOptions{Status: func(err error) int32 { return int32(statusOf(err)) }})
 	})
 }
 
-// pft_loader_state writes the server's state (loader.State), JSON, into
-// out: take it between batches.
+// pft_loader_state writes the server's state (loader.State; a node's of a
+// cluster, dist.State), JSON, into out: take it between batches.
 //
 //export pft_loader_state
 func pft_loader_state(h C.uint64_t, out **C.char, errOut **C.char) C.int {
 	return call(errOut, func() error {
-		ls, err := lookup[*loaderServer](h)
+		l, err := lookup[*session.Loader](h)
 		if err != nil {
 			return err
 		}
-		if n, _ := ls.distNode(); n != nil {
-			st, err := n.State()
-			if err != nil {
-				return err
-			}
-			return putJSON(out, st)
-		}
-		st, err := ls.srv.State()
+		st, err := l.State()
 		if err != nil {
 			return err
 		}
@@ -385,53 +236,34 @@ func pft_loader_state(h C.uint64_t, out **C.char, errOut **C.char) C.int {
 }
 
 // pft_loader_restore puts the server in the state (JSON, loader.State) a
-// server of the same pack and layout wrote (loader.Server.Restore).
+// server of the same pack and layout wrote (loader.Server.Restore; a
+// node's of a cluster, dist.Node.Restore).
 //
 //export pft_loader_restore
 func pft_loader_restore(h C.uint64_t, state *C.char, errOut **C.char) C.int {
 	return call(errOut, func() error {
-		ls, err := lookup[*loaderServer](h)
+		l, err := lookup[*session.Loader](h)
 		if err != nil {
 			return err
 		}
 		if state == nil {
 			return fmt.Errorf("%w: loader: no state", gds.ErrInvalid)
 		}
-		if n, _ := ls.distNode(); n != nil {
-			var st dist.State
-			if err := parseJSON(state, &st); err != nil {
-				return err
-			}
-			return n.Restore(st)
-		}
-		var st loader.State
-		if err := parseJSON(state, &st); err != nil {
-			return err
-		}
-		return ls.srv.Restore(st)
+		return l.Restore([]byte(C.GoString(state)))
 	})
 }
 
-// pft_loader_stats writes the server's counters (loader.Stats), JSON,
-// into out.
+// pft_loader_stats writes the server's counters (loader.Stats, with a
+// node's dist.Stats under "dist"), JSON, into out.
 //
 //export pft_loader_stats
 func pft_loader_stats(h C.uint64_t, out **C.char, errOut **C.char) C.int {
 	return call(errOut, func() error {
-		ls, err := lookup[*loaderServer](h)
+		l, err := lookup[*session.Loader](h)
 		if err != nil {
 			return err
 		}
-		type stats struct {
-			loader.Stats
-			Dist *dist.Stats `json:"dist,omitempty"` // a node's
-		}
-		st := stats{Stats: ls.srv.Stats()}
-		if n, _ := ls.distNode(); n != nil {
-			d := n.Stats()
-			st.Dist = &d
-		}
-		return putJSON(out, st)
+		return putJSON(out, l.Stats())
 	})
 }
 
@@ -441,23 +273,11 @@ func pft_loader_stats(h C.uint64_t, out **C.char, errOut **C.char) C.int {
 //export pft_loader_close
 func pft_loader_close(h C.uint64_t, errOut **C.char) C.int {
 	return call(errOut, func() error {
-		ls, err := release[*loaderServer](h)
+		l, err := release[*session.Loader](h)
 		if err != nil {
 			return err
 		}
-		defer loader.HoldBudget(-ls.budget)
-		ls.mu.Lock()
-		local, node := ls.local, ls.node
-		ls.mu.Unlock()
-		if local != nil {
-			if err := local.Close(); err != nil {
-				return err
-			}
-		}
-		if node != nil {
-			_ = node.Close()
-		}
-		return ls.srv.Close()
+		return l.Close()
 	})
 }
 
@@ -477,7 +297,7 @@ type distOptions struct {
 //export pft_loader_dist_listen
 func pft_loader_dist_listen(h C.uint64_t, addr, options *C.char, out **C.char, errOut **C.char) C.int {
 	return call(errOut, func() error {
-		ls, err := lookup[*loaderServer](h)
+		l, err := lookup[*session.Loader](h)
 		if err != nil {
 			return err
 		}
@@ -492,26 +312,11 @@ func pft_loader_dist_listen(h C.uint64_t, addr, options *C.char, out **C.char, e
 			return fmt.Errorf("%w: loader: a timeout of %v s", gds.ErrInvalid, o.TimeoutS)
 		}
 		o.Timeout = time.Duration(o.TimeoutS * float64(time.Second))
-		ls.mu.Lock()
-		defer ls.mu.Unlock()
-		if ls.node != nil {
-			return fmt.Errorf("%w: loader: the server is a node of a cluster already", gds.ErrInvalid)
-		}
-		n, err := dist.NewNode(ls.srv, o.Options)
+		at, err := l.DistListen(C.GoString(addr), o.Options)
 		if err != nil {
 			return err
 		}
-		at, err := n.Listen(C.GoString(addr))
-		if err != nil {
-			_ = n.Close()
-			return err
-		}
-		if err := putJSON(out, map[string]string{"address": at}); err != nil {
-			_ = n.Close()
-			return err
-		}
-		ls.node = n
-		return nil
+		return putJSON(out, map[string]string{"address": at})
 	})
 }
 
@@ -522,22 +327,18 @@ func pft_loader_dist_listen(h C.uint64_t, addr, options *C.char, out **C.char, e
 //export pft_loader_dist_connect
 func pft_loader_dist_connect(h C.uint64_t, addrs *C.char, errOut **C.char) C.int {
 	return call(errOut, func() error {
-		ls, err := lookup[*loaderServer](h)
+		l, err := lookup[*session.Loader](h)
 		if err != nil {
 			return err
 		}
-		n, err := ls.distNode()
-		if err != nil {
-			return err
-		}
-		var list []string
 		if addrs == nil {
 			return fmt.Errorf("%w: loader: no addresses", gds.ErrInvalid)
 		}
+		var list []string
 		if err := parseJSON(addrs, &list); err != nil {
 			return err
 		}
-		return n.Connect(list)
+		return l.DistConnect(list)
 	})
 }
 
@@ -548,11 +349,7 @@ func pft_loader_dist_connect(h C.uint64_t, addrs *C.char, errOut **C.char) C.int
 //export pft_loader_dist_sequence
 func pft_loader_dist_sequence(h C.uint64_t, epoch C.uint64_t, n C.int64_t, positions *C.int64_t, errOut **C.char) C.int {
 	return call(errOut, func() error {
-		ls, err := lookup[*loaderServer](h)
-		if err != nil {
-			return err
-		}
-		node, err := ls.distNode()
+		l, err := lookup[*session.Loader](h)
 		if err != nil {
 			return err
 		}
@@ -563,7 +360,7 @@ func pft_loader_dist_sequence(h C.uint64_t, epoch C.uint64_t, n C.int64_t, posit
 		for k, v := range unsafe.Slice(positions, n) {
 			seq[k] = int(v)
 		}
-		return node.SetSequence(uint64(epoch), seq)
+		return l.DistSequence(uint64(epoch), seq)
 	})
 }
 
@@ -573,14 +370,10 @@ func pft_loader_dist_sequence(h C.uint64_t, epoch C.uint64_t, n C.int64_t, posit
 //export pft_loader_dist_drop
 func pft_loader_dist_drop(h C.uint64_t, errOut **C.char) C.int {
 	return call(errOut, func() error {
-		ls, err := lookup[*loaderServer](h)
+		l, err := lookup[*session.Loader](h)
 		if err != nil {
 			return err
 		}
-		n, err := ls.distNode()
-		if err != nil {
-			return err
-		}
-		return n.Drop()
+		return l.DistDrop()
 	})
 }
