@@ -47,8 +47,12 @@ type Archive struct {
 	// none is held): the caller maps or reopens the same inode through it.
 	Fd int `json:"fd"`
 
-	// whole holds the CRC-32s of the file's pages when ReadWhole read it.
+	// whole holds the CRC-32s of the file's pages when ReadWhole read it
+	// with verification on.
 	whole *transfer.PageSums
+	// mem is the whole file in memory when ReadWhole read it: reads copy
+	// from it (readMemory) instead of going to the file again.
+	mem []byte
 	// resident is each entry's share in the page cache as the load planner
 	// measured it (planMemory); nil when it did not.
 	resident []float64
