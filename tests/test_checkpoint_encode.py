@@ -54,6 +54,13 @@ def dtypes() -> dict:
                                                     torch.int8, torch.uint8, torch.bool, torch.complex64)}
 
 
+def _saved(obj: object) -> io.BytesIO:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    buf.seek(0)
+    return buf
+
+
 CASES = {
     "training_state": training_state,
     "with_metadata": with_metadata,
@@ -63,6 +70,7 @@ CASES = {
     "strings": lambda: {"ключ": torch.ones(1), "emoji 🙂": [""], "surrogate \udc80": ("a", "a"), "": {}},
     "tuples": lambda: [(), (1,), (1, 2), (1, 2, 3), (1, 2, 3, 4), (((),),), tuple(tensors(5))],
     "empty_ordered": lambda: {"hooks": collections.OrderedDict(), "od": collections.OrderedDict(a=1)},
+    "loaded": lambda: torch.load(_saved({"a": torch.ones(2), "b": [torch.zeros(3)]})),  # empty _backward_hooks
     "shapes": lambda: [torch.zeros(()), torch.zeros(2, 3, 4, 5), torch.zeros(1, 1, 1, 1, 1).expand(1, 3, 1, 1, 2)],
 }
 for _n in (0, 1, 2, 999, 1000, 1001, 2000, 2001):

@@ -7,7 +7,8 @@ bytes become the record ``data/<key>``. This mirrors ``torch.serialization._save
 pickle bytes match torch's and stock :func:`torch.load` reads our files.
 
 Plain tensors (exactly :class:`torch.Tensor`, strided, on the CPU or CUDA,
-without hooks, Python attributes, conjugate or negative bits, of a
+without backward hooks (an empty dict of them, as a loaded tensor has,
+pickles the same), Python attributes, conjugate or negative bits, of a
 dtype torch pickles through a typed storage) are reduced here to the same
 ``_rebuild_tensor_v2`` call torch's ``Tensor.__reduce_ex__`` builds, without
 its checks for every other kind of tensor; so is the empty ``OrderedDict``
@@ -138,7 +139,7 @@ def _plain(t: torch.Tensor) -> bool:
     return (
         t.layout == torch.strided and (t.is_cpu or t.is_cuda) and not t.is_quantized
         and t.dtype not in _V3_DTYPES and not t.is_conj() and not t.is_neg()
-        and t._backward_hooks is None and not t.__dict__ and not torch._C._get_tensor_metadata(t)
+        and not t._backward_hooks and not t.__dict__ and not torch._C._get_tensor_metadata(t)
     )
 
 
