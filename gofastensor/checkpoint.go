@@ -54,32 +54,67 @@ func progressFunc(p *C.int64_t) func(int64) {
 	return func(n int64) { atomic.AddInt64((*int64)(unsafe.Pointer(p)), n) }
 }
 
-// pft_ckpt_save writes n records as a zip archive at path. names holds the
-// record names separated by '\n'; addrs (addresses), sizes and aligns are
-// arrays of n.
-// The memory of every record is read during the call only. engine: NULL or
-// "" for the default choice, else one engine for every record. progress:
-// NULL, or a counter advanced by data bytes written. out: the stats, JSON.
+// pft_ckpt_save_torch writes torch.save's zip archive at path
+// (checkpoint.SaveTorch): records under prefix, the pickle (pklLen bytes
+// at pkl), byteorder (NULL: no byteorder record), the serialization id,
+// and n storages named by keys (separated by '\n') whose bytes are at
+// addrs (sizes). The Go core lays the records out and aligns the storages.
+// The memory is read during the call only. engine: NULL or "" for the
+// default choice, else one engine for every record. progress: NULL, or a
+// counter advanced by data bytes written. out: the stats, JSON.
 //
-//export pft_ckpt_save
-func pft_ckpt_save(path *C.char, n C.int64_t, names *C.char, addrs *unsafe.Pointer, sizes, aligns *C.int64_t,
-	durable C.int, engine *C.char, threads C.int, taskSize C.int64_t, workers C.int, progress *C.int64_t,
-	out **C.char, errbuf *C.char, errlen C.size_t) C.int {
+//export pft_ckpt_save_torch
+func pft_ckpt_save_torch(path, prefix, pkl *C.char, pklLen C.int64_t, byteorder, serial *C.char,
+	n C.int64_t, keys *C.char, addrs *unsafe.Pointer, sizes *C.int64_t, durable C.int, engine *C.char,
+	threads C.int, taskSize C.int64_t, workers C.int, progress *C.int64_t, out **C.char,
+	errbuf *C.char, errlen C.size_t) C.int {
 	return call(errbuf, errlen, func() error {
-		recs, err := records(int(n), names, addrs, sizes, aligns)
-		if err != nil {
+		t := checkpoint.TorchArchive{Prefix: C.GoString(prefix), SerializationID: C.GoString(serial)}
+		if byteorder != nil {
+			t.ByteOrder = C.GoString(byteorder)
+		}
+		var err error
+		if t.Pickle, err = memory(unsafe.Pointer(pkl), C.size_t(pklLen)); err != nil {
+			return fmt.Errorf("data.pkl: %w", err)
+		}
+		if t.Storages, err = torchStorages(int(n), keys, addrs, sizes); err != nil {
 			return err
 		}
 		o, err := writeOptions(durable, engine, threads, taskSize, workers, progress)
 		if err != nil {
 			return err
 		}
-		st, err := checkpoint.Save(C.GoString(path), recs, o)
+		st, err := checkpoint.SaveTorch(C.GoString(path), t, o)
 		if err != nil {
 			return err
 		}
 		return putJSON(out, st)
 	})
+}
+
+// torchStorages turns pft_ckpt_save_torch's C arrays into storages over
+// the caller's memory.
+func torchStorages(n int, keys *C.char, addrs *unsafe.Pointer, sizes *C.int64_t) ([]checkpoint.TorchStorage, error) {
+	if n < 0 || (n > 0 && (keys == nil || addrs == nil || sizes == nil)) {
+		return nil, fmt.Errorf("%w: %d storages with missing arrays", gds.ErrInvalid, n)
+	}
+	if n == 0 {
+		return nil, nil
+	}
+	keyList := strings.Split(C.GoString(keys), "\n")
+	if len(keyList) != n {
+		return nil, fmt.Errorf("%w: %d keys for %d storages", gds.ErrInvalid, len(keyList), n)
+	}
+	as, ss := unsafe.Slice(addrs, n), unsafe.Slice(sizes, n)
+	out := make([]checkpoint.TorchStorage, n)
+	for i := range out {
+		p, err := memory(as[i], C.size_t(ss[i]))
+		if err != nil {
+			return nil, fmt.Errorf("storage %q: %w", keyList[i], err)
+		}
+		out[i] = checkpoint.TorchStorage{Key: keyList[i], Data: p}
+	}
+	return out, nil
 }
 
 // writeOptions are the options of a save, from its C arguments.
@@ -107,33 +142,6 @@ func readOptions(verify C.int, engine *C.char, threads C.int, taskSize C.int64_t
 		Workers:  int(workers),
 		Progress: progressFunc(progress),
 	}, err
-}
-
-// records turns the C arrays of pft_ckpt_save into records over the
-// caller's memory.
-func records(n int, names *C.char, addrs *unsafe.Pointer, sizes, aligns *C.int64_t) ([]checkpoint.Record, error) {
-	if n < 0 || (n > 0 && (names == nil || addrs == nil || sizes == nil || aligns == nil)) {
-		return nil, fmt.Errorf("%w: %d records with missing arrays", gds.ErrInvalid, n)
-	}
-	if n == 0 {
-		return nil, nil
-	}
-	nameList := strings.Split(C.GoString(names), "\n")
-	if len(nameList) != n {
-		return nil, fmt.Errorf("%w: %d names for %d records", gds.ErrInvalid, len(nameList), n)
-	}
-	as := unsafe.Slice(addrs, n)
-	ss := unsafe.Slice(sizes, n)
-	als := unsafe.Slice(aligns, n)
-	recs := make([]checkpoint.Record, n)
-	for i := range recs {
-		p, err := memory(as[i], C.size_t(ss[i]))
-		if err != nil {
-			return nil, fmt.Errorf("record %q: %w", nameList[i], err)
-		}
-		recs[i] = checkpoint.Record{Name: nameList[i], Data: p, Align: int64(als[i])}
-	}
-	return recs, nil
 }
 
 // pft_ckpt_open parses and validates the archive at path; out receives

@@ -18,9 +18,9 @@ from .. import _lib, config
 
 _P = ctypes.POINTER
 _lib.register({
-    "pft_ckpt_save": [_lib.c_char_p, _lib.i64, _lib.c_char_p, _P(_lib.c_void_p), _P(_lib.i64),
-                      _P(_lib.i64), _lib.c_int, _lib.c_char_p, _lib.c_int, _lib.i64, _lib.c_int,
-                      _P(_lib.i64), _P(_lib.c_void_p)],
+    "pft_ckpt_save_torch": [_lib.c_char_p, _lib.c_char_p, _lib.c_char_p, _lib.i64, _lib.c_char_p, _lib.c_char_p,
+                            _lib.i64, _lib.c_char_p, _P(_lib.c_void_p), _P(_lib.i64), _lib.c_int, _lib.c_char_p,
+                            _lib.c_int, _lib.i64, _lib.c_int, _P(_lib.i64), _P(_lib.c_void_p)],
     "pft_ckpt_open": [_lib.c_char_p, _lib.c_int, ctypes.c_double, _P(_lib.u64), _P(_lib.c_void_p)],
     "pft_ckpt_read_whole": [_lib.c_char_p, _lib.c_void_p, _lib.i64, _lib.c_int, _lib.c_char_p, _lib.c_int,
                             _lib.i64, _lib.c_int, _P(_lib.i64), _P(_lib.u64), _P(_lib.c_void_p)],
@@ -114,24 +114,40 @@ def _engine(engine: Any) -> bytes | None:
     return f"dict:{live()}".encode()
 
 
+@dataclass
+class TorchArchive:
+    """What torch.save puts in its zip, for :func:`write_archive`: the pickle, the byte
+    order record (None: none), the serialization id, and the storages' keys with the addresses
+    and lengths of their bytes. The Go core adds the other records and aligns the storages."""
+
+    pickle: bytes
+    byteorder: str | None
+    serialization_id: str
+    keys: list[str]
+    addrs: Any  # ctypes array of c_void_p
+    sizes: Any  # ctypes array of c_int64
+
+
 def write_archive(
-    path: str,
-    records: Records,
-    *,
-    durable: bool,
-    engine: str | None,
+    path: str, archive: TorchArchive, *, prefix: str, durable: bool, engine: str | None,
     counter: ctypes.c_int64 | None = None,
 ) -> dict[str, Any]:
-    """Write ``records`` as a zip archive at ``path`` (see checkpoint/zipwrite.go); return stats."""
-    names = records.joined_names()
-    n = len(records.names)
-    addrs, sizes = _arrays(records.addrs, records.sizes)
-    aligns = (ctypes.c_int64 * n)(*records.aligns)
+    """Write ``archive`` as torch.save's zip at ``path``, its records under ``prefix`` (see
+    checkpoint/torchzip.go); return stats.
+
+    Raises:
+        ValueError: a key holds a newline.
+    """
+    keys = "\n".join(archive.keys)
+    if keys.count("\n") != max(len(archive.keys) - 1, 0):
+        raise ValueError("storage keys cannot contain a newline")
     out = ctypes.c_void_p()
     _lib.call(
-        "pft_ckpt_save", _lib.cstr(path), n, names, addrs, sizes, aligns,
-        int(durable), _engine(engine), config.threads(), config.task_size(), 0,
-        ctypes.byref(counter) if counter is not None else None, ctypes.byref(out),
+        "pft_ckpt_save_torch", _lib.cstr(path), prefix.encode(), archive.pickle, len(archive.pickle),
+        archive.byteorder.encode() if archive.byteorder is not None else None, archive.serialization_id.encode(),
+        len(archive.keys), keys.encode(), archive.addrs, archive.sizes, int(durable), _engine(engine),
+        config.threads(), config.task_size(), 0, ctypes.byref(counter) if counter is not None else None,
+        ctypes.byref(out),
     )
     return json.loads(_lib.take_string(out))
 
