@@ -48,6 +48,7 @@ the last byte durable or loaded.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import mmap
 import os
 import shutil
@@ -206,17 +207,29 @@ def touch_pages(sd: StateDict) -> int:
     """Read one byte of every 4 KiB page (and the last byte) of every storage; return their sum.
 
     On an mmap'd load this faults every page in, so the lazy reads are timed.
+    Host memory is read through ctypes, a few µs a storage (a torch view and
+    sum per storage cost 20 µs: 0.12 s on 6,000 small tensors, added to
+    every tool's load alike); device memory through a strided view's sum.
     """
     import torch
 
     total = 0
     for t in sd.values():
         s = t.untyped_storage()
-        if s.nbytes() == 0:
+        n = s.nbytes()
+        if n == 0:
+            continue
+        if s.device.type == "cpu":
+            b = _HOST_BYTES.from_address(s.data_ptr())
+            total += sum(b[0:n:4096]) + b[n - 1]
             continue
         u = torch.empty(0, dtype=torch.uint8, device=s.device).set_(s)
         total += int(u[::4096].sum()) + int(u[-1])
     return total
+
+
+#: A byte array type over all of host memory, for :func:`touch_pages` (never allocated).
+_HOST_BYTES = ctypes.c_uint8 * (1 << 46)
 
 
 def _load_torch_mmap(path: str, keys: list[str]) -> StateDict:
