@@ -150,7 +150,7 @@ _LLAMA_LINEARS = (("self_attn.q_proj", 4096, 4096), ("self_attn.k_proj", 4096, 4
 
 def lora_state_dict(layers: int = 32, rank: int = 8, seed: int = 0) -> StateDict:
     """A LoRA adapter's state dict, as PEFT saves one for a Llama-7B-shaped model: ``lora_A``
-    (rank x in) and ``lora_B`` (out x rank) of every linear layer of every decoder layer, bf16.
+    (rank x in) and ``lora_B`` (out x rank) of every linear layer of every decoder layer, fp16.
 
     The default (32 layers, rank 8) has 448 tensors of 64 to 172 KiB, 39 MB.
 
@@ -166,8 +166,8 @@ def lora_state_dict(layers: int = 32, rank: int = 8, seed: int = 0) -> StateDict
     for i in range(layers):
         for module, n_in, n_out in _LLAMA_LINEARS:
             p = f"base_model.model.model.layers.{i}.{module}"
-            sd[f"{p}.lora_A.weight"] = _randn((rank, n_in), g).to(torch.bfloat16)
-            sd[f"{p}.lora_B.weight"] = _randn((n_out, rank), g).to(torch.bfloat16)
+            sd[f"{p}.lora_A.weight"] = _randn((rank, n_in), g).half()
+            sd[f"{p}.lora_B.weight"] = _randn((n_out, rank), g).half()
     return sd
 
 
