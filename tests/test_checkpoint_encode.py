@@ -127,3 +127,26 @@ def test_two_dtypes_over_one_storage_are_refused_as_torch_refuses():
         torch_pickle(obj)
     with pytest.raises(RuntimeError, match="view the same data as different types"):
         _encoded(obj)
+
+
+@pytest.mark.parametrize("no_byteorder", [False, True])
+def test_saved_records_are_torchs_with_the_cores_alignment(tmp_path, no_byteorder):
+    obj = {"a": torch.ones(3), "b": torch.arange(5), "e": torch.zeros(0)}
+    ours, theirs = tmp_path / "ours.pt", tmp_path / "theirs.pt"
+    pyfastensor.save(obj, ours, _disable_byteorder_record=no_byteorder)
+    torch.save(obj, theirs)
+    raw = ours.read_bytes()
+    with zipfile.ZipFile(ours) as a, zipfile.ZipFile(theirs) as b:
+        want = [n.split("/", 1)[1] for n in b.namelist() if not (no_byteorder and n.endswith("/byteorder"))]
+        # torch's records in torch's order (less the byte order when disabled), under "archive/"
+        assert a.namelist() == ["archive/" + n for n in want]
+        align = int(a.read("archive/.storage_alignment"))
+        assert align == pyfastensor._lib.settings()["alignment"]
+        for info in a.infolist():
+            if "/data/" in info.filename and info.file_size:
+                at = info.header_offset
+                start = at + 30 + int.from_bytes(raw[at + 26:at + 28], "little") + int.from_bytes(raw[at + 28:at + 30],
+                                                                                                  "little")
+                assert start % align == 0, info.filename
+    for k, v in torch.load(ours).items():
+        assert torch.equal(v, obj[k])
