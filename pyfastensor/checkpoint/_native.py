@@ -313,6 +313,11 @@ class Archive(_lib.Handle):
             for e in desc["entries"] or []
         ]
         self.index: dict[str, int] = {e.name: i for i, e in enumerate(self.entries)}
+        #: The directory of torch's records, with its slash (``"archive/"``).
+        self.prefix: str = desc.get("prefix", "")
+        #: Why a load hands the file to :func:`torch.load` (a TorchScript archive, compressed
+        #: records, not torch's layout), as the Go core found when parsing it; ``""``: read here.
+        self.fallback: str = desc.get("fallback", "")
 
     def read(
         self,

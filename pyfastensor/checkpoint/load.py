@@ -265,13 +265,9 @@ def _load_archive(
     progress: bool | None, pickle_load_args: dict[str, Any], *, mmap: bool = False,
 ) -> Any:
     with opened as archive:
-        names = [e.name for e in archive.entries]
-        prefix = names[0].split("/", 1)[0] + "/" if names else ""
-        if (
-            not names or "/" not in names[0] or f"{prefix}constants.pkl" in archive.index
-            or any(e.method != 0 for e in archive.entries)
-        ):
-            return to_torch(path)  # TorchScript, compressed, or not torch's layout
+        if archive.fallback:  # TorchScript, compressed, or not torch's layout
+            return to_torch(path)
+        prefix = archive.prefix
         zf = PreloadedZip(archive, prefix, storages=not mmap, arena=arena)
         overall = None
         pending = None
