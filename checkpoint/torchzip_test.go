@@ -48,3 +48,31 @@ func TestSaveTorchLaysOutTorchsRecordsWithItsAlignment(t *testing.T) {
 	_, err = TorchRecords(TorchArchive{})
 	require.ErrorIs(t, err, gds.ErrInvalid)
 }
+
+func TestParseDecidesWhatTorchLoadReadsInstead(t *testing.T) {
+	stored := func(names ...string) []Entry {
+		es := make([]Entry, len(names))
+		for i, n := range names {
+			es[i] = Entry{Name: n}
+		}
+		return es
+	}
+	for _, c := range []struct {
+		es       []Entry
+		prefix   string
+		fallback string
+	}{
+		{stored("archive/data.pkl", "archive/data/0"), "archive/", ""},
+		{stored("model/data.pkl", "model/constants.pkl"), "model/", "a TorchScript archive"},
+		{stored("data.pkl"), "", "not torch's layout: the first record is in no directory"},
+		{nil, "", "no records"},
+		{[]Entry{{Name: "a/data.pkl"}, {Name: "a/data/0", Method: 8}}, "a/", `record "a/data/0" is compressed`},
+	} {
+		prefix, fallback := torchLayout(c.es)
+		assert.Equal(t, c.prefix, prefix)
+		assert.Equal(t, c.fallback, fallback)
+	}
+	_, a := savedSample(t)
+	assert.Equal(t, "archive/", a.Prefix)
+	assert.Empty(t, a.Fallback)
+}
