@@ -7,12 +7,20 @@ that tree's ``pyfastensor/`` as well (Python started in the tree imports it). Go
 the only build tools needed besides pip; the Go module proxy supplies the Go
 dependencies listed in go.mod.
 
+cgo writes a C header beside the library, one prototype per exported
+function: the build turns it into ``pyfastensor/_abi.py`` (with
+pyfastensor/_cheader.py), the one table ``pyfastensor/_lib.py`` declares
+every function from, in the package built and in the source tree (where it
+is committed, so that a change of the Go side shows in the diff and
+tests/test_abi_sync.py can compare the two).
+
 The library calls no CPython API (Python loads it with ctypes), so it is named
 ``_native.so`` and wheels are tagged ``py3-none-<platform>``: one wheel serves
 every Python 3. ``auditwheel repair`` turns that wheel into a manylinux one,
 which installs where Go is not (README: "Installing without Go").
 """
 
+import importlib.util
 import os
 import re
 import shutil
@@ -54,6 +62,15 @@ def _version_tuple(text: str) -> tuple[int, ...] | None:
     """``"go1.26.8"``, ``"1.22"`` or ``"devel go1.27-abc"`` as (1, 26, 8), (1, 22, 0), (1, 27, 0)."""
     m = re.search(r"(\d+)\.(\d+)(?:\.(\d+))?", text)
     return None if m is None else (int(m.group(1)), int(m.group(2)), int(m.group(3) or 0))
+
+
+def write_abi(header: Path, abi: Path) -> bool:
+    """Write the prototype table of cgo's ``header`` as ``abi`` (pyfastensor/_abi.py)
+    unless it holds it already; return whether it was written."""
+    spec = importlib.util.spec_from_file_location("_pyfastensor_cheader", ROOT / "pyfastensor" / "_cheader.py")
+    cheader = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cheader)
+    return cheader.write(header, abi)
 
 
 class GoLibrary(Extension):
@@ -116,9 +133,17 @@ class BuildGo(build_ext):
                     "Install a newer Go and rerun pip install."
                 ) from e
             raise
-        out.with_suffix(".h").unlink(missing_ok=True)  # cgo's header: not shipped
+        header = out.with_suffix(".h")
+        write_abi(header, out.with_name("_abi.py"))  # the package's table of the prototypes
         if not self.inplace:
             self._leave_in_source_tree(out, ext.name)
+            source_abi = ROOT.joinpath(*ext.name.split(".")).with_name("_abi.py")
+            try:
+                if source_abi.parent.is_dir() and write_abi(header, source_abi):
+                    self.warn(f"{source_abi} changed: the Go side's exports did (commit it)")
+            except OSError as e:  # a read-only tree
+                self.warn(f"could not update {source_abi}: {e}")
+        header.unlink(missing_ok=True)  # its content is _abi.py
 
     def _leave_in_source_tree(self, built: Path, name: str) -> None:
         """Copy the built library into the source tree's package too, as an in-place build does.

@@ -37,8 +37,8 @@ it saves are about proportional to it): at the models' own small widths
 (``--width bert=64,vit=64,resnet=16``) or small batches the traces save far
 more bytes per FLOP than the G10 paper's models do, and every policy is bound by
 the links. The ``bound`` column says, per row, the most throughput the links
-allow at that capacity (``offload.BoundNs``): below the 90% target, no plan
-meets it.
+and host memory allow at that capacity (``offload.BoundNs``): below the 90%
+target, no plan meets it.
 
 ``--runtime`` (or ``--runtime-only``, which skips the simulation) adds the
 measured half: real training steps on this machine's CPU, with spill files
@@ -221,7 +221,7 @@ def format_report(result: dict[str, Any]) -> str:
     lines.append(f"{'mean':<37}" + "".join(f" {m['mean'][p]:>11.3f}" for p in policies)
                  + f" {m['mean_bound']:>7.3f}")
     lines.append("bound: the most any plan can reach (ideal over offload.BoundNs: the bytes that must cross the "
-                 "links at this capacity, over their bandwidth)")
+                 "links at this capacity, over their bandwidth, the SSD's alone beyond host memory)")
     over = m["g10_over_flashneuron"]
     lines.append(f"target: g10 >= {G10_OF_IDEAL:.0%} of ideal on average: {m['mean']['g10']:.1%} "
                  f"({'met' if m['g10_of_ideal_met'] else 'NOT met'})")

@@ -8,8 +8,9 @@ under the artifact's hardware (:meth:`pyfastensor.plan.Hardware.g10_artifact`:
 40 GiB GPU, 128 GiB host, SSD 3.2 GB/s, PCIe 15.754 GB/s), this simulates
 the ``g10``, ``flashneuron`` and ``on_demand`` policies and prints each
 fraction of ideal (ideal time over the policy's) beside G10's published
-``prefetch_lru`` (its full design), the links' bound (the most any policy
-could reach, :func:`pyfastensor.plan.bound_ns`) and the time and peak
+``prefetch_lru`` (its full design), the bound (the most any policy could
+reach over the links, host memory's capacity counted,
+:func:`pyfastensor.plan.bound_ns`) and the time and peak
 memory ``make_plan`` took. Targets: at least G10's figure on every
 workload, and half-way from it to the bound where G10's is below the bound.
 
@@ -17,9 +18,10 @@ Then the sensitivity of g10 to the SSD's bandwidth and to the host memory's
 size (the G10 paper's figures 16 and 18) on figure 11's five workloads,
 our figures only (the paper's are not in the published results).
 
-What differs from G10's simulator: ours shares a link's bandwidth among its
-transfers and models no page faults; the traces carry no per-transfer PCIe
-latency (5 us) nor G10's 45 us system latency per fault.
+What differs from G10's simulator: ours moves whole tensors, not pages
+(one transfer at a time per link direction, the one needed soonest first),
+and models no page faults; the traces carry no per-transfer PCIe latency
+(5 us) nor G10's 45 us system latency per fault.
 """
 
 from __future__ import annotations
@@ -196,7 +198,7 @@ def plot(result: dict[str, Any], path: str | os.PathLike[str]) -> Path:
         xs = [i + (k - (len(series) - 1) / 2) * width for i in range(len(rows))]
         ax.bar(xs, [r[key] or 0.0 for r in rows], width, color=color, label=label)
     ax.scatter(range(len(rows)), [r["bound"] or 0.0 for r in rows], marker="_", s=200, color="black",
-               label="links' bound", zorder=3)
+               label="bound", zorder=3)
     ax.set_xticks(range(len(rows)), [_short(r["workload"]).replace("/", "\n") for r in rows], fontsize=7)
     ax.set_ylabel("fraction of ideal throughput")
     ax.set_ylim(0, 1.05)

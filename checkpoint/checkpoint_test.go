@@ -6,26 +6,17 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"testing"
 
 	"github.com/pyfastensor/pyfastensor/gds"
+	"github.com/pyfastensor/pyfastensor/internal/testutil"
 	"github.com/pyfastensor/pyfastensor/transfer"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 )
-
-func randBytes(n int, seed uint64) []byte {
-	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
-	b := make([]byte, n)
-	for i := range b {
-		b[i] = byte(r.Uint32())
-	}
-	return b
-}
 
 // sampleRecords mixes what a checkpoint holds: small metadata, empty
 // records, records under and over the extent and piece sizes, sizes that
@@ -34,7 +25,7 @@ func sampleRecords() []Record {
 	sizes := []int{0, 1, 4095, 4096, 70001, transfer.ExtentMin, transfer.ExtentMin + 13, gds.DefaultTaskSize + 4097, 2*gds.DefaultTaskSize + 1}
 	recs := []Record{{Name: "archive/data.pkl", Data: []byte("pickle bytes")}}
 	for i, n := range sizes {
-		recs = append(recs, Record{Name: fmt.Sprintf("archive/data/%d", i), Data: randBytes(n, uint64(i)), Align: DataAlign})
+		recs = append(recs, Record{Name: fmt.Sprintf("archive/data/%d", i), Data: testutil.Pattern(n, uint64(i)), Align: DataAlign})
 	}
 	return append(recs, Record{Name: "archive/version", Data: []byte("3\n")})
 }
@@ -277,7 +268,7 @@ func TestDefaultReadFollowsResidency(t *testing.T) {
 		t.Skip("no O_DIRECT in the temporary directory")
 	}
 	path := filepath.Join(dir, "ck.pt")
-	data := randBytes(3<<20, 7)
+	data := testutil.Pattern(3<<20, 7)
 	_, err := Save(path, []Record{{Name: "archive/data/0", Data: data, Align: DataAlign}}, WriteOptions{})
 	require.NoError(t, err)
 	read := func() map[string]int64 {
@@ -343,9 +334,9 @@ func TestFlippedLocalHeaderColdAndCached(t *testing.T) {
 // manySmall is a state dict of small tensors: a few hundred KiB of metadata
 // first, then records of 1 byte to 40 KB, enough for several runs.
 func manySmall(n int) []Record {
-	recs := []Record{{Name: "archive/data.pkl", Data: randBytes(300<<10, 99)}}
+	recs := []Record{{Name: "archive/data.pkl", Data: testutil.Pattern(300<<10, 99)}}
 	for i := range n {
-		recs = append(recs, Record{Name: fmt.Sprintf("archive/data/%d", i), Data: randBytes(1+(i*7919)%40000, uint64(i)), Align: DataAlign})
+		recs = append(recs, Record{Name: fmt.Sprintf("archive/data/%d", i), Data: testutil.Pattern(1+(i*7919)%40000, uint64(i)), Align: DataAlign})
 	}
 	return recs
 }

@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/pyfastensor/pyfastensor/gds"
+	"github.com/pyfastensor/pyfastensor/internal/testutil"
 	"github.com/pyfastensor/pyfastensor/transfer"
 )
 
@@ -36,7 +37,7 @@ func TestSaveFailsWithInjectedNoSpaceAndLeavesTheTargetAlone(t *testing.T) {
 	engine := faultyEngine(t, gds.Only(gds.OpWrite).WithError(unix.ENOSPC).Partial())
 	recs := []Record{
 		{Name: "archive/data.pkl", Data: []byte("pickle bytes")},
-		{Name: "archive/data/0", Data: randBytes(transfer.ExtentMin+5, 1), Align: DataAlign},
+		{Name: "archive/data/0", Data: testutil.Pattern(transfer.ExtentMin+5, 1), Align: DataAlign},
 	}
 	_, err := Save(path, recs, WriteOptions{Chooser: transfer.Fixed(engine)})
 	require.Error(t, err)
@@ -54,7 +55,7 @@ func TestSaveFailsWithInjectedNoSpaceAndLeavesTheTargetAlone(t *testing.T) {
 
 func TestReadFailsWithInjectedErrorNamingTheRecord(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "ck.pt")
-	data := randBytes(transfer.ExtentMin+5, 2)
+	data := testutil.Pattern(transfer.ExtentMin+5, 2)
 	_, err := Save(path, []Record{{Name: "archive/data/0", Data: data, Align: DataAlign}}, WriteOptions{NotDurable: true})
 	require.NoError(t, err)
 	a, err := OpenArchive(path)

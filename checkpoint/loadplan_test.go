@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/pyfastensor/pyfastensor/internal/testutil"
 	"github.com/pyfastensor/pyfastensor/transfer"
 )
 
@@ -46,7 +47,7 @@ func TestEndRecordCount(t *testing.T) {
 func bigRecords() []Record {
 	var recs []Record
 	for i := range 20 {
-		recs = append(recs, Record{Name: fmt.Sprintf("archive/data/%d", i), Data: randBytes(1<<20, uint64(i)), Align: DataAlign})
+		recs = append(recs, Record{Name: fmt.Sprintf("archive/data/%d", i), Data: testutil.Pattern(1<<20, uint64(i)), Align: DataAlign})
 	}
 	return recs
 }

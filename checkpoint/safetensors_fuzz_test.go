@@ -11,6 +11,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/pyfastensor/pyfastensor/internal/testutil"
 	"github.com/stretchr/testify/require"
 )
 
@@ -29,9 +30,9 @@ const stFuzzName = "fuzz.safetensors"
 func safetensorsSeeds(f *testing.F) [][]byte {
 	f.Helper()
 	few, _ := fileOf(f, []STensor{
-		{Name: "w", DType: "F32", Shape: []int64{2, 3}, Size: 24, Data: randBytes(24, 1)},
-		{Name: "b", DType: "BF16", Shape: []int64{3}, Size: 6, Data: randBytes(6, 2)},
-		{Name: "n", DType: "I64", Shape: []int64{}, Size: 8, Data: randBytes(8, 3)},
+		{Name: "w", DType: "F32", Shape: []int64{2, 3}, Size: 24, Data: testutil.Pattern(24, 1)},
+		{Name: "b", DType: "BF16", Shape: []int64{3}, Size: 6, Data: testutil.Pattern(6, 2)},
+		{Name: "n", DType: "I64", Shape: []int64{}, Size: 8, Data: testutil.Pattern(8, 3)},
 		{Name: "e", DType: "U8", Shape: []int64{0, 2}, Size: 0},
 		{Name: "é", DType: "BOOL", Shape: []int64{1}, Size: 1, Data: []byte{1}},
 	}, []MetaEntry{{"format", "pt"}, {"k", "v"}})

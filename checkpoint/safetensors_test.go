@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pyfastensor/pyfastensor/gds"
+	"github.com/pyfastensor/pyfastensor/internal/testutil"
 	"github.com/pyfastensor/pyfastensor/transfer"
 )
 
@@ -248,8 +249,8 @@ func TestSaveAndOpenSafetensors(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "m.safetensors")
 	old := []STensor{
-		{Name: "big", DType: "F32", Shape: []int64{300_000}, Size: 1_200_000, Data: randBytes(1_200_000, 1)},
-		{Name: "small", DType: "I16", Shape: []int64{3, 1}, Size: 6, Data: randBytes(6, 2)},
+		{Name: "big", DType: "F32", Shape: []int64{300_000}, Size: 1_200_000, Data: testutil.Pattern(1_200_000, 1)},
+		{Name: "small", DType: "I16", Shape: []int64{3, 1}, Size: 6, Data: testutil.Pattern(6, 2)},
 		{Name: "empty", DType: "F64", Shape: []int64{0}, Size: 0},
 	}
 	st, err := SaveSafetensors(path, old, []MetaEntry{{"format", "pt"}}, WriteOptions{NotDurable: true})

@@ -9,11 +9,12 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pyfastensor/pyfastensor/gds"
+	"github.com/pyfastensor/pyfastensor/internal/testutil"
 	"github.com/pyfastensor/pyfastensor/transfer"
 )
 
 func TestSaveTorchLaysOutTorchsRecordsWithItsAlignment(t *testing.T) {
-	a, b := randBytes(5000, 1), randBytes(70, 2)
+	a, b := testutil.Pattern(5000, 1), testutil.Pattern(70, 2)
 	archive := TorchArchive{Prefix: "archive", Pickle: []byte("pickle"), ByteOrder: "little",
 		SerializationID: "0123", Storages: []TorchStorage{{Key: "0", Data: a}, {Key: "1", Data: b}, {Key: "2"}}}
 	path := filepath.Join(t.TempDir(), "t.pt")

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/pyfastensor/pyfastensor/gds"
+	"github.com/pyfastensor/pyfastensor/internal/testutil"
 	"github.com/pyfastensor/pyfastensor/transfer"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -113,7 +114,7 @@ func TestReplacedFileIsReadAsParsed(t *testing.T) {
 	old := sampleRecords()
 	path, a := saved(t, old)
 	replacement := []Record{{Name: "archive/data.pkl", Data: []byte("another pickle")},
-		{Name: "archive/data/0", Data: randBytes(5000, 99), Align: DataAlign}}
+		{Name: "archive/data/0", Data: testutil.Pattern(5000, 99), Align: DataAlign}}
 	_, err := Save(path, replacement, WriteOptions{NotDurable: true})
 	require.NoError(t, err)
 

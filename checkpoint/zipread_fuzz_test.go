@@ -12,6 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/pyfastensor/pyfastensor/internal/testutil"
 	"github.com/pyfastensor/pyfastensor/transfer"
 )
 
@@ -42,9 +43,9 @@ func archiveSeeds(f *testing.F) [][]byte {
 	}
 	few := save("few.pt", []Record{
 		{Name: "archive/data.pkl", Data: []byte("pickle bytes")},
-		{Name: "archive/data/0", Data: randBytes(100, 1)},
+		{Name: "archive/data/0", Data: testutil.Pattern(100, 1)},
 		{Name: "archive/data/1", Data: nil},
-		{Name: "archive/data/2", Data: randBytes(300, 2)},
+		{Name: "archive/data/2", Data: testutil.Pattern(300, 2)},
 		{Name: "archive/version", Data: []byte("3\n")},
 	})
 	valid := [][]byte{

@@ -2,15 +2,14 @@ package gds
 
 import (
 	"bytes"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"sync"
 	"testing"
 
+	"github.com/pyfastensor/pyfastensor/internal/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -87,15 +86,6 @@ func openServed(t *testing.T, e Engine, path string, flag int, perm os.FileMode)
 	return f
 }
 
-// pattern returns n bytes that differ at every position of interest.
-func pattern(n int, seed uint64) []byte {
-	var key [32]byte
-	binary.LittleEndian.PutUint64(key[:], seed)
-	p := make([]byte, n)
-	_, _ = rand.NewChaCha8(key).Read(p)
-	return p
-}
-
 // unaligned returns a copy of p at an address that is 1 byte past 4 KiB.
 func unaligned(p []byte) []byte {
 	buf := alignedBuf(len(p)+1, 4096)[1:]
@@ -120,9 +110,9 @@ func TestRoundTripSizes(t *testing.T) {
 					continue // one unaligned case at the largest size
 				}
 				path := filepath.Join(dir, "f")
-				want := pattern(size, uint64(size)+uint64(off))
+				want := testutil.Pattern(size, uint64(size)+uint64(off))
 				// A canary around the target range proves no neighbour is overwritten.
-				canary := pattern(int(off)+size+8192, 7)
+				canary := testutil.Pattern(int(off)+size+8192, 7)
 				require.NoError(t, os.WriteFile(path, canary, 0o644))
 				writeWith(t, e, path, unaligned(want), off)
 
@@ -169,7 +159,7 @@ func TestGrowsToExactSize(t *testing.T) {
 		skipReadOnly(t, e)
 		path := filepath.Join(t.TempDir(), "f")
 		f := openServed(t, e, path, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
-		_, err := f.WriteAt(pattern(5000, 1), 3)
+		_, err := f.WriteAt(testutil.Pattern(5000, 1), 3)
 		require.NoError(t, err)
 		size, err := f.Size()
 		require.NoError(t, err)
@@ -198,7 +188,7 @@ func TestConcurrentDisjointWrites(t *testing.T) {
 			extents = append(extents, [2]int64{pos, n})
 			pos += n
 		}
-		want := pattern(int(pos), 42)
+		want := testutil.Pattern(int(pos), 42)
 		var wg sync.WaitGroup
 		for _, x := range extents {
 			wg.Add(1)
@@ -227,7 +217,7 @@ func TestConcurrentDisjointWrites(t *testing.T) {
 func TestReadPastEOF(t *testing.T) {
 	forEachEngine(t, contractOptions, func(t *testing.T, e Engine) {
 		path := filepath.Join(t.TempDir(), "f")
-		require.NoError(t, os.WriteFile(path, pattern(10000, 3), 0o644))
+		require.NoError(t, os.WriteFile(path, testutil.Pattern(10000, 3), 0o644))
 		f := openServed(t, e, path, os.O_RDONLY, 0)
 		buf := make([]byte, 4096)
 		n, err := f.ReadAt(buf, 8000)
@@ -247,7 +237,7 @@ func TestReadPastEOF(t *testing.T) {
 func TestErrorsUseOptionsName(t *testing.T) {
 	forEachEngine(t, Options{Name: "/data/shown.pt"}, func(t *testing.T, e Engine) {
 		path := filepath.Join(t.TempDir(), "f")
-		require.NoError(t, os.WriteFile(path, pattern(10000, 3), 0o644))
+		require.NoError(t, os.WriteFile(path, testutil.Pattern(10000, 3), 0o644))
 		g, err := os.Open(path)
 		require.NoError(t, err)
 		defer g.Close()
@@ -263,7 +253,7 @@ func TestErrorsUseOptionsName(t *testing.T) {
 func TestBadArguments(t *testing.T) {
 	forEachEngine(t, contractOptions, func(t *testing.T, e Engine) {
 		path := filepath.Join(t.TempDir(), "f")
-		require.NoError(t, os.WriteFile(path, pattern(100, 3), 0o644))
+		require.NoError(t, os.WriteFile(path, testutil.Pattern(100, 3), 0o644))
 		f := openServed(t, e, path, os.O_RDONLY, 0)
 		_, err := f.ReadAt(make([]byte, 10), -1)
 		require.ErrorIs(t, err, ErrInvalid)
@@ -300,7 +290,7 @@ func TestUnalignedMemoryBetweenOneAndTwoTasks(t *testing.T) {
 	// from unaligned memory it must still fit the task-sized bounce buffer.
 	forEachEngine(t, contractOptions, func(t *testing.T, e Engine) { // task size 64 KiB
 		path := filepath.Join(t.TempDir(), "f")
-		want := pattern(96<<10, 11)
+		want := testutil.Pattern(96<<10, 11)
 		writeWith(t, e, path, unaligned(want), 0)
 		got := readWith(t, e, path, len(want), 0)
 		require.True(t, bytes.Equal(want, got))

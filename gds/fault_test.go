@@ -9,6 +9,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/pyfastensor/pyfastensor/internal/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
@@ -170,7 +171,7 @@ func TestAnyConsultsEveryInjector(t *testing.T) {
 
 func TestInjectedNoSpaceIsClassified(t *testing.T) {
 	f, path := faultyFile(t, Only(OpWrite).WithError(unix.ENOSPC).Partial())
-	want := pattern(10000, 1)
+	want := testutil.Pattern(10000, 1)
 	n, err := f.WriteAt(want, 0)
 	require.Error(t, err)
 	assert.True(t, IsNoSpace(err), "an injected ENOSPC is ErrNoSpace as a real one is: %v", err)
@@ -198,7 +199,7 @@ func TestInjectedReadOnlyIsPermission(t *testing.T) {
 
 func TestInjectedPartialRead(t *testing.T) {
 	f, _ := faultyFile(t, OnNth(1, OpRead).Partial())
-	want := pattern(8000, 2)
+	want := testutil.Pattern(8000, 2)
 	_, err := f.WriteAt(want, 0)
 	require.NoError(t, err)
 	got := make([]byte, len(want))

@@ -5,13 +5,14 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/pyfastensor/pyfastensor/internal/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
 func TestMmapRefusesWrites(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "f")
-	require.NoError(t, os.WriteFile(path, pattern(100, 1), 0o644))
+	require.NoError(t, os.WriteFile(path, testutil.Pattern(100, 1), 0o644))
 	_, err := NewMmap(Options{}).Open(path, os.O_RDWR, 0)
 	require.ErrorIs(t, err, ErrUnsupported)
 	f, err := NewMmap(Options{}).Open(path, os.O_RDONLY, 0)
@@ -24,7 +25,7 @@ func TestMmapRefusesWrites(t *testing.T) {
 
 func TestMmapFileShrunkWhileMapped(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "f")
-	require.NoError(t, os.WriteFile(path, pattern(1<<20, 1), 0o644))
+	require.NoError(t, os.WriteFile(path, testutil.Pattern(1<<20, 1), 0o644))
 	f, err := NewMmap(Options{}).Open(path, os.O_RDONLY, 0)
 	require.NoError(t, err)
 	defer f.Close()

@@ -6,26 +6,14 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/pyfastensor/pyfastensor/internal/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 )
 
-// mountFS mounts a fresh filesystem of fstype (with mount data opts) on a
-// temporary directory for the test, or skips the test with the reason when
-// this process may not mount.
-func mountFS(t *testing.T, fstype, opts string) string {
-	t.Helper()
-	dir := t.TempDir()
-	if err := unix.Mount(fstype, dir, fstype, 0, opts); err != nil {
-		t.Skipf("cannot mount %s here (needs root and mount rights): %v", fstype, err)
-	}
-	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
-	return dir
-}
-
 func TestDirectFallsBackWithoutODirect(t *testing.T) {
-	dir := mountFS(t, "ramfs", "")
+	dir := testutil.MountFS(t, "ramfs", 0, "")
 	for _, name := range []string{"direct", "uring"} {
 		t.Run(name, func(t *testing.T) {
 			e, err := New(name, Options{})
@@ -39,7 +27,7 @@ func TestDirectFallsBackWithoutODirect(t *testing.T) {
 			defer f.Close()
 			assert.Equal(t, "posix", f.Engine(), "this test accepts the fallback")
 			assert.Contains(t, f.Fallback(), "does not support O_DIRECT")
-			want := pattern(10007, 5)
+			want := testutil.Pattern(10007, 5)
 			_, err = f.WriteAt(want, 3)
 			require.NoError(t, err)
 			got := make([]byte, len(want))
@@ -51,13 +39,13 @@ func TestDirectFallsBackWithoutODirect(t *testing.T) {
 }
 
 func TestFullFilesystem(t *testing.T) {
-	dir := mountFS(t, "tmpfs", "size=1m")
+	dir := testutil.MountFS(t, "tmpfs", 0, "size=1m")
 	forEachEngine(t, contractOptions, func(t *testing.T, e Engine) {
 		skipReadOnly(t, e)
 		path := filepath.Join(dir, e.Name())
 		defer os.Remove(path)
 		f := openServed(t, e, path, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
-		n, err := f.WriteAt(pattern(4<<20, 1), 0)
+		n, err := f.WriteAt(testutil.Pattern(4<<20, 1), 0)
 		require.Error(t, err)
 		assert.True(t, IsNoSpace(err), "ENOSPC maps to ErrNoSpace: %v", err)
 		require.ErrorIs(t, err, unix.ENOSPC, "the OS error is still there")

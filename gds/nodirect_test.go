@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/pyfastensor/pyfastensor/internal/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
@@ -56,7 +57,7 @@ func TestDirectFallsBackWithInjectedEINVAL(t *testing.T) {
 			assert.Contains(t, f.Fallback(), name+": filesystem does not support O_DIRECT")
 			assert.Contains(t, f.Fallback(), "invalid argument on open")
 
-			want := pattern(200<<10+7, 5) // several tasks, unaligned length
+			want := testutil.Pattern(200<<10+7, 5) // several tasks, unaligned length
 			n, err := f.WriteAt(unaligned(want), 3)
 			require.NoError(t, err)
 			require.Equal(t, len(want), n)

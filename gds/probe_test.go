@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/pyfastensor/pyfastensor/internal/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -25,7 +26,7 @@ func TestProbeDirOnTempDir(t *testing.T) {
 }
 
 func TestProbeDirWithoutODirect(t *testing.T) {
-	dir := mountFS(t, "ramfs", "") // ramfs refuses O_DIRECT
+	dir := testutil.MountFS(t, "ramfs", 0, "") // ramfs refuses O_DIRECT
 	info := ProbeDir(dir)
 	assert.Equal(t, "0x858458f6", info.FSType)
 	assert.False(t, info.Direct)

@@ -25,7 +25,7 @@ import (
 // acquire/release on the same words).
 //
 // An ioRing is not safe for concurrent use: one goroutine at a time (the
-// ring pool in uring.go hands each ring to one caller).
+// ring pool in uring_pool.go hands each ring to one caller).
 
 // Kernel ABI values used here.
 const (

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/pyfastensor/pyfastensor/internal/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
@@ -109,7 +110,7 @@ func TestUringQueueDepthSmallerThanPieces(t *testing.T) {
 			e := newUringOrSkip(t, Options{QueueDepth: depth, TaskSize: 64 << 10, Threads: 2})
 			f := openUring(t, e, filepath.Join(t.TempDir(), "f"), os.O_RDWR|os.O_CREATE)
 			pool := poolOf(f)
-			want := pattern(pieces*int(f.task), uint64(depth))
+			want := testutil.Pattern(pieces*int(f.task), uint64(depth))
 
 			// Offset 0 and a whole number of tasks: all middle, no edges.
 			before := pool.submits.Load()
@@ -133,7 +134,7 @@ func TestUringBounceBuffersInFlightAreBounded(t *testing.T) {
 	f := openUring(t, e, filepath.Join(t.TempDir(), "f"), os.O_RDWR|os.O_CREATE)
 	pool := poolOf(f)
 	pool.bounceBytes = 2 * int(f.task)
-	want := pattern(20*int(f.task), 9)
+	want := testutil.Pattern(20*int(f.task), 9)
 
 	roundTrip(t, f, want, 0, unaligned)
 	assert.Equal(t, int32(2), pool.peak.Load(), "at most bounceBytes of bounce buffers in flight")
@@ -147,7 +148,7 @@ func TestUringShortTransfersAreResubmitted(t *testing.T) {
 	pool := poolOf(f)
 	// One request moves at most one block: every piece takes many rounds.
 	pool.maxIO = f.offAlign
-	want := pattern(8*int(f.task), 21)
+	want := testutil.Pattern(8*int(f.task), 21)
 	before := pool.submits.Load()
 	roundTrip(t, f, want, 0, aligned)
 	roundTrip(t, f, want, 0, unaligned)
@@ -165,7 +166,7 @@ func TestUringShortReadAtEndOfFile(t *testing.T) {
 	// back short, and the read reports the bytes before it and io.EOF.
 	e := newUringOrSkip(t, Options{QueueDepth: 4, TaskSize: 8192, Threads: 1})
 	path := filepath.Join(t.TempDir(), "f")
-	want := pattern(10000, 4)
+	want := testutil.Pattern(10000, 4)
 	require.NoError(t, os.WriteFile(path, want, 0o644))
 	f := openUring(t, e, path, os.O_RDONLY)
 	if f.offAlign > 8192 {
@@ -188,7 +189,7 @@ func TestUringRingPoolUnderConcurrentCallers(t *testing.T) {
 	f := openUring(t, e, filepath.Join(t.TempDir(), "f"), os.O_RDWR|os.O_CREATE)
 	pool := poolOf(f)
 	ext := perCaller * int(f.task)
-	want := pattern(callers*ext, 33)
+	want := testutil.Pattern(callers*ext, 33)
 
 	var wg sync.WaitGroup
 	for i := range callers {
@@ -261,7 +262,7 @@ func TestUringCloseReleasesRings(t *testing.T) {
 		f.Close()
 		t.Skipf("no O_DIRECT here: %s", f.Fallback())
 	}
-	want := pattern(8*int(df.task), 8)
+	want := testutil.Pattern(8*int(df.task), 8)
 	var wg sync.WaitGroup
 	for i := range 8 {
 		wg.Add(1)
@@ -302,7 +303,7 @@ func TestUringCompletionErrorNamesEngine(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "f")
 	require.NoError(t, os.WriteFile(path, nil, 0o644))
 	f := openUring(t, e, path, os.O_RDONLY)
-	n, err := f.WriteAt(aligned(pattern(4*int(f.task), 1)), 0)
+	n, err := f.WriteAt(aligned(testutil.Pattern(4*int(f.task), 1)), 0)
 	require.Error(t, err)
 	assert.Equal(t, 0, n)
 	require.ErrorIs(t, err, unix.EBADF)
@@ -339,7 +340,7 @@ func TestUringFailedSubmitWithdrawsRequests(t *testing.T) {
 	require.NoError(t, err)
 	ringFD := r.fd
 	r.fd = -1 // every io_uring_enter now fails with EBADF
-	b := &uringBatch{f: f, pool: pool, r: r, write: true, p: aligned(pattern(8*int(f.task), 2))}
+	b := &uringBatch{f: f, pool: pool, r: r, write: true, p: aligned(testutil.Pattern(8*int(f.task), 2))}
 	n, err := b.run()
 	r.fd = ringFD
 	require.ErrorIs(t, err, unix.EBADF)
@@ -355,5 +356,5 @@ func TestUringFailedSubmitWithdrawsRequests(t *testing.T) {
 	assert.Zero(t, pool.count, "a broken ring is closed, not pooled")
 	pool.mu.Unlock()
 	// The next transfer gets a fresh ring.
-	roundTrip(t, f, pattern(8*int(f.task), 3), 0, aligned)
+	roundTrip(t, f, testutil.Pattern(8*int(f.task), 3), 0, aligned)
 }

@@ -76,34 +76,34 @@ var poisoned atomic.Bool
 
 // call runs fn as the body of an exported function: refuse when poisoned,
 // recover a panic into stPanic, and turn an error into its status code with
-// its message copied into errbuf (NUL-terminated, truncated to errlen).
-func call(errbuf *C.char, errlen C.size_t, fn func() error) (status C.int) {
+// its whole message (a panic's with its stack) in *errOut, a C string the
+// caller frees with pft_free. Every export takes errOut last; on success it
+// is left as the caller set it (NULL).
+func call(errOut **C.char, fn func() error) (status C.int) {
 	if poisoned.Load() {
-		setErr(errbuf, errlen, "pyfastensor: the native library is unusable after an earlier internal error (Go panic); restart the process")
+		setErr(errOut, "pyfastensor: the native library is unusable after an earlier internal error (Go panic); restart the process")
 		return stPoisoned
 	}
 	defer func() {
 		if r := recover(); r != nil {
 			poisoned.Store(true)
-			setErr(errbuf, errlen, fmt.Sprintf("pyfastensor: internal error (Go panic): %v\n%s", r, debug.Stack()))
+			setErr(errOut, fmt.Sprintf("pyfastensor: internal error (Go panic): %v\n%s", r, debug.Stack()))
 			status = stPanic
 		}
 	}()
 	if err := fn(); err != nil {
-		setErr(errbuf, errlen, err.Error())
+		setErr(errOut, err.Error())
 		return statusOf(err)
 	}
 	return stOK
 }
 
-// setErr copies msg into the caller's buffer.
-func setErr(buf *C.char, n C.size_t, msg string) {
-	if buf == nil || n == 0 {
-		return
+// setErr hands msg to the caller as a C string (freed with pft_free); a
+// NULL errOut drops it.
+func setErr(errOut **C.char, msg string) {
+	if errOut != nil {
+		*errOut = cstring(msg)
 	}
-	dst := unsafe.Slice((*byte)(unsafe.Pointer(buf)), int(n))
-	k := copy(dst[:len(dst)-1], msg)
-	dst[k] = 0
 }
 
 // memory turns a caller's address and length into a slice over that memory.

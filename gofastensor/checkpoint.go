@@ -8,42 +8,17 @@ import "C"
 
 import (
 	"fmt"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"unsafe"
 
 	"github.com/pyfastensor/pyfastensor/checkpoint"
 	"github.com/pyfastensor/pyfastensor/gds"
-	"github.com/pyfastensor/pyfastensor/transfer"
 )
 
 // Checkpoints: write a whole archive in one call; open an archive (its
 // validated central directory, as JSON) and read chosen records into caller
 // memory. Python (pyfastensor/checkpoint) decides what the records hold.
-
-// chooser returns the engine choice named by engine: nil (the default
-// chooser) for NULL or "", the adaptive dictionaries behind a pft_dict_open
-// handle for "dict:<handle>" (WDic for writes, RDic for reads), else that one
-// engine for every record.
-func chooser(engine *C.char) (transfer.Chooser, error) {
-	name := ""
-	if engine != nil {
-		name = C.GoString(engine)
-	}
-	if h, ok := strings.CutPrefix(name, "dict:"); ok {
-		n, err := strconv.ParseUint(h, 10, 64)
-		if err != nil {
-			return nil, fmt.Errorf("%w: engine %q: expected dict:<handle>", gds.ErrInvalid, name)
-		}
-		_, view, err := dictView(C.uint64_t(n), 0)
-		return view, err
-	}
-	if name == "" {
-		return nil, nil
-	}
-	return transfer.Fixed(name), nil
-}
 
 // progressFunc adds to the caller's counter, which another thread may poll
 // during the call.
@@ -59,16 +34,16 @@ func progressFunc(p *C.int64_t) func(int64) {
 // at pkl), byteorder (NULL: no byteorder record), the serialization id,
 // and n storages named by keys (separated by '\n') whose bytes are at
 // addrs (sizes). The Go core lays the records out and aligns the storages.
-// The memory is read during the call only. engine: NULL or "" for the
-// default choice, else one engine for every record. progress: NULL, or a
+// The memory is read during the call only. options (options.go): the
+// engine choice (default, one engine for every record, or the
+// dictionaries'), durable, the engine's tuning. progress: NULL, or a
 // counter advanced by data bytes written. out: the stats, JSON.
 //
 //export pft_ckpt_save_torch
 func pft_ckpt_save_torch(path, prefix, pkl *C.char, pklLen C.int64_t, byteorder, serial *C.char,
-	n C.int64_t, keys *C.char, addrs *unsafe.Pointer, sizes *C.int64_t, durable C.int, engine *C.char,
-	threads C.int, taskSize C.int64_t, workers C.int, progress *C.int64_t, out **C.char,
-	errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+	n C.int64_t, keys *C.char, addrs *unsafe.Pointer, sizes *C.int64_t, options *C.char, progress *C.int64_t,
+	out **C.char, errOut **C.char) C.int {
+	return call(errOut, func() error {
 		t := checkpoint.TorchArchive{Prefix: C.GoString(prefix), SerializationID: C.GoString(serial)}
 		if byteorder != nil {
 			t.ByteOrder = C.GoString(byteorder)
@@ -80,7 +55,7 @@ func pft_ckpt_save_torch(path, prefix, pkl *C.char, pklLen C.int64_t, byteorder,
 		if t.Storages, err = torchStorages(int(n), keys, addrs, sizes); err != nil {
 			return err
 		}
-		o, err := writeOptions(durable, engine, threads, taskSize, workers, progress)
+		o, err := writeOptions(options, progress)
 		if err != nil {
 			return err
 		}
@@ -117,33 +92,6 @@ func torchStorages(n int, keys *C.char, addrs *unsafe.Pointer, sizes *C.int64_t)
 	return out, nil
 }
 
-// writeOptions are the options of a save, from its C arguments.
-func writeOptions(durable C.int, engine *C.char, threads C.int, taskSize C.int64_t, workers C.int,
-	progress *C.int64_t) (checkpoint.WriteOptions, error) {
-	ch, err := chooser(engine)
-	return checkpoint.WriteOptions{
-		NotDurable: durable == 0,
-		Chooser:    ch,
-		Engine:     gds.Options{Threads: int(threads), TaskSize: int64(taskSize)},
-		Workers:    int(workers),
-		Progress:   progressFunc(progress),
-	}, err
-}
-
-// readOptions are the options of a read, from its C arguments (verify
-// means nothing to raw reads).
-func readOptions(verify C.int, engine *C.char, threads C.int, taskSize C.int64_t, workers C.int,
-	progress *C.int64_t) (checkpoint.ReadOptions, error) {
-	ch, err := chooser(engine)
-	return checkpoint.ReadOptions{
-		NoVerify: verify == 0,
-		Chooser:  ch,
-		Engine:   gds.Options{Threads: int(threads), TaskSize: int64(taskSize)},
-		Workers:  int(workers),
-		Progress: progressFunc(progress),
-	}, err
-}
-
 // pft_ckpt_open parses and validates the archive at path; out receives
 // its description (checkpoint.Archive) as JSON and handle a handle for
 // pft_ckpt_read. With forLoad non-zero, each entry's memory is planned for
@@ -152,8 +100,8 @@ func readOptions(verify C.int, engine *C.char, threads C.int, taskSize C.int64_t
 //
 //export pft_ckpt_open
 func pft_ckpt_open(path *C.char, forLoad C.int, resident C.double, handle *C.uint64_t, out **C.char,
-	errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+	errOut **C.char) C.int {
+	return call(errOut, func() error {
 		var a *checkpoint.Archive
 		var err error
 		if forLoad != 0 {
@@ -173,19 +121,18 @@ func pft_ckpt_open(path *C.char, forLoad C.int, resident C.double, handle *C.uin
 }
 
 // pft_ckpt_read_whole reads the file at path whole into the caller's
-// memory (size bytes at addr, the file's length) through engine (NULL:
-// the default chooser's), and parses it from there; out and handle as for
-// pft_ckpt_open. With verify non-zero the records' CRC-32s are summed as
+// memory (size bytes at addr, the file's length) through the options'
+// engine choice, and parses it from there; out and handle as for
+// pft_ckpt_open. With the options' verify the records' CRC-32s are summed as
 // the file lands, and pft_ckpt_verify over that memory uses those sums:
 // the memory must stay as read, and mapped, while the handle is open
 // (checkpoint.ReadWhole).
 //
 //export pft_ckpt_read_whole
-func pft_ckpt_read_whole(path *C.char, addr unsafe.Pointer, size C.int64_t, verify C.int, engine *C.char,
-	threads C.int, taskSize C.int64_t, workers C.int, progress *C.int64_t, handle *C.uint64_t, out **C.char,
-	errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
-		o, err := readOptions(verify, engine, threads, taskSize, workers, progress)
+func pft_ckpt_read_whole(path *C.char, addr unsafe.Pointer, size C.int64_t, options *C.char, progress *C.int64_t,
+	handle *C.uint64_t, out **C.char, errOut **C.char) C.int {
+	return call(errOut, func() error {
+		o, err := readOptions(options, progress)
 		if err != nil {
 			return err
 		}
@@ -210,8 +157,8 @@ func pft_ckpt_read_whole(path *C.char, addr unsafe.Pointer, size C.int64_t, veri
 // mapped: a load with mmap=True; chosen: an engine named by the caller.
 //
 //export pft_ckpt_plan_load
-func pft_ckpt_plan_load(path *C.char, mapped, chosen C.int, out **C.char, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+func pft_ckpt_plan_load(path *C.char, mapped, chosen C.int, out **C.char, errOut **C.char) C.int {
+	return call(errOut, func() error {
 		plan, err := checkpoint.PlanLoad(C.GoString(path), mapped != 0, chosen != 0)
 		if err != nil {
 			return err
@@ -225,8 +172,8 @@ func pft_ckpt_plan_load(path *C.char, mapped, chosen C.int, out **C.char, errbuf
 // a load takes its residency from pft_ckpt_plan_load and pft_ckpt_open.
 //
 //export pft_ckpt_resident
-func pft_ckpt_resident(h C.uint64_t, out **C.char, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+func pft_ckpt_resident(h C.uint64_t, out **C.char, errOut **C.char) C.int {
+	return call(errOut, func() error {
 		a, err := lookup[*checkpoint.Archive](h)
 		if err != nil {
 			return err
@@ -241,15 +188,14 @@ func pft_ckpt_resident(h C.uint64_t, out **C.char, errbuf *C.char, errlen C.size
 
 // pft_ckpt_read reads n records (indices into the archive's entries) into
 // the caller's memory at addrs, whose sizes must be the records' sizes,
-// checking CRC-32s when verify is non-zero. The memory is used during the
+// checking CRC-32s with the options' verify. The memory is used during the
 // call only.
 //
 //export pft_ckpt_read
 func pft_ckpt_read(h C.uint64_t, n C.int64_t, indices *C.int64_t, addrs *unsafe.Pointer, sizes *C.int64_t,
-	verify C.int, engine *C.char, threads C.int, taskSize C.int64_t, workers C.int, progress *C.int64_t,
-	out **C.char, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
-		o, err := readOptions(verify, engine, threads, taskSize, workers, progress)
+	options *C.char, progress *C.int64_t, out **C.char, errOut **C.char) C.int {
+	return call(errOut, func() error {
+		o, err := readOptions(options, progress)
 		if err != nil {
 			return err
 		}
@@ -272,13 +218,17 @@ func pft_ckpt_read(h C.uint64_t, n C.int64_t, indices *C.int64_t, addrs *unsafe.
 //
 //export pft_ckpt_verify
 func pft_ckpt_verify(h C.uint64_t, n C.int64_t, indices *C.int64_t, addrs *unsafe.Pointer, sizes *C.int64_t,
-	workers C.int, progress *C.int64_t, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+	options *C.char, progress *C.int64_t, errOut **C.char) C.int {
+	return call(errOut, func() error {
+		o, err := parseOptions(options)
+		if err != nil {
+			return err
+		}
 		a, reqs, err := readRequests(h, n, indices, addrs, sizes)
 		if err != nil {
 			return err
 		}
-		return a.Verify(reqs, checkpoint.ReadOptions{Workers: int(workers), Progress: progressFunc(progress)})
+		return a.Verify(reqs, checkpoint.ReadOptions{Workers: o.Workers, Progress: progressFunc(progress)})
 	})
 }
 
@@ -318,8 +268,8 @@ func overMemory[T any](n int, keys *C.int64_t, addrs *unsafe.Pointer, sizes *C.i
 }
 
 //export pft_ckpt_close
-func pft_ckpt_close(h C.uint64_t, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+func pft_ckpt_close(h C.uint64_t, errOut **C.char) C.int {
+	return call(errOut, func() error {
 		a, err := release[*checkpoint.Archive](h)
 		if err != nil {
 			return err
@@ -341,10 +291,9 @@ func extents(n int, offsets *C.int64_t, addrs *unsafe.Pointer, sizes *C.int64_t)
 //
 //export pft_raw_read
 func pft_raw_read(path *C.char, n C.int64_t, offsets *C.int64_t, addrs *unsafe.Pointer, sizes *C.int64_t,
-	engine *C.char, threads C.int, taskSize C.int64_t, workers C.int, progress *C.int64_t,
-	out **C.char, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
-		o, err := readOptions(1, engine, threads, taskSize, workers, progress)
+	options *C.char, progress *C.int64_t, out **C.char, errOut **C.char) C.int {
+	return call(errOut, func() error {
+		o, err := readOptions(options, progress)
 		if err != nil {
 			return err
 		}

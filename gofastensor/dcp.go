@@ -22,15 +22,14 @@ import (
 // addresses used during the call only.
 
 // pft_dcp_save writes n items as a data file at path. names holds the item
-// names separated by '\n'; addrs and sizes are arrays of n. durable,
-// engine, progress as for pft_ckpt_save_torch. out: {"records": [DCPRecord...],
+// names separated by '\n'; addrs and sizes are arrays of n. options,
+// progress as for pft_ckpt_save_torch. out: {"records": [DCPRecord...],
 // "stats": {...}} as JSON.
 //
 //export pft_dcp_save
 func pft_dcp_save(path *C.char, n C.int64_t, names *C.char, addrs *unsafe.Pointer, sizes *C.int64_t,
-	durable C.int, engine *C.char, threads C.int, taskSize C.int64_t, workers C.int, progress *C.int64_t,
-	out **C.char, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+	options *C.char, progress *C.int64_t, out **C.char, errOut **C.char) C.int {
+	return call(errOut, func() error {
 		if n < 0 || (n > 0 && (names == nil || addrs == nil || sizes == nil)) {
 			return fmt.Errorf("%w: %d items with missing arrays", gds.ErrInvalid, n)
 		}
@@ -50,7 +49,7 @@ func pft_dcp_save(path *C.char, n C.int64_t, names *C.char, addrs *unsafe.Pointe
 		for i := range items {
 			items[i].Name = nameList[i]
 		}
-		o, err := writeOptions(durable, engine, threads, taskSize, workers, progress)
+		o, err := writeOptions(options, progress)
 		if err != nil {
 			return err
 		}
@@ -65,14 +64,13 @@ func pft_dcp_save(path *C.char, n C.int64_t, names *C.char, addrs *unsafe.Pointe
 // pft_dcp_read fills n ranges from the data file at path. records is JSON,
 // the file's records as pft_dcp_save returned them (those the ranges
 // name); range i is bytes [offs[i], offs[i]+sizes[i]) of record recs[i],
-// read into addrs[i]. With verify non-zero every byte read is checked
+// read into addrs[i]. With the options' verify every byte read is checked
 // (checkpoint.ReadDCP). out: the stats, JSON.
 //
 //export pft_dcp_read
 func pft_dcp_read(path, records *C.char, n C.int64_t, recs, offs *C.int64_t, addrs *unsafe.Pointer,
-	sizes *C.int64_t, verify C.int, engine *C.char, threads C.int, taskSize C.int64_t, workers C.int,
-	progress *C.int64_t, out **C.char, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+	sizes *C.int64_t, options *C.char, progress *C.int64_t, out **C.char, errOut **C.char) C.int {
+	return call(errOut, func() error {
 		var rs []checkpoint.DCPRecord
 		if err := parseJSON(records, &rs); err != nil {
 			return err
@@ -91,7 +89,7 @@ func pft_dcp_read(path, records *C.char, n C.int64_t, recs, offs *C.int64_t, add
 				ranges[i].Record = int(r)
 			}
 		}
-		o, err := readOptions(verify, engine, threads, taskSize, workers, progress)
+		o, err := readOptions(options, progress)
 		if err != nil {
 			return err
 		}
@@ -104,14 +102,19 @@ func pft_dcp_read(path, records *C.char, n C.int64_t, recs, offs *C.int64_t, add
 }
 
 // pft_dcp_commit writes size bytes at addr as the file name in dir, the
-// checkpoint's metadata, with the commit protocol (durable: fsyncs), then
-// removes the data files of earlier saves there: those not in keep (names
-// separated by '\n') (checkpoint.CommitDCP). out: the paths removed, JSON.
+// checkpoint's metadata, with the commit protocol (the options' durable:
+// fsyncs), then removes the data files of earlier saves there: those not
+// in keep (names separated by '\n') (checkpoint.CommitDCP). out: the
+// paths removed, JSON.
 //
 //export pft_dcp_commit
-func pft_dcp_commit(dir, name *C.char, addr unsafe.Pointer, size C.int64_t, keep *C.char, durable C.int,
-	out **C.char, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+func pft_dcp_commit(dir, name *C.char, addr unsafe.Pointer, size C.int64_t, keep *C.char, options *C.char,
+	out **C.char, errOut **C.char) C.int {
+	return call(errOut, func() error {
+		o, err := parseOptions(options)
+		if err != nil {
+			return err
+		}
 		meta, err := memory(addr, C.size_t(size))
 		if err != nil {
 			return err
@@ -121,7 +124,7 @@ func pft_dcp_commit(dir, name *C.char, addr unsafe.Pointer, size C.int64_t, keep
 			keepList = strings.Split(C.GoString(keep), "\n")
 		}
 		removed, err := checkpoint.CommitDCP(C.GoString(dir), C.GoString(name), meta, keepList,
-			checkpoint.WriteOptions{NotDurable: durable == 0})
+			checkpoint.WriteOptions{NotDurable: !o.Durable})
 		if err != nil {
 			return err
 		}

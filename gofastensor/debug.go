@@ -1,3 +1,5 @@
+//go:build pftdebug
+
 package main
 
 /*
@@ -20,18 +22,25 @@ import (
 	"github.com/pyfastensor/pyfastensor/transfer"
 )
 
-// Test-only exports. They let the Python tests reach states a test machine
-// cannot otherwise produce: a Go panic at the boundary, a full disk, a
-// read-only directory, a filesystem without O_DIRECT. No public Python
-// function calls them; the tests call them through _lib.call
-// (tests/conftest.py's inject fixture), and _lib.py declares them only so
-// that ctypes knows their arguments.
+// Test-only exports, built only with -tags pftdebug: the shipped library
+// has none. They let the Python tests reach states a test machine cannot
+// otherwise produce: a Go panic at the boundary, a full disk, a read-only
+// directory, a filesystem without O_DIRECT. The tests build their own
+// library with the tag (tests/native_build.py, tests/conftest.py) and call
+// them through _lib.call (conftest.py's inject fixture), declared from that
+// build's cgo header.
 
 //export pft_debug_panic
-func pft_debug_panic(errbuf *C.char, errlen C.size_t) C.int {
+func pft_debug_panic(msg *C.char, errOut **C.char) C.int {
 	// For tests of the panic path: panics inside call, which must recover
-	// it and poison the library.
-	return call(errbuf, errlen, func() error { panic("pft_debug_panic called") })
+	// it and poison the library. msg (NULL: "pft_debug_panic called") is
+	// the panic's value, as long as a test wants it.
+	return call(errOut, func() error {
+		if msg != nil {
+			panic(C.GoString(msg))
+		}
+		panic("pft_debug_panic called")
+	})
 }
 
 // pft_debug_inject installs process-wide faults, for tests only (the
@@ -79,8 +88,8 @@ func pft_debug_panic(errbuf *C.char, errlen C.size_t) C.int {
 // registered (or an unknown base) likewise.
 //
 //export pft_debug_inject
-func pft_debug_inject(spec *C.char, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+func pft_debug_inject(spec *C.char, errOut **C.char) C.int {
+	return call(errOut, func() error {
 		var s injectSpec
 		err := parseStrictJSON(spec, &s)
 		if err == nil {

@@ -45,8 +45,8 @@ type dictState struct {
 // {"path": ..., "key": {...}}.
 //
 //export pft_dict_path
-func pft_dict_path(cacheDir, dir *C.char, out **C.char, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+func pft_dict_path(cacheDir, dir *C.char, out **C.char, errOut **C.char) C.int {
+	return call(errOut, func() error {
 		p, key, err := dict.DictPath(C.GoString(cacheDir), C.GoString(dir))
 		if err != nil {
 			return err
@@ -59,8 +59,8 @@ func pft_dict_path(cacheDir, dir *C.char, out **C.char, errbuf *C.char, errlen C
 // write or read candidates, those of dir are used.
 //
 //export pft_dict_open
-func pft_dict_open(config *C.char, out *C.uint64_t, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+func pft_dict_open(config *C.char, out *C.uint64_t, errOut **C.char) C.int {
+	return call(errOut, func() error {
 		var oc dictOpenConfig
 		if err := parseJSON(config, &oc); err != nil {
 			return err
@@ -128,8 +128,8 @@ func dictOp(op C.int) (dict.Op, error) {
 // {"engine", "bucket", "exploring", "reason"}.
 //
 //export pft_dict_decide
-func pft_dict_decide(h C.uint64_t, use, op C.int, size C.int64_t, out **C.char, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+func pft_dict_decide(h C.uint64_t, use, op C.int, size C.int64_t, out **C.char, errOut **C.char) C.int {
+	return call(errOut, func() error {
 		_, v, err := dictView(h, use)
 		if err != nil {
 			return err
@@ -146,8 +146,8 @@ func pft_dict_decide(h C.uint64_t, use, op C.int, size C.int64_t, out **C.char, 
 // nanoseconds with engine.
 //
 //export pft_dict_observe
-func pft_dict_observe(h C.uint64_t, op C.int, size C.int64_t, engine *C.char, nanos C.int64_t, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+func pft_dict_observe(h C.uint64_t, op C.int, size C.int64_t, engine *C.char, nanos C.int64_t, errOut **C.char) C.int {
+	return call(errOut, func() error {
 		_, v, err := dictView(h, 0)
 		if err != nil {
 			return err
@@ -165,8 +165,8 @@ func pft_dict_observe(h C.uint64_t, op C.int, size C.int64_t, engine *C.char, na
 // the load warnings, the candidates and the engines left out with reasons.
 //
 //export pft_dict_describe
-func pft_dict_describe(h C.uint64_t, out **C.char, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+func pft_dict_describe(h C.uint64_t, out **C.char, errOut **C.char) C.int {
+	return call(errOut, func() error {
 		st, err := lookup[*dictState](h)
 		if err != nil {
 			return err
@@ -180,8 +180,8 @@ func pft_dict_describe(h C.uint64_t, out **C.char, errbuf *C.char, errlen C.size
 }
 
 //export pft_dict_save
-func pft_dict_save(h C.uint64_t, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+func pft_dict_save(h C.uint64_t, errOut **C.char) C.int {
+	return call(errOut, func() error {
 		st, err := lookup[*dictState](h)
 		if err != nil {
 			return err
@@ -193,8 +193,8 @@ func pft_dict_save(h C.uint64_t, errbuf *C.char, errlen C.size_t) C.int {
 // pft_dict_close releases the handle and saves changed dictionaries.
 //
 //export pft_dict_close
-func pft_dict_close(h C.uint64_t, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+func pft_dict_close(h C.uint64_t, errOut **C.char) C.int {
+	return call(errOut, func() error {
 		st, err := release[*dictState](h)
 		if err != nil {
 			return err
@@ -207,8 +207,8 @@ func pft_dict_close(h C.uint64_t, errbuf *C.char, errlen C.size_t) C.int {
 // dict.ReadDictFile): {"dictionaries": {...}, "warnings": [...]}.
 //
 //export pft_dict_load
-func pft_dict_load(path *C.char, out **C.char, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+func pft_dict_load(path *C.char, out **C.char, errOut **C.char) C.int {
+	return call(errOut, func() error {
 		doc, warnings, err := dict.ReadDictFile(C.GoString(path))
 		if err != nil {
 			return err

@@ -18,20 +18,18 @@ import (
 // caller memory and the file, close it. Used by benchmarks and by Python
 // code that moves raw bytes.
 
-// engineOptions builds gds.Options from the C arguments; zero means default.
-func engineOptions(threads C.int, taskSize C.int64_t, queueDepth C.int, cufileLib *C.char) gds.Options {
-	o := gds.Options{Threads: int(threads), TaskSize: int64(taskSize), QueueDepth: int(queueDepth)}
-	if cufileLib != nil {
-		o.CuFileLibrary = C.GoString(cufileLib)
-	}
-	return o
-}
-
+// pft_file_open opens the file at path (open(2)'s flags and mode) through
+// the engine options names (its its threads, task_size, queue_depth
+// and cufile_library tune it); out receives the file's handle.
+//
 //export pft_file_open
-func pft_file_open(engine, path *C.char, flags C.int, mode C.int, threads C.int, taskSize C.int64_t,
-	queueDepth C.int, cufileLib *C.char, out *C.uint64_t, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
-		e, err := gds.New(C.GoString(engine), engineOptions(threads, taskSize, queueDepth, cufileLib))
+func pft_file_open(path *C.char, flags C.int, mode C.int, options *C.char, out *C.uint64_t, errOut **C.char) C.int {
+	return call(errOut, func() error {
+		o, err := parseOptions(options)
+		if err != nil {
+			return err
+		}
+		e, err := gds.New(o.Engine, o.engine())
 		if err != nil {
 			return err
 		}
@@ -67,18 +65,18 @@ func fileIO(h C.uint64_t, addr unsafe.Pointer, n C.size_t, off C.int64_t, write 
 }
 
 //export pft_file_read
-func pft_file_read(h C.uint64_t, addr unsafe.Pointer, n C.size_t, off C.int64_t, done *C.size_t, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error { return fileIO(h, addr, n, off, false, done) })
+func pft_file_read(h C.uint64_t, addr unsafe.Pointer, n C.size_t, off C.int64_t, done *C.size_t, errOut **C.char) C.int {
+	return call(errOut, func() error { return fileIO(h, addr, n, off, false, done) })
 }
 
 //export pft_file_write
-func pft_file_write(h C.uint64_t, addr unsafe.Pointer, n C.size_t, off C.int64_t, done *C.size_t, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error { return fileIO(h, addr, n, off, true, done) })
+func pft_file_write(h C.uint64_t, addr unsafe.Pointer, n C.size_t, off C.int64_t, done *C.size_t, errOut **C.char) C.int {
+	return call(errOut, func() error { return fileIO(h, addr, n, off, true, done) })
 }
 
 //export pft_file_sync
-func pft_file_sync(h C.uint64_t, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+func pft_file_sync(h C.uint64_t, errOut **C.char) C.int {
+	return call(errOut, func() error {
 		f, err := lookup[gds.File](h)
 		if err != nil {
 			return err
@@ -88,8 +86,8 @@ func pft_file_sync(h C.uint64_t, errbuf *C.char, errlen C.size_t) C.int {
 }
 
 //export pft_file_size
-func pft_file_size(h C.uint64_t, out *C.int64_t, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+func pft_file_size(h C.uint64_t, out *C.int64_t, errOut **C.char) C.int {
+	return call(errOut, func() error {
 		f, err := lookup[gds.File](h)
 		if err != nil {
 			return err
@@ -101,8 +99,8 @@ func pft_file_size(h C.uint64_t, out *C.int64_t, errbuf *C.char, errlen C.size_t
 }
 
 //export pft_file_truncate
-func pft_file_truncate(h C.uint64_t, size C.int64_t, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+func pft_file_truncate(h C.uint64_t, size C.int64_t, errOut **C.char) C.int {
+	return call(errOut, func() error {
 		f, err := lookup[gds.File](h)
 		if err != nil {
 			return err
@@ -115,8 +113,8 @@ func pft_file_truncate(h C.uint64_t, size C.int64_t, errbuf *C.char, errlen C.si
 // reason for any fallback: {"engine": "posix", "fallback": "..."}.
 //
 //export pft_file_describe
-func pft_file_describe(h C.uint64_t, out **C.char, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+func pft_file_describe(h C.uint64_t, out **C.char, errOut **C.char) C.int {
+	return call(errOut, func() error {
 		f, err := lookup[gds.File](h)
 		if err != nil {
 			return err
@@ -131,8 +129,8 @@ func pft_file_describe(h C.uint64_t, out **C.char, errbuf *C.char, errlen C.size
 }
 
 //export pft_file_close
-func pft_file_close(h C.uint64_t, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+func pft_file_close(h C.uint64_t, errOut **C.char) C.int {
+	return call(errOut, func() error {
 		f, err := release[gds.File](h)
 		if err != nil {
 			return err

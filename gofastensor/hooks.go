@@ -7,55 +7,44 @@ package main
 import "C"
 
 import (
-	"fmt"
-	"strconv"
-	"strings"
 	"unsafe"
 
 	"github.com/pyfastensor/pyfastensor/gds"
 	"github.com/pyfastensor/pyfastensor/hooks"
-	"github.com/pyfastensor/pyfastensor/transfer/dict"
 )
 
 // The activation-offload store (hooks.Store) behind pyfastensor.offload.
 // A store is a handle; its slots are plain integers within it (not handles).
 
-// dictSpec returns the dictionary view "<handle>:<use>" names (use as in
-// pft_dict_decide: 1 write+read, 2 write, 3 read).
-func dictSpec(spec string) (*dict.DictChooser, error) {
-	hs, us, ok := strings.Cut(spec, ":")
-	h, herr := strconv.ParseUint(hs, 10, 64)
-	u, uerr := strconv.Atoi(us)
-	if !ok || herr != nil || uerr != nil {
-		return nil, fmt.Errorf("%w: expected dict:<handle>:<use>", gds.ErrInvalid)
-	}
-	_, v, err := dictView(C.uint64_t(h), C.int(u))
-	return v, err
-}
-
+// pft_store_open opens a store of tier ("ssd" or "host") spilling into
+// dir (NULL: the system's temporary directory); options: its engine (""
+// lets the store probe dir), or dict and dict_use (pft_dict_decide's use:
+// 1 write+read, 2 write, 3 read) for the dictionaries' view that picks the
+// engine of every transfer, and workers, threads, task_size. out receives
+// the store's handle.
+//
 //export pft_store_open
-func pft_store_open(tier, dir, engine *C.char, workers C.int, threads C.int, taskSize C.int64_t,
-	out *C.uint64_t, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+func pft_store_open(tier, dir *C.char, options *C.char, out *C.uint64_t, errOut **C.char) C.int {
+	return call(errOut, func() error {
+		o, err := parseOptions(options)
+		if err != nil {
+			return err
+		}
 		cfg := hooks.Config{
 			Tier:    C.GoString(tier),
-			Workers: int(workers),
-			Options: engineOptions(threads, taskSize, 0, nil),
+			Workers: o.Workers,
+			Options: gds.Options{Threads: o.Threads, TaskSize: o.TaskSize},
+			Engine:  o.Engine,
 		}
 		if dir != nil {
 			cfg.Dir = C.GoString(dir)
 		}
-		if engine != nil {
-			name := C.GoString(engine)
-			if spec, ok := strings.CutPrefix(name, "dict:"); ok {
-				v, err := dictSpec(spec)
-				if err != nil {
-					return fmt.Errorf("engine %q: %w", name, err)
-				}
-				cfg.Picker = v
-			} else {
-				cfg.Engine = name
+		if o.Dict != 0 {
+			v, err := o.view()
+			if err != nil {
+				return err
 			}
+			cfg.Picker = v
 		}
 		s, err := hooks.Open(cfg)
 		if err != nil {
@@ -71,8 +60,8 @@ func pft_store_open(tier, dir, engine *C.char, workers C.int, threads C.int, tas
 // store's several users.
 //
 //export pft_store_account
-func pft_store_account(h C.uint64_t, acct *C.uint64_t, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+func pft_store_account(h C.uint64_t, acct *C.uint64_t, errOut **C.char) C.int {
+	return call(errOut, func() error {
 		s, err := lookup[*hooks.Store](h)
 		if err != nil {
 			return err
@@ -91,8 +80,8 @@ func pft_store_account(h C.uint64_t, acct *C.uint64_t, errbuf *C.char, errlen C.
 // done, or pft_store_free / pft_store_close returns).
 //
 //export pft_store_put
-func pft_store_put(h, acct C.uint64_t, addr unsafe.Pointer, n C.size_t, slot *C.uint64_t, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+func pft_store_put(h, acct C.uint64_t, addr unsafe.Pointer, n C.size_t, slot *C.uint64_t, errOut **C.char) C.int {
+	return call(errOut, func() error {
 		s, err := lookup[*hooks.Store](h)
 		if err != nil {
 			return err
@@ -111,8 +100,8 @@ func pft_store_put(h, acct C.uint64_t, addr unsafe.Pointer, n C.size_t, slot *C.
 // write's (stNoSpace for a full spill filesystem).
 //
 //export pft_store_wait
-func pft_store_wait(h, slot C.uint64_t, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+func pft_store_wait(h, slot C.uint64_t, errOut **C.char) C.int {
+	return call(errOut, func() error {
 		s, err := lookup[*hooks.Store](h)
 		if err != nil {
 			return err
@@ -125,8 +114,8 @@ func pft_store_wait(h, slot C.uint64_t, errbuf *C.char, errlen C.size_t) C.int {
 // status is then the write's) and to 0 while it runs.
 //
 //export pft_store_poll
-func pft_store_poll(h, slot C.uint64_t, done *C.int, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+func pft_store_poll(h, slot C.uint64_t, done *C.int, errOut **C.char) C.int {
+	return call(errOut, func() error {
 		s, err := lookup[*hooks.Store](h)
 		if err != nil {
 			return err
@@ -146,8 +135,8 @@ func pft_store_poll(h, slot C.uint64_t, done *C.int, errbuf *C.char, errlen C.si
 // Memory: out holds max uint64s and is used only during the call.
 //
 //export pft_store_completed
-func pft_store_completed(h C.uint64_t, out *C.uint64_t, max C.int64_t, count *C.int64_t, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+func pft_store_completed(h C.uint64_t, out *C.uint64_t, max C.int64_t, count *C.int64_t, errOut **C.char) C.int {
+	return call(errOut, func() error {
 		s, err := lookup[*hooks.Store](h)
 		if err != nil {
 			return err
@@ -175,8 +164,8 @@ func pft_store_completed(h C.uint64_t, out *C.uint64_t, max C.int64_t, count *C.
 // then.
 //
 //export pft_store_prefetch
-func pft_store_prefetch(h, slot C.uint64_t, addr unsafe.Pointer, n C.size_t, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+func pft_store_prefetch(h, slot C.uint64_t, addr unsafe.Pointer, n C.size_t, errOut **C.char) C.int {
+	return call(errOut, func() error {
 		s, err := lookup[*hooks.Store](h)
 		if err != nil {
 			return err
@@ -197,8 +186,8 @@ func pft_store_prefetch(h, slot C.uint64_t, addr unsafe.Pointer, n C.size_t, err
 // Memory: used only during the call.
 //
 //export pft_store_get
-func pft_store_get(h, slot C.uint64_t, addr unsafe.Pointer, n C.size_t, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+func pft_store_get(h, slot C.uint64_t, addr unsafe.Pointer, n C.size_t, errOut **C.char) C.int {
+	return call(errOut, func() error {
 		s, err := lookup[*hooks.Store](h)
 		if err != nil {
 			return err
@@ -215,8 +204,8 @@ func pft_store_get(h, slot C.uint64_t, addr unsafe.Pointer, n C.size_t, errbuf *
 // the memory given to put may be dropped once it returns.
 //
 //export pft_store_free
-func pft_store_free(h, slot C.uint64_t, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+func pft_store_free(h, slot C.uint64_t, errOut **C.char) C.int {
+	return call(errOut, func() error {
 		s, err := lookup[*hooks.Store](h)
 		if err != nil {
 			return err
@@ -229,8 +218,8 @@ func pft_store_free(h, slot C.uint64_t, errbuf *C.char, errlen C.size_t) C.int {
 // acct 0: the store's totals).
 //
 //export pft_store_stats
-func pft_store_stats(h, acct C.uint64_t, out **C.char, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+func pft_store_stats(h, acct C.uint64_t, out **C.char, errOut **C.char) C.int {
+	return call(errOut, func() error {
 		s, err := lookup[*hooks.Store](h)
 		if err != nil {
 			return err
@@ -247,8 +236,8 @@ func pft_store_stats(h, acct C.uint64_t, out **C.char, errbuf *C.char, errlen C.
 // (hooks.Description).
 //
 //export pft_store_describe
-func pft_store_describe(h C.uint64_t, out **C.char, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+func pft_store_describe(h C.uint64_t, out **C.char, errOut **C.char) C.int {
+	return call(errOut, func() error {
 		s, err := lookup[*hooks.Store](h)
 		if err != nil {
 			return err
@@ -261,8 +250,8 @@ func pft_store_describe(h C.uint64_t, out **C.char, errbuf *C.char, errlen C.siz
 // (hooks.SlotInfo).
 //
 //export pft_store_slot_info
-func pft_store_slot_info(h, slot C.uint64_t, out **C.char, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+func pft_store_slot_info(h, slot C.uint64_t, out **C.char, errOut **C.char) C.int {
+	return call(errOut, func() error {
 		s, err := lookup[*hooks.Store](h)
 		if err != nil {
 			return err
@@ -279,8 +268,8 @@ func pft_store_slot_info(h, slot C.uint64_t, out **C.char, errbuf *C.char, errle
 // the spill file (which vanishes) and releases the handle.
 //
 //export pft_store_close
-func pft_store_close(h C.uint64_t, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+func pft_store_close(h C.uint64_t, errOut **C.char) C.int {
+	return call(errOut, func() error {
 		s, err := release[*hooks.Store](h)
 		if err != nil {
 			return err

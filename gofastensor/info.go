@@ -24,8 +24,8 @@ import (
 // when not NULL, is a libcufile path to probe instead of the one resolved.
 //
 //export pft_info
-func pft_info(dir, cufileLib *C.char, out **C.char, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+func pft_info(dir, cufileLib *C.char, out **C.char, errOut **C.char) C.int {
+	return call(errOut, func() error {
 		opts := gds.Options{}
 		if cufileLib != nil {
 			opts.CuFileLibrary = C.GoString(cufileLib)
@@ -40,8 +40,8 @@ func pft_info(dir, cufileLib *C.char, out **C.char, errbuf *C.char, errlen C.siz
 // $PYFASTENSOR_CUFILE_LIB). Called once, when the library is loaded.
 //
 //export pft_configure
-func pft_configure(config *C.char, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+func pft_configure(config *C.char, errOut **C.char) C.int {
+	return call(errOut, func() error {
 		var c struct {
 			CuFileCandidates []string `json:"cufile_candidates"`
 		}
@@ -59,8 +59,8 @@ func pft_configure(config *C.char, errbuf *C.char, errlen C.size_t) C.int {
 // first (tests only: transfer.Override).
 //
 //export pft_settings
-func pft_settings(overrides *C.char, out **C.char, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+func pft_settings(overrides *C.char, out **C.char, errOut **C.char) C.int {
+	return call(errOut, func() error {
 		var o map[string]int64
 		if err := parseJSON(overrides, &o); err != nil {
 			return err
@@ -79,8 +79,8 @@ func pft_settings(overrides *C.char, out **C.char, errbuf *C.char, errlen C.size
 // per second over a block of block bytes summed again and again.
 //
 //export pft_crc_speed
-func pft_crc_speed(block C.int64_t, millis C.int, out *C.double, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+func pft_crc_speed(block C.int64_t, millis C.int, out *C.double, errOut **C.char) C.int {
+	return call(errOut, func() error {
 		if block <= 0 || block > 1<<32 || millis <= 0 {
 			return fmt.Errorf("%w: crc speed: block %d bytes, %d ms: both must be positive", gds.ErrInvalid, block, millis)
 		}

@@ -98,8 +98,8 @@ func summarize(p *loader.Packed, lay *loader.Layout) packSummary {
 // (loader.PackStats), JSON.
 //
 //export pft_loader_pack
-func pft_loader_pack(spec, dir *C.char, progress *C.int64_t, out **C.char, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+func pft_loader_pack(spec, dir *C.char, progress *C.int64_t, out **C.char, errOut **C.char) C.int {
+	return call(errOut, func() error {
 		var s loader.PackSpec
 		if spec == nil {
 			return fmt.Errorf("%w: pack: no spec", gds.ErrInvalid)
@@ -121,8 +121,8 @@ func pft_loader_pack(spec, dir *C.char, progress *C.int64_t, out **C.char, errbu
 // (chunk bytes checked, chunk bytes). out: the pack's summary, JSON.
 //
 //export pft_loader_verify
-func pft_loader_verify(dir *C.char, progress *C.int64_t, out **C.char, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+func pft_loader_verify(dir *C.char, progress *C.int64_t, out **C.char, errOut **C.char) C.int {
+	return call(errOut, func() error {
 		path := C.GoString(dir)
 		if err := loader.VerifyPack(path, progressPair(progress)); err != nil {
 			return err
@@ -139,7 +139,7 @@ func pft_loader_verify(dir *C.char, progress *C.int64_t, out **C.char, errbuf *C
 // not yet taken, by ticket.
 type loaderServer struct {
 	srv    *loader.Server
-	budget int64 // its share of the memory limit (memlimit.go)
+	budget int64 // its share of the memory limit (loader/memlimit.go)
 
 	local *loader.Local // the endpoint for workers, once listening
 
@@ -166,6 +166,18 @@ func (ls *loaderServer) Epoch() uint64                              { return ls.
 func (ls *loaderServer) GetBatch(is []int) ([]loader.Sample, error) { return ls.backend().GetBatch(is) }
 func (ls *loaderServer) Return(samples []loader.Sample)             { ls.backend().Return(samples) }
 func (ls *loaderServer) Release(samples []loader.Sample)            { ls.backend().Release(samples) }
+
+// GetBatchInTurn makes the handle a loader.TurnBackend: a server serves
+// its workers' batches in the loader's order; a node of a cluster serves
+// them as they come (loader/dist orders nothing across nodes).
+func (ls *loaderServer) GetBatchInTurn(t loader.Turn, is []int, state bool, wait time.Duration,
+	gone func() <-chan struct{}) (loader.InTurn, error) {
+	if n, _ := ls.distNode(); n != nil {
+		batch, err := n.GetBatch(is)
+		return loader.InTurn{Samples: batch}, err
+	}
+	return ls.srv.GetBatchInTurn(t, is, state, wait, gone)
+}
 
 // Head and RestoreParts make the handle a loader.Resumable: DataLoader
 // workers resume a server from their parts of a state; a node of a
@@ -197,8 +209,8 @@ func (ls *loaderServer) distNode() (*dist.Node, error) {
 // summary and the server's layout, JSON.
 //
 //export pft_loader_open
-func pft_loader_open(dir, options *C.char, handle *C.uint64_t, out **C.char, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+func pft_loader_open(dir, options *C.char, handle *C.uint64_t, out **C.char, errOut **C.char) C.int {
+	return call(errOut, func() error {
 		o := loader.ServerOptions{Overflow: loader.DefaultOverflow}
 		if options == nil {
 			return fmt.Errorf("%w: loader: no options", gds.ErrInvalid)
@@ -218,7 +230,7 @@ func pft_loader_open(dir, options *C.char, handle *C.uint64_t, out **C.char, err
 		if err := putJSON(out, summarize(p, &lay)); err != nil {
 			return err
 		}
-		holdBudget(o.Budget)
+		loader.HoldBudget(o.Budget)
 		*handle = newHandle(&loaderServer{srv: srv, budget: o.Budget, tickets: map[uint64][]loader.Sample{}})
 		return nil
 	})
@@ -227,8 +239,8 @@ func pft_loader_open(dir, options *C.char, handle *C.uint64_t, out **C.char, err
 // pft_loader_set_epoch starts epoch e (loader.Server.SetEpoch).
 //
 //export pft_loader_set_epoch
-func pft_loader_set_epoch(h C.uint64_t, e C.uint64_t, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+func pft_loader_set_epoch(h C.uint64_t, e C.uint64_t, errOut **C.char) C.int {
+	return call(errOut, func() error {
 		ls, err := lookup[*loaderServer](h)
 		if err != nil {
 			return err
@@ -252,8 +264,8 @@ const loaderMetaFields = loader.LocalMetaFields
 //
 //export pft_loader_get
 func pft_loader_get(h C.uint64_t, n C.int64_t, indices *C.int64_t, meta *C.int64_t, ticket *C.uint64_t,
-	errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+	errOut **C.char) C.int {
+	return call(errOut, func() error {
 		ls, err := lookup[*loaderServer](h)
 		if err != nil {
 			return err
@@ -290,8 +302,8 @@ func pft_loader_get(h C.uint64_t, n C.int64_t, indices *C.int64_t, meta *C.int64
 // samples), copying nothing.
 //
 //export pft_loader_take
-func pft_loader_take(h C.uint64_t, ticket C.uint64_t, n C.int64_t, addrs *unsafe.Pointer, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+func pft_loader_take(h C.uint64_t, ticket C.uint64_t, n C.int64_t, addrs *unsafe.Pointer, errOut **C.char) C.int {
+	return call(errOut, func() error {
 		ls, err := lookup[*loaderServer](h)
 		if err != nil {
 			return err
@@ -327,8 +339,8 @@ func pft_loader_take(h C.uint64_t, ticket C.uint64_t, n C.int64_t, addrs *unsafe
 // clients with this ABI's status codes. A server listens on one address.
 //
 //export pft_loader_listen
-func pft_loader_listen(h C.uint64_t, addr *C.char, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+func pft_loader_listen(h C.uint64_t, addr *C.char, errOut **C.char) C.int {
+	return call(errOut, func() error {
 		ls, err := lookup[*loaderServer](h)
 		if err != nil {
 			return err
@@ -351,8 +363,8 @@ func pft_loader_listen(h C.uint64_t, addr *C.char, errbuf *C.char, errlen C.size
 // out: take it between batches.
 //
 //export pft_loader_state
-func pft_loader_state(h C.uint64_t, out **C.char, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+func pft_loader_state(h C.uint64_t, out **C.char, errOut **C.char) C.int {
+	return call(errOut, func() error {
 		ls, err := lookup[*loaderServer](h)
 		if err != nil {
 			return err
@@ -376,8 +388,8 @@ func pft_loader_state(h C.uint64_t, out **C.char, errbuf *C.char, errlen C.size_
 // server of the same pack and layout wrote (loader.Server.Restore).
 //
 //export pft_loader_restore
-func pft_loader_restore(h C.uint64_t, state *C.char, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+func pft_loader_restore(h C.uint64_t, state *C.char, errOut **C.char) C.int {
+	return call(errOut, func() error {
 		ls, err := lookup[*loaderServer](h)
 		if err != nil {
 			return err
@@ -404,8 +416,8 @@ func pft_loader_restore(h C.uint64_t, state *C.char, errbuf *C.char, errlen C.si
 // into out.
 //
 //export pft_loader_stats
-func pft_loader_stats(h C.uint64_t, out **C.char, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+func pft_loader_stats(h C.uint64_t, out **C.char, errOut **C.char) C.int {
+	return call(errOut, func() error {
 		ls, err := lookup[*loaderServer](h)
 		if err != nil {
 			return err
@@ -427,13 +439,13 @@ func pft_loader_stats(h C.uint64_t, out **C.char, errbuf *C.char, errlen C.size_
 // bytes of batches not taken.
 //
 //export pft_loader_close
-func pft_loader_close(h C.uint64_t, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+func pft_loader_close(h C.uint64_t, errOut **C.char) C.int {
+	return call(errOut, func() error {
 		ls, err := release[*loaderServer](h)
 		if err != nil {
 			return err
 		}
-		defer holdBudget(-ls.budget)
+		defer loader.HoldBudget(-ls.budget)
 		ls.mu.Lock()
 		local, node := ls.local, ls.node
 		ls.mu.Unlock()
@@ -463,8 +475,8 @@ type distOptions struct {
 // 0 picks one). out: {"address": the address it listens on}, JSON.
 //
 //export pft_loader_dist_listen
-func pft_loader_dist_listen(h C.uint64_t, options, addr *C.char, out **C.char, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+func pft_loader_dist_listen(h C.uint64_t, addr, options *C.char, out **C.char, errOut **C.char) C.int {
+	return call(errOut, func() error {
 		ls, err := lookup[*loaderServer](h)
 		if err != nil {
 			return err
@@ -508,8 +520,8 @@ func pft_loader_dist_listen(h C.uint64_t, options, addr *C.char, out **C.char, e
 // and layout (dist.Node.Connect).
 //
 //export pft_loader_dist_connect
-func pft_loader_dist_connect(h C.uint64_t, addrs *C.char, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+func pft_loader_dist_connect(h C.uint64_t, addrs *C.char, errOut **C.char) C.int {
+	return call(errOut, func() error {
 		ls, err := lookup[*loaderServer](h)
 		if err != nil {
 			return err
@@ -534,8 +546,8 @@ func pft_loader_dist_connect(h C.uint64_t, addrs *C.char, errbuf *C.char, errlen
 // along it.
 //
 //export pft_loader_dist_sequence
-func pft_loader_dist_sequence(h C.uint64_t, epoch C.uint64_t, n C.int64_t, positions *C.int64_t, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+func pft_loader_dist_sequence(h C.uint64_t, epoch C.uint64_t, n C.int64_t, positions *C.int64_t, errOut **C.char) C.int {
+	return call(errOut, func() error {
 		ls, err := lookup[*loaderServer](h)
 		if err != nil {
 			return err
@@ -559,8 +571,8 @@ func pft_loader_dist_sequence(h C.uint64_t, epoch C.uint64_t, n C.int64_t, posit
 // owners (dist.Node.Drop): on every node before any takes its state.
 //
 //export pft_loader_dist_drop
-func pft_loader_dist_drop(h C.uint64_t, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+func pft_loader_dist_drop(h C.uint64_t, errOut **C.char) C.int {
+	return call(errOut, func() error {
 		ls, err := lookup[*loaderServer](h)
 		if err != nil {
 			return err

@@ -19,8 +19,8 @@ import (
 // its printable text), to be freed with pft_free.
 //
 //export pft_offload_plan
-func pft_offload_plan(profile *C.char, out **C.char, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+func pft_offload_plan(profile *C.char, out **C.char, errOut **C.char) C.int {
+	return call(errOut, func() error {
 		var p offload.Profile
 		if err := json.Unmarshal([]byte(C.GoString(profile)), &p); err != nil {
 			return fmt.Errorf("%w: offload profile: %w", gds.ErrInvalid, err)

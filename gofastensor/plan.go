@@ -126,8 +126,8 @@ func cbytes(s *C.char, what string) ([]byte, error) {
 // (offload.G10Artifact).
 //
 //export pft_plan_defaults
-func pft_plan_defaults(out **C.char, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+func pft_plan_defaults(out **C.char, errOut **C.char) C.int {
+	return call(errOut, func() error {
 		return putJSON(out, defaults())
 	})
 }
@@ -137,8 +137,8 @@ func pft_plan_defaults(out **C.char, errbuf *C.char, errlen C.size_t) C.int {
 // An invalid trace is an invalid argument naming the op or tensor at fault.
 //
 //export pft_plan_parse_trace
-func pft_plan_parse_trace(trace *C.char, out **C.char, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+func pft_plan_parse_trace(trace *C.char, out **C.char, errOut **C.char) C.int {
+	return call(errOut, func() error {
 		data, err := cbytes(trace, "trace")
 		if err != nil {
 			return err
@@ -161,8 +161,8 @@ func pft_plan_parse_trace(trace *C.char, out **C.char, errbuf *C.char, errlen C.
 // is corrupt, and the message names the path.
 //
 //export pft_plan_read_trace
-func pft_plan_read_trace(path *C.char, out **C.char, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+func pft_plan_read_trace(path *C.char, out **C.char, errOut **C.char) C.int {
+	return call(errOut, func() error {
 		p, err := cbytes(path, "path")
 		if err != nil {
 			return err
@@ -185,8 +185,8 @@ func pft_plan_read_trace(path *C.char, out **C.char, errbuf *C.char, errlen C.si
 // the policy cannot fit gives Feasible false and the reason, not an error.
 //
 //export pft_plan_simulate
-func pft_plan_simulate(trace, hardware, policy *C.char, out **C.char, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+func pft_plan_simulate(trace, hardware, policy *C.char, out **C.char, errOut **C.char) C.int {
+	return call(errOut, func() error {
 		t, err := cbytes(trace, "trace")
 		if err != nil {
 			return err
@@ -213,8 +213,8 @@ func pft_plan_simulate(trace, hardware, policy *C.char, out **C.char, errbuf *C.
 // device is an invalid argument naming the op and the capacity.
 //
 //export pft_plan_make
-func pft_plan_make(trace, hardware *C.char, out **C.char, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+func pft_plan_make(trace, hardware *C.char, out **C.char, errOut **C.char) C.int {
+	return call(errOut, func() error {
 		t, err := cbytes(trace, "trace")
 		if err != nil {
 			return err
@@ -237,8 +237,8 @@ func pft_plan_make(trace, hardware *C.char, out **C.char, errbuf *C.char, errlen
 // cost. 0 when one op alone does not fit the device.
 //
 //export pft_plan_bound
-func pft_plan_bound(trace, hardware *C.char, out **C.char, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+func pft_plan_bound(trace, hardware *C.char, out **C.char, errOut **C.char) C.int {
+	return call(errOut, func() error {
 		tj, err := cbytes(trace, "trace")
 		if err != nil {
 			return err

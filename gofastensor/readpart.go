@@ -16,19 +16,18 @@ import (
 // data, into the caller's memory at addr (used during the call only),
 // summing its CRC-32 as it lands onto crcIn, the sum of the record's
 // bytes before off; crcOut receives the new sum. The record's last part
-// is checked against the central directory's CRC-32 when verify is
-// non-zero (checkpoint.Archive.ReadPart).
+// is checked against the central directory's CRC-32 with the options'
+// verify (checkpoint.Archive.ReadPart); their engine choice reads it.
 //
 //export pft_ckpt_read_part
 func pft_ckpt_read_part(h C.uint64_t, index, off C.int64_t, addr unsafe.Pointer, nbytes C.int64_t, crcIn C.int64_t,
-	verify C.int, engine *C.char, threads C.int, taskSize C.int64_t, workers C.int, crcOut *C.int64_t,
-	errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+	options *C.char, crcOut *C.int64_t, errOut **C.char) C.int {
+	return call(errOut, func() error {
 		a, err := lookup[*checkpoint.Archive](h)
 		if err != nil {
 			return err
 		}
-		o, err := readOptions(verify, engine, threads, taskSize, workers, nil)
+		o, err := readOptions(options, nil)
 		if err != nil {
 			return err
 		}
@@ -55,8 +54,8 @@ func pft_ckpt_read_part(h C.uint64_t, index, off C.int64_t, addr unsafe.Pointer,
 //
 //export pft_ckpt_sum_part
 func pft_ckpt_sum_part(h C.uint64_t, index, off C.int64_t, addr unsafe.Pointer, nbytes C.int64_t, crcIn C.int64_t,
-	crcOut *C.int64_t, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+	crcOut *C.int64_t, errOut **C.char) C.int {
+	return call(errOut, func() error {
 		a, err := lookup[*checkpoint.Archive](h)
 		if err != nil {
 			return err

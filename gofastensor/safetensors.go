@@ -32,14 +32,13 @@ type safetensorsSpec struct {
 // protocol of pft_ckpt_save_torch. spec is JSON: {"tensors": [{"name", "dtype",
 // "shape", "size"}, ...], "metadata": [{"key", "value"}, ...] or null};
 // addrs holds n addresses, the memory of each tensor (size bytes), read
-// during the call only. engine, progress as for pft_ckpt_save_torch. out: the
+// during the call only. options, progress as for pft_ckpt_save_torch. out: the
 // stats, JSON.
 //
 //export pft_safetensors_save
-func pft_safetensors_save(path, spec *C.char, n C.int64_t, addrs *unsafe.Pointer, durable C.int, engine *C.char,
-	threads C.int, taskSize C.int64_t, workers C.int, progress *C.int64_t, out **C.char,
-	errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+func pft_safetensors_save(path, spec *C.char, n C.int64_t, addrs *unsafe.Pointer, options *C.char,
+	progress *C.int64_t, out **C.char, errOut **C.char) C.int {
+	return call(errOut, func() error {
 		var s safetensorsSpec
 		if err := parseJSON(spec, &s); err != nil {
 			return err
@@ -60,7 +59,7 @@ func pft_safetensors_save(path, spec *C.char, n C.int64_t, addrs *unsafe.Pointer
 				t.Data = p
 			}
 		}
-		o, err := writeOptions(durable, engine, threads, taskSize, workers, progress)
+		o, err := writeOptions(options, progress)
 		if err != nil {
 			return err
 		}
@@ -81,8 +80,8 @@ func pft_safetensors_save(path, spec *C.char, n C.int64_t, addrs *unsafe.Pointer
 // /proc/self/fd/<fd>, the file parsed, while the handle is open.
 //
 //export pft_safetensors_open
-func pft_safetensors_open(path *C.char, handle *C.uint64_t, out **C.char, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+func pft_safetensors_open(path *C.char, handle *C.uint64_t, out **C.char, errOut **C.char) C.int {
+	return call(errOut, func() error {
 		f, err := checkpoint.OpenSafetensors(C.GoString(path))
 		if err != nil {
 			return err
@@ -97,8 +96,8 @@ func pft_safetensors_open(path *C.char, handle *C.uint64_t, out **C.char, errbuf
 }
 
 //export pft_safetensors_close
-func pft_safetensors_close(h C.uint64_t, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+func pft_safetensors_close(h C.uint64_t, errOut **C.char) C.int {
+	return call(errOut, func() error {
 		f, err := release[*checkpoint.SafetensorsFile](h)
 		if err != nil {
 			return err

@@ -30,14 +30,13 @@ import (
 //
 //export pft_ckpt_stage_begin
 func pft_ckpt_stage_begin(path *C.char, n C.int64_t, names *C.char, addrs *unsafe.Pointer, sizes, aligns *C.int64_t,
-	staged *C.int, durable C.int, engine *C.char, threads C.int, taskSize C.int64_t, workers C.int,
-	handle *C.uint64_t, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+	staged *C.int, options *C.char, handle *C.uint64_t, errOut **C.char) C.int {
+	return call(errOut, func() error {
 		count := int(n)
 		if count < 0 || (count > 0 && (names == nil || addrs == nil || sizes == nil || aligns == nil || staged == nil)) {
 			return fmt.Errorf("%w: %d records with missing arrays", gds.ErrInvalid, count)
 		}
-		o, err := writeOptions(durable, engine, threads, taskSize, workers, nil)
+		o, err := writeOptions(options, nil)
 		if err != nil {
 			return err
 		}
@@ -77,8 +76,8 @@ func pft_ckpt_stage_begin(path *C.char, n C.int64_t, names *C.char, addrs *unsaf
 //
 //export pft_ckpt_stage_write
 func pft_ckpt_stage_write(h C.uint64_t, index C.int64_t, off C.int64_t, addr unsafe.Pointer, nbytes C.int64_t,
-	errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+	errOut **C.char) C.int {
+	return call(errOut, func() error {
 		s, err := lookup[*checkpoint.Staged](h)
 		if err != nil {
 			return err
@@ -96,8 +95,8 @@ func pft_ckpt_stage_write(h C.uint64_t, index C.int64_t, off C.int64_t, addr uns
 // leaves nothing new at the path.
 //
 //export pft_ckpt_stage_commit
-func pft_ckpt_stage_commit(h C.uint64_t, out **C.char, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+func pft_ckpt_stage_commit(h C.uint64_t, out **C.char, errOut **C.char) C.int {
+	return call(errOut, func() error {
 		s, err := release[*checkpoint.Staged](h)
 		if err != nil {
 			return err
@@ -114,8 +113,8 @@ func pft_ckpt_stage_commit(h C.uint64_t, out **C.char, errbuf *C.char, errlen C.
 // releases the handle.
 //
 //export pft_ckpt_stage_abort
-func pft_ckpt_stage_abort(h C.uint64_t, errbuf *C.char, errlen C.size_t) C.int {
-	return call(errbuf, errlen, func() error {
+func pft_ckpt_stage_abort(h C.uint64_t, errOut **C.char) C.int {
+	return call(errOut, func() error {
 		s, err := release[*checkpoint.Staged](h)
 		if err != nil {
 			return err

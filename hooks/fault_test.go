@@ -8,6 +8,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/pyfastensor/pyfastensor/gds"
+	"github.com/pyfastensor/pyfastensor/internal/testutil"
 )
 
 // The spill store picks its engine by name, so a fault-injecting engine
@@ -32,10 +33,10 @@ func faultyStore(t *testing.T, inj gds.Injector) (*Store, string) {
 func TestSpillWriteFailsWithInjectedNoSpace(t *testing.T) {
 	// The second slot starts at 8192: its write fails, half done.
 	s, dir := faultyStore(t, gds.Only(gds.OpWrite).AtOffset(8192, 16384).WithError(unix.ENOSPC).Partial())
-	a, err := s.Put(pattern(8192, 1))
+	a, err := s.Put(testutil.Pattern(8192, 1))
 	require.NoError(t, err)
 	require.NoError(t, s.Wait(a))
-	b, err := s.Put(pattern(8192, 2))
+	b, err := s.Put(testutil.Pattern(8192, 2))
 	require.NoError(t, err)
 	err = s.Wait(b)
 	require.Error(t, err)
@@ -49,12 +50,12 @@ func TestSpillWriteFailsWithInjectedNoSpace(t *testing.T) {
 
 	got := make([]byte, 8192)
 	require.NoError(t, s.Get(a, got), "the slot before is intact")
-	assert.Equal(t, pattern(8192, 1), got)
+	assert.Equal(t, testutil.Pattern(8192, 1), got)
 }
 
 func TestSpillGrowthFailsWithInjectedNoSpace(t *testing.T) {
 	s, _ := faultyStore(t, gds.Only(gds.OpTruncate).WithError(unix.ENOSPC))
-	_, err := s.Put(pattern(4096, 1))
+	_, err := s.Put(testutil.Pattern(4096, 1))
 	require.Error(t, err, "the spill file cannot grow")
 	assert.True(t, IsNoSpace(err), "%v", err)
 	assert.Contains(t, err.Error(), "growing to 4096 bytes")
@@ -63,7 +64,7 @@ func TestSpillGrowthFailsWithInjectedNoSpace(t *testing.T) {
 
 func TestSpillReadFailsWithInjectedError(t *testing.T) {
 	s, dir := faultyStore(t, gds.OnNth(1, gds.OpRead).WithError(unix.EIO))
-	id, err := s.Put(pattern(4096, 1))
+	id, err := s.Put(testutil.Pattern(4096, 1))
 	require.NoError(t, err)
 	require.NoError(t, s.Wait(id))
 	err = s.Get(id, make([]byte, 4096))
@@ -71,5 +72,5 @@ func TestSpillReadFailsWithInjectedError(t *testing.T) {
 	assert.Contains(t, err.Error(), dir)
 	got := make([]byte, 4096)
 	require.NoError(t, s.Get(id, got), "only the first read was failed")
-	assert.Equal(t, pattern(4096, 1), got)
+	assert.Equal(t, testutil.Pattern(4096, 1), got)
 }

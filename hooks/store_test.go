@@ -2,7 +2,6 @@ package hooks
 
 import (
 	"bytes"
-	"encoding/binary"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -14,16 +13,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pyfastensor/pyfastensor/gds"
+	"github.com/pyfastensor/pyfastensor/internal/testutil"
 )
-
-// pattern returns n pseudo-random bytes.
-func pattern(n int, seed uint64) []byte {
-	var key [32]byte
-	binary.LittleEndian.PutUint64(key[:], seed)
-	p := make([]byte, n)
-	_, _ = rand.NewChaCha8(key).Read(p)
-	return p
-}
 
 // forEachTier runs test as a subtest per tier (and per spill engine), on a
 // store opened for it. A spill engine that hands the file to another one
@@ -62,7 +53,7 @@ func skipIfFallback(t *testing.T, s *Store) {
 func TestRoundTrip(t *testing.T) {
 	forEachTier(t, func(t *testing.T, s *Store) {
 		for i, n := range []int{0, 1, 4095, 4096, 4097, 1<<20 + 3} {
-			want := pattern(n, uint64(i))
+			want := testutil.Pattern(n, uint64(i))
 			id, err := s.Put(want)
 			require.NoError(t, err)
 			require.NoError(t, s.Wait(id))
@@ -93,7 +84,7 @@ func TestConcurrentPutsAndGets(t *testing.T) {
 				var ids []SlotID
 				var data [][]byte
 				for i := range 20 {
-					p := pattern(1+r.IntN(200<<10), uint64(g*100+i))
+					p := testutil.Pattern(1+r.IntN(200<<10), uint64(g*100+i))
 					id, err := s.Put(p)
 					if !assert.NoError(t, err) {
 						return
@@ -120,23 +111,23 @@ func TestFreeListReuse(t *testing.T) {
 	s, err := Open(Config{Dir: t.TempDir(), Engine: "posix"})
 	require.NoError(t, err)
 	defer s.Close()
-	a, _ := s.Put(pattern(8192, 1))
-	b, _ := s.Put(pattern(4096, 2))
+	a, _ := s.Put(testutil.Pattern(8192, 1))
+	b, _ := s.Put(testutil.Pattern(4096, 2))
 	require.NoError(t, s.Wait(a))
 	offA := s.slots[a].ext.off
 	require.NoError(t, s.Free(a))
-	c, _ := s.Put(pattern(5000, 3))
+	c, _ := s.Put(testutil.Pattern(5000, 3))
 	require.NoError(t, s.Wait(c))
 	assert.Equal(t, offA, s.slots[c].ext.off, "a freed slot's extent is reused")
 	got := make([]byte, 4096)
 	require.NoError(t, s.Get(b, got))
-	assert.Equal(t, pattern(4096, 2), got, "reuse does not disturb neighbours")
+	assert.Equal(t, testutil.Pattern(4096, 2), got, "reuse does not disturb neighbours")
 	assert.EqualValues(t, 12288, s.Stats().PeakStoredBytes)
 }
 
 func TestPrefetchIntoCallerBuffer(t *testing.T) {
 	forEachTier(t, func(t *testing.T, s *Store) {
-		want := pattern(300<<10, 5)
+		want := testutil.Pattern(300<<10, 5)
 		id, err := s.Put(want)
 		require.NoError(t, err)
 		dst := make([]byte, len(want))
@@ -160,7 +151,7 @@ func TestPollAndCompleted(t *testing.T) {
 	s, err := Open(Config{Tier: "host"})
 	require.NoError(t, err)
 	defer s.Close()
-	id, err := s.Put(pattern(10, 1))
+	id, err := s.Put(testutil.Pattern(10, 1))
 	require.NoError(t, err)
 	require.NoError(t, s.Wait(id))
 	done, err := s.Poll(id)
@@ -179,7 +170,7 @@ func TestCloseFreesEverything(t *testing.T) {
 	s, err := Open(Config{Dir: dir})
 	require.NoError(t, err)
 	for i := range 10 {
-		_, err := s.Put(pattern(64<<10, uint64(i))) // never waited for nor freed
+		_, err := s.Put(testutil.Pattern(64<<10, uint64(i))) // never waited for nor freed
 		require.NoError(t, err)
 	}
 	require.NoError(t, s.Close())
@@ -214,7 +205,7 @@ func TestSpillFileIsInvisibleAndClosed(t *testing.T) {
 			s, err := Open(Config{Dir: dir})
 			require.NoError(t, err)
 			assert.Equal(t, how, s.Describe().Spill)
-			id, err := s.Put(pattern(1<<20, 1))
+			id, err := s.Put(testutil.Pattern(1<<20, 1))
 			require.NoError(t, err)
 			require.NoError(t, s.Wait(id))
 
@@ -256,7 +247,7 @@ func TestUnalignedMemoryBetweenOneAndTwoTaskSizes(t *testing.T) {
 	require.NoError(t, err)
 	defer s.Close()
 	skipIfFallback(t, s)
-	want := pattern(100<<10+1, 9)[1:] // 100 KiB at an unaligned address
+	want := testutil.Pattern(100<<10+1, 9)[1:] // 100 KiB at an unaligned address
 	id, err := s.Put(want)
 	require.NoError(t, err)
 	require.NoError(t, s.Wait(id))
@@ -273,7 +264,7 @@ func TestTransferPanicBecomesError(t *testing.T) {
 
 func TestStallCountsTheTimeGetWaits(t *testing.T) {
 	forEachTier(t, func(t *testing.T, s *Store) {
-		want := pattern(1<<20, 9)
+		want := testutil.Pattern(1<<20, 9)
 		id, err := s.Put(want)
 		require.NoError(t, err)
 		require.NoError(t, s.Wait(id))
@@ -299,7 +290,7 @@ func TestAccountsCountTheirOwnSlots(t *testing.T) {
 		b, err := s.NewAccount()
 		require.NoError(t, err)
 		put := func(acct Account, n int, seed uint64) SlotID {
-			id, err := s.PutIn(acct, pattern(n, seed))
+			id, err := s.PutIn(acct, testutil.Pattern(n, seed))
 			require.NoError(t, err)
 			require.NoError(t, s.Wait(id))
 			return id

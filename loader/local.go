@@ -30,14 +30,20 @@ import (
 //	LocalHello   ->  payload: LocalHelloInfo, JSON
 //	LocalGet     n positions (i64 each)  ->  ticket, n × LocalMetaFields i64,
 //	             u64 the epoch the batch was delivered in
+//	             arg: flags, LocalGetInTurn (then bits 16..31 the worker,
+//	             32..47 the loader's workers, and the payload ends with a
+//	             u64: milliseconds to wait for the turn; the answer adds a
+//	             u64, the batch's index in turn) and LocalGetState (the
+//	             answer ends with the server's state after the batch, JSON)
 //	LocalTake    arg ticket, n its samples, payload u64 offset, u64 size,
 //	             one file descriptor (SCM_RIGHTS)  ->  nothing
 //	LocalReturn  arg ticket  ->  nothing
 //	LocalRestore arg milliseconds to wait, payload: a WorkerPart, JSON
 //	             ->  nothing, once every worker's part came
 //
-// Get serves a batch (Server.GetBatch: the samples are delivered by it)
-// and keeps its bytes under a ticket. Take writes them, back to back in
+// Get serves a batch (Server.GetBatch: the samples are delivered by it),
+// in the loader's round robin when in turn (Server.GetBatchInTurn), and
+// keeps its bytes under a ticket. Take writes them, back to back in
 // request order, into the client's shared memory (the file descriptor,
 // mapped here for the copy and kept mapped for the client's next takes:
 // one copy per byte, from the server's memory into the memory the
@@ -47,8 +53,8 @@ import (
 // that died, gives their samples back, so a killed worker loses no sample
 // and duplicates none. Restore is a DataLoader worker resuming from its
 // part of a mid-epoch state (WorkerPart, state.go): the endpoint collects
-// the parts of the loader's workers and, once all came, restores their
-// union (Server.RestoreParts) and answers each of them (restoreParts). A
+// the parts of the loader's workers and, once all came, restores the
+// state they make (Server.RestoreParts) and answers each of them (restoreParts). A
 // non-zero status is the caller's status code
 // (LocalOptions.Status) with the error's message as payload.
 //
@@ -56,7 +62,7 @@ import (
 // (SO_PEERCRED): an abstract socket has no file permissions.
 
 // LocalProtocol is the version of the protocol, checked by LocalHello.
-const LocalProtocol = 2
+const LocalProtocol = 3
 
 // The requests' ops.
 const (
@@ -67,6 +73,16 @@ const (
 	// LocalRestore: protocol 2.
 	LocalRestore = 5
 )
+
+// LocalGet's flags (its arg): protocol 3.
+const (
+	LocalGetInTurn = 1
+	LocalGetState  = 2
+)
+
+// LocalTurnWait is how long a LocalGet in turn with no wait of its own
+// (0) waits for the batches before it.
+const LocalTurnWait = 5 * time.Minute
 
 // LocalRestoreWait is how long a LocalRestore with no wait of its own
 // (arg 0) waits for the other workers' parts.
@@ -106,6 +122,12 @@ type Backend interface {
 	GetBatch(is []int) ([]Sample, error)
 	Return(samples []Sample)
 	Release(samples []Sample)
+}
+
+// TurnBackend is a Backend that serves DataLoader workers' batches in the
+// loader's round robin (a Server: GetBatchInTurn).
+type TurnBackend interface {
+	GetBatchInTurn(t Turn, is []int, state bool, wait time.Duration, gone func() <-chan struct{}) (InTurn, error)
 }
 
 // Resumable is a Backend that DataLoader workers can resume from their
@@ -335,6 +357,9 @@ func (l *Local) handle(lc *localConn, body []byte, fds []int) (resp []byte, ok b
 			head := r.Head()
 			hello.Epoch = head.Epoch
 			hello.Part = &WorkerPart{Kind: WorkerPartKind, Version: WorkerPartVersion, StateHead: head}
+			if _, ok := l.srv.(TurnBackend); ok {
+				hello.Part.Version = WorkerPartTurnVersion
+			}
 		}
 		info, err := json.Marshal(hello)
 		if err != nil {
@@ -342,20 +367,59 @@ func (l *Local) handle(lc *localConn, body []byte, fds []int) (resp []byte, ok b
 		}
 		return response(0, 0, 0, info), true
 	case LocalGet:
-		if len(payload) != 8*n {
+		inTurn, want := arg&LocalGetInTurn != 0, 8*n
+		if inTurn {
+			want += 8 // the wait
+		}
+		if len(payload) != want {
 			return nil, false
 		}
 		is := make([]int, n)
 		for k := range is {
 			is[k] = int(int64(binary.LittleEndian.Uint64(payload[8*k:])))
 		}
-		batch, err := l.srv.GetBatch(is)
+		var res InTurn
+		var err error
+		tb, turns := l.srv.(TurnBackend)
+		if inTurn && turns {
+			turn := Turn{Worker: int(arg >> 16 & 0xffff), Workers: int(arg >> 32 & 0xffff)}
+			wait := time.Duration(binary.LittleEndian.Uint64(payload[8*n:])) * time.Millisecond
+			if wait <= 0 || wait > 24*time.Hour {
+				wait = LocalTurnWait
+			}
+			var stop func() bool
+			gone := func() <-chan struct{} {
+				ch, st := watchGone(lc.c)
+				stop = st
+				return ch
+			}
+			res, err = tb.GetBatchInTurn(turn, is, arg&LocalGetState != 0, wait, gone)
+			if stop != nil && !stop() { // the client died waiting
+				if err == nil {
+					l.srv.Return(res.Samples)
+				}
+				return nil, false
+			}
+		} else {
+			res.Samples, err = l.srv.GetBatch(is)
+		}
 		if err != nil {
 			return fail(err)
 		}
+		batch := res.Samples
 		lc.next++
 		lc.tickets[lc.next] = batch
-		meta := make([]byte, 8*LocalMetaFields*n+8)
+		size := 8*LocalMetaFields*n + 8
+		var state []byte
+		if inTurn {
+			size += 8
+			if res.State != nil {
+				if state, err = json.Marshal(res.State); err != nil {
+					return fail(err)
+				}
+			}
+		}
+		meta := make([]byte, size, size+len(state))
 		epoch := l.srv.Epoch()
 		for k, s := range batch {
 			m := meta[8*LocalMetaFields*k:]
@@ -365,6 +429,10 @@ func (l *Local) handle(lc *localConn, body []byte, fds []int) (resp []byte, ok b
 			epoch = s.Epoch
 		}
 		binary.LittleEndian.PutUint64(meta[8*LocalMetaFields*n:], epoch)
+		if inTurn {
+			binary.LittleEndian.PutUint64(meta[8*LocalMetaFields*n+8:], res.Batch)
+			meta = append(meta, state...)
+		}
 		return response(0, uint32(n), lc.next, meta), true
 	case LocalTake:
 		batch, found := lc.tickets[arg]
@@ -410,7 +478,7 @@ func (l *Local) handle(lc *localConn, body []byte, fds []int) (resp []byte, ok b
 
 // restorePart adds a worker's part to the restore being collected (or
 // starts one) and waits, up to wait, until the round has every worker's
-// part and the backend restored their union, or failed; it returns the
+// part and the backend restored the state they make, or failed; it returns the
 // round's outcome, the same for each of its workers. A part that does
 // not fit the round (another number of workers, or a worker's second
 // part) fails the round, and every worker waiting in it. A worker whose

@@ -111,7 +111,7 @@ func TestLocalClientsShareOneEpoch(t *testing.T) {
 	var info LocalHelloInfo
 	require.NoError(t, json.Unmarshal(out, &info))
 	require.Equal(t, LocalHelloInfo{Protocol: LocalProtocol, Samples: 80, PID: os.Getpid(),
-		Part: &WorkerPart{Kind: WorkerPartKind, Version: WorkerPartVersion, StateHead: s.Head()}}, info)
+		Part: &WorkerPart{Kind: WorkerPartKind, Version: WorkerPartTurnVersion, StateHead: s.Head()}}, info)
 
 	reqs := perm(80, 3)
 	clients := []*localClient{dialLocal(t, l.Addr()), dialLocal(t, l.Addr())}

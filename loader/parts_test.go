@@ -189,7 +189,7 @@ func TestLocalRestoreFromEveryWorkersPart(t *testing.T) {
 	require.Zero(t, st)
 	var info LocalHelloInfo
 	require.NoError(t, json.Unmarshal(out, &info))
-	require.Equal(t, &WorkerPart{Kind: WorkerPartKind, Version: WorkerPartVersion, StateHead: b.Head()}, info.Part)
+	require.Equal(t, &WorkerPart{Kind: WorkerPartKind, Version: WorkerPartTurnVersion, StateHead: b.Head()}, info.Part)
 	require.Equal(t, parts[0].Pack, info.Part.Pack)
 
 	clients := make([]*localClient, 3)

@@ -3,7 +3,6 @@ package loader
 import (
 	"cmp"
 	"fmt"
-	"math"
 	"slices"
 	"sync"
 
@@ -109,7 +108,8 @@ type Stats struct {
 }
 
 // Server serves one opened pack from an abstract memory within a budget:
-// the local protocol (refill.go) over the layout of memory.go. Get and
+// the local protocol (refill.go) over the layout of memory.go, planned
+// from its options by serverplan.go. Get and
 // GetBatch are safe for concurrent callers: one lock guards the
 // protocol's state; chunk reads run outside it. The order in which
 // concurrent calls take the lock is their request sequence.
@@ -152,74 +152,17 @@ type Server struct {
 	held       int64 // bytes in slotData
 	inflight   int64 // bytes of chunk reads in flight
 	stats      Stats
+	turns      turnState // the round robin of DataLoader workers' batches (turn.go)
 }
 
 // NewServer returns a server of p within o.Budget bytes (PlanLayout: an
 // error wrapping ErrBudget when too small), at epoch 0.
 func NewServer(p *Packed, o ServerOptions) (*Server, error) {
-	if !(o.Overflow >= 0 && o.Overflow <= 0.9) {
-		return nil, fmt.Errorf("%w: overflow %v outside 0..0.9", ErrInvalid, o.Overflow)
-	}
-	world := max(o.World, 1)
-	if o.Rank < 0 || o.Rank >= world || o.Budget > (1<<62)/int64(world) {
-		return nil, fmt.Errorf("%w: rank %d of a world of %d with a budget of %d bytes each", ErrInvalid, o.Rank, o.World, o.Budget)
-	}
-	budget := o.Budget * int64(world) // the cluster's
-	lay, err := PlanLayout(p.Index, budget)
+	lay, readBytes, err := planServer(p.Index, o)
 	if err != nil {
 		return nil, err
 	}
-	// The overflow share, down to what leaves the slots and reads their
-	// least: a budget that serves the pack at all takes any overflow. Of
-	// what it takes, a cluster's reads get up to RefillReads chunk reads at
-	// once per server (extra: RefillReads-1 chunks beyond the layout's one,
-	// at most a sixteenth of the share: the spares save more reads than
-	// overlapping them gains). A server of a cluster has a world-th of the
-	// layout's read share, a chunk at the least, and its reads come at the
-	// pace of every node's requests: with one read in flight, 4 nodes of
-	// bench data-nodes on a throttled disk left it idle between reads
-	// (epoch 1.03x that of a single-node loader per node; 0.90x with the
-	// extra). One node keeps the layout's share (not measured to gain: its
-	// spares matter more at small budgets, overflow_test.go).
-	over := min(int64(float64(budget)*o.Overflow), budget-lay.MinBudget)
-	var extra int64
-	if world > 1 {
-		extra = min(int64(RefillReads-1)*lay.MaxChunkBytes*int64(world), over/16)
-		over -= extra
-	}
-	for over > 0 {
-		plan, err := PlanLayout(p.Index, budget-over-extra)
-		if err != nil {
-			return nil, err
-		}
-		// In a cluster, the overflow share gives way (halving) until every
-		// server owns an abstract chunk, where the budget allows.
-		if plan.AbstractChunks >= min(world, lay.AbstractChunks) {
-			lay = plan
-			lay.Budget, lay.OverflowBytes, lay.ReadBytes = budget, over, plan.ReadBytes+extra
-			break
-		}
-		if over /= 2; over < 1024 {
-			break // no overflow: the most abstract chunks
-		}
-	}
-	if lay.OverflowBytes > 0 {
-		lay = widen(p.Index, lay, int64(float64(budget)*o.Overflow)-extra, world)
-		lay.EpochBudget = epochBudget(p.Index, lay, o.Overflow, world)
-		if !o.NoReadAhead {
-			lay.ReadAhead = aheadLevels(p.Index, lay)
-		}
-	}
-	readBytes := lay.ReadBytes
-	if world > 1 {
-		lay.Owned = lay.Owned[:0]
-		for g := range lay.AbstractChunks {
-			if g%world == o.Rank {
-				lay.Owned = append(lay.Owned, g)
-			}
-		}
-		readBytes = max(lay.ReadBytes/int64(world), lay.MaxChunkBytes)
-	}
+	world := max(o.World, 1)
 	chooser := o.Chooser
 	if chooser == nil {
 		chooser = transfer.Default(p.Dir)
@@ -279,6 +222,7 @@ func (s *Server) reset(e uint64) {
 	clear(s.delivered)
 	s.nDelivered, s.held, s.overflow = 0, 0, 0
 	s.stats = Stats{Epoch: e, PeakBytes: s.stats.PeakBytes, Budget: s.stats.Budget}
+	s.turns.reset(0, 0, 0)
 }
 
 // SetEpoch starts epoch e: every sample undelivered again, a new
@@ -337,41 +281,61 @@ func (s *Server) Get(i int) (Sample, error) {
 // to the epoch.
 func (s *Server) GetBatch(is []int) ([]Sample, error) {
 	s.mu.Lock()
-	if err := s.admit(is); err != nil {
-		s.mu.Unlock()
+	b, err := s.begin(is)
+	s.mu.Unlock()
+	if err != nil {
 		return nil, err
 	}
-	tickets := make([]ticket, len(is))
-	var start, ahead []*fill
+	return s.finish(b)
+}
+
+// pending is a batch assigned (its decisions made, under the lock) whose
+// reads may still be running.
+type pending struct {
+	tickets      []ticket
+	start, ahead []*fill
+}
+
+// begin admits and assigns the batch is under the lock: every decision
+// of the batch is made here, in request order.
+func (s *Server) begin(is []int) (*pending, error) {
+	if err := s.admit(is); err != nil {
+		return nil, err
+	}
+	b := &pending{tickets: make([]ticket, len(is))}
 	for k, i := range is {
 		t := s.assign(i)
 		if f := s.readAhead(s.lay.group(i/s.lay.ChunkSize), i%s.lay.ChunkSize); f != nil {
-			ahead = append(ahead, f)
+			b.ahead = append(b.ahead, f)
 		}
 		if !t.ready && t.err == nil && !t.f.started {
 			t.f.started = true
-			start = append(start, t.f)
+			b.start = append(b.start, t.f)
 		}
-		tickets[k] = t
+		b.tickets[k] = t
 	}
-	s.mu.Unlock()
+	return b, nil
+}
 
-	if len(ahead) > 0 {
-		go s.read(ahead)
+// finish runs a batch's reads (begin, outside the lock), waits for its
+// samples and returns them.
+func (s *Server) finish(b *pending) ([]Sample, error) {
+	if len(b.ahead) > 0 {
+		go s.read(b.ahead)
 	}
-	s.read(start)
-	for _, t := range tickets {
+	s.read(b.start)
+	for _, t := range b.tickets {
 		if !t.ready && t.err == nil {
 			<-t.f.done
 		}
 	}
 
-	out := make([]Sample, len(is))
+	out := make([]Sample, len(b.tickets))
 	var first error
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for k := range tickets {
-		t := &tickets[k]
+	for k := range b.tickets {
+		t := &b.tickets[k]
 		if !t.ready && t.err == nil {
 			t.data, t.err = t.f.out[t.pos], cmp.Or(t.f.err, t.f.bad[t.pos])
 			delete(t.f.out, t.pos)
@@ -548,61 +512,4 @@ func (s *Server) Close() error {
 	defer s.mu.Unlock()
 	s.closed = true
 	return nil
-}
-
-// widen returns lay with its groups widened to the least G whose overflow
-// share holds the spares a random sampler's epoch is predicted to need
-// (spareBytes times SpareMargin), from lay's G (the least whose slots and
-// reads fit beside the overflow share) up to the greatest that leaves
-// minGroups abstract chunks (a cluster's servers each own one). The slots
-// shrink as G grows and the overflow share takes what they give back, up
-// to maxOver (the option's share); the rest goes to the reads. Sized for
-// the slots alone, the groups stay narrow while the spares need a share
-// that falls only as 1/sqrt(G): at 100,000 samples in chunks of 64 and a
-// budget of 10% of the data, G = 112 left 14 abstract chunks whose spares
-// needed 11% of the data, and 37% more bytes were read than delivered.
-// When no G fits, the widest (the least spares).
-func widen(ix *Index, lay Layout, maxOver int64, minGroups int) Layout {
-	reads := lay.ReadBytes
-	over := func(g int) (slots, over int64) {
-		slots = slotBytes(ix, g)
-		return slots, max(0, min(maxOver, lay.Budget-slots-reads))
-	}
-	fits := func(g int) bool {
-		_, o := over(g)
-		return float64(spareBytes(ix, g, 0))*SpareMargin <= float64(o)
-	}
-	lo, hi := lay.ChunksPerGroup, max(lay.ChunksPerGroup, lay.Chunks/max(minGroups, 1))
-	if lo == hi || fits(lo) {
-		return lay
-	}
-	if fits(hi) { // lo never fits, hi always: the least that does
-		for hi-lo > 1 {
-			mid := lo + (hi-lo)/2
-			if fits(mid) {
-				hi = mid
-			} else {
-				lo = mid
-			}
-		}
-	}
-	slots, o := over(hi)
-	lay.ChunksPerGroup, lay.AbstractChunks = hi, (lay.Chunks+hi-1)/hi
-	lay.SlotBytes, lay.OverflowBytes, lay.ReadBytes = slots, o, lay.Budget-slots-o
-	lay.Owned = make([]int, lay.AbstractChunks)
-	for g := range lay.Owned {
-		lay.Owned[g] = g
-	}
-	return lay
-}
-
-// epochBudget is Layout.EpochBudget for a server of a world of servers
-// (each server's share of the cluster's) with an overflow share of over:
-// at the widest groups, room for their slots, one chunk read and the
-// spares with SpareMargin, those within the share.
-func epochBudget(ix *Index, lay Layout, over float64, world int) int64 {
-	g := max(1, lay.Chunks/world)
-	need := int64(math.Ceil(float64(spareBytes(ix, g, 0)) * SpareMargin))
-	total := max(int64(math.Ceil(float64(need)/over)), need+slotBytes(ix, g)+lay.MaxChunkBytes)
-	return (total + int64(world) - 1) / int64(world)
 }

@@ -50,6 +50,11 @@ func (s *Server) State() (State, error) {
 	if s.closed {
 		return State{}, ErrClosed
 	}
+	return s.state(), nil
+}
+
+// state is State under the lock.
+func (s *Server) state() State {
 	n, size := s.lay.Samples, s.lay.ChunkSize
 	filled := newBitset(n)
 	for i := range n {
@@ -65,7 +70,7 @@ func (s *Server) State() (State, error) {
 	}
 	return State{Version: StateVersion, Pack: hex.EncodeToString(s.ix.SpecHash[:]), IndexCRC: s.ix.CRC,
 		ChunksPerGroup: s.lay.ChunksPerGroup, Seed: s.seed, Epoch: s.epoch, Draws: s.tie.draws,
-		Served: s.nDelivered, Filled: filled.bytes(n), Delivered: s.delivered.bytes(n), Spares: spares}, nil
+		Served: s.nDelivered, Filled: filled.bytes(n), Delivered: s.delivered.bytes(n), Spares: spares}
 }
 
 // Restore puts the server in state st, taken by State from a server of the
@@ -182,13 +187,26 @@ func (s *Server) Restore(st State) error {
 // as the union leaves. A state restored from the union has those samples
 // delivered and nothing else in memory: the samples the workers had
 // prefetched past the consumed batches are read again when asked for.
+//
+// Served in turn (turn.go), a loader's batches are decided in its order,
+// and a worker's part can be the server's whole state right after its
+// last batch (WorkerPartTurnVersion): the part of the worker whose batch
+// was consumed last is then the state the consumed batches left, and
+// restored it continues as the server it was taken from would have (the
+// same samples in the same batches), where the union of the delivered
+// positions restarts the epoch's reads.
 
 // WorkerPartKind is the Kind of a WorkerPart.
 const WorkerPartKind = "worker"
 
-// WorkerPartVersion is the version of WorkerPart this build writes and
-// reads.
+// WorkerPartVersion is the version of a WorkerPart of delivered
+// positions (Delivered): their union is restored.
 const WorkerPartVersion = 1
+
+// WorkerPartTurnVersion is the version of a WorkerPart of a worker served
+// in turn (Batch, State): the part of the latest batch is restored. This
+// build writes it (LocalHello's part) and reads both.
+const WorkerPartTurnVersion = 2
 
 // StateHead is what a state is of: the pack, the layout, the seed and the
 // epoch (State's fields of the same names).
@@ -200,17 +218,23 @@ type StateHead struct {
 	Epoch          uint64 `json:"epoch"`
 }
 
-// WorkerPart is one DataLoader worker's part of a mid-epoch state: the
-// positions its batches delivered in the head's epoch, a bitmap as in
-// State (base64 in JSON). The worker fills in its id, the number of
-// workers and the bitmap; the rest is the server's (Server.Head).
+// WorkerPart is one DataLoader worker's part of a mid-epoch state in the
+// head's epoch. Of version WorkerPartVersion: the positions its batches
+// delivered, a bitmap as in State (base64 in JSON). Of version
+// WorkerPartTurnVersion: how many batches were served in turn up to its
+// last one (Batch: that one's index plus one; 0 when it had none this
+// epoch) and the server's state right after it (InTurn.State). The
+// worker fills in its id, the number of workers and the rest; the head
+// is the server's (Server.Head).
 type WorkerPart struct {
 	Kind    string `json:"kind"`
 	Version int    `json:"version"`
 	StateHead
 	Worker     int    `json:"worker"`
 	NumWorkers int    `json:"num_workers"`
-	Delivered  []byte `json:"delivered"`
+	Delivered  []byte `json:"delivered,omitempty"`
+	Batch      uint64 `json:"batch,omitempty"`
+	State      *State `json:"state,omitempty"`
 }
 
 // Head returns what the server's state now is of.
@@ -221,14 +245,20 @@ func (s *Server) Head() StateHead {
 		ChunksPerGroup: s.lay.ChunksPerGroup, Seed: s.seed, Epoch: s.epoch}
 }
 
-// RestoreParts puts the server in the state of the union of a loader's
-// workers' parts (one per worker, any order): their epoch and seed, every
-// position a part holds delivered, nothing else in memory. Parts that do
-// not make one state (a worker missing or twice, parts of other epochs,
-// seeds or loaders, a position in two parts) or are of another pack or
-// layout are an error wrapping ErrState that says which; the server is
-// then unchanged.
+// RestoreParts puts the server in the state a loader's workers' parts
+// (one per worker, any order) make. Of WorkerPartTurnVersion: the state
+// of the part with the latest batch (none: the epoch's start), its epoch's
+// batches then served in turn from the worker after that part's. Of
+// WorkerPartVersion: their union, their epoch and seed, every position a
+// part holds delivered, nothing else in memory. Parts that do not make
+// one state (a worker missing or twice, parts of other epochs, seeds,
+// versions or loaders, a position in two parts, two parts of one batch)
+// or are of another pack or layout are an error wrapping ErrState that
+// says which; the server is then unchanged.
 func (s *Server) RestoreParts(parts []WorkerPart) error {
+	if len(parts) > 0 && parts[0].Version == WorkerPartTurnVersion {
+		return s.restoreTurn(parts)
+	}
 	st, err := UnionState(parts, s.lay.Samples)
 	if err != nil {
 		return err
@@ -300,4 +330,75 @@ func UnionState(parts []WorkerPart, n int) (State, error) {
 	bits := union.bytes(n)
 	return State{Version: StateVersion, Pack: first.Pack, IndexCRC: first.IndexCRC, ChunksPerGroup: first.ChunksPerGroup,
 		Seed: first.Seed, Epoch: first.Epoch, Served: count, Filled: bits, Delivered: slices.Clone(bits)}, nil
+}
+
+// restoreTurn is RestoreParts of parts of WorkerPartTurnVersion.
+func (s *Server) restoreTurn(parts []WorkerPart) error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("loader: %w: %s", ErrState, fmt.Sprintf(format, args...))
+	}
+	first := parts[0]
+	seen := make([]bool, max(first.NumWorkers, 0))
+	var last *WorkerPart
+	for k := range parts {
+		p := &parts[k]
+		switch {
+		case p.Kind != WorkerPartKind:
+			return bad("a part of kind %q, not a DataLoader worker's (%q)", p.Kind, WorkerPartKind)
+		case p.Version != WorkerPartTurnVersion:
+			return bad("worker %d's part is of version %d, worker %d's of %d", first.Worker, first.Version, p.Worker, p.Version)
+		case p.NumWorkers != first.NumWorkers:
+			return bad("parts of loaders of %d and %d workers", first.NumWorkers, p.NumWorkers)
+		case p.Worker < 0 || p.Worker >= p.NumWorkers:
+			return bad("a part of worker %d of %d", p.Worker, p.NumWorkers)
+		case seen[p.Worker]:
+			return bad("two parts of worker %d", p.Worker)
+		case p.Pack != first.Pack || p.IndexCRC != first.IndexCRC:
+			return bad("worker %d's part is of pack %s, worker %d's of %s", first.Worker, first.Pack, p.Worker, p.Pack)
+		case p.ChunksPerGroup != first.ChunksPerGroup:
+			return bad("worker %d's part is of a layout of %d chunks per group, worker %d's of %d",
+				first.Worker, first.ChunksPerGroup, p.Worker, p.ChunksPerGroup)
+		case p.Epoch != first.Epoch || p.Seed != first.Seed:
+			return bad("worker %d's part is of epoch %d (seed %d), worker %d's of epoch %d (seed %d)",
+				first.Worker, first.Epoch, first.Seed, p.Worker, p.Epoch, p.Seed)
+		case p.Batch > 0 && p.State == nil:
+			return bad("worker %d's part of batch %d holds no state", p.Worker, p.Batch-1)
+		case p.State != nil && (p.State.Epoch != p.Epoch || p.State.Seed != p.Seed):
+			return bad("worker %d's part of epoch %d (seed %d) holds a state of epoch %d (seed %d)",
+				p.Worker, p.Epoch, p.Seed, p.State.Epoch, p.State.Seed)
+		case p.Batch > 0 && last != nil && last.Batch == p.Batch:
+			return bad("workers %d and %d both hold batch %d", last.Worker, p.Worker, p.Batch-1)
+		}
+		seen[p.Worker] = true
+		if p.Batch > 0 && (last == nil || p.Batch > last.Batch) {
+			last = p
+		}
+	}
+	var missing []int
+	for w, ok := range seen {
+		if !ok {
+			missing = append(missing, w)
+		}
+	}
+	if len(missing) > 0 {
+		return bad("no part of worker(s) %v of %d", missing, first.NumWorkers)
+	}
+	n, workers := s.lay.Samples, first.NumWorkers
+	var batches uint64
+	rot := 0
+	st := State{Version: StateVersion, Pack: first.Pack, IndexCRC: first.IndexCRC, ChunksPerGroup: first.ChunksPerGroup,
+		Seed: first.Seed, Epoch: first.Epoch, Filled: newBitset(n).bytes(n), Delivered: newBitset(n).bytes(n)}
+	if last != nil {
+		// The next batch is the next worker's (torchdata resumes its round
+		// robin after the worker whose batch it yielded last).
+		st, batches = *last.State, last.Batch
+		rot = int((uint64(last.Worker+1) + uint64(workers) - batches%uint64(workers)) % uint64(workers))
+	}
+	if err := s.Restore(st); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.turns.reset(batches, rot, workers)
+	return nil
 }

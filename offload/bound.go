@@ -1,5 +1,7 @@
 package offload
 
+import "math"
+
 // A lower bound on the time of an iteration at a device capacity, from the
 // bytes that must cross the links whatever the plan: no policy the
 // simulator runs can beat it, so a policy's distance from it is what a
@@ -23,12 +25,22 @@ package offload
 //     bandwidth, writes(a, b) / write bandwidth), where a direction's
 //     bandwidth is the SSD's plus the host link's (host memory permitting;
 //     the simulator gives each its own channel). Latencies are left out.
+//   - Host memory holds at most hw.HostBytes of those bytes (a transfer
+//     under way counts there too), and nothing moves between host memory
+//     and the SSD: the rest of reads(a, b) and writes(a, b) cross the SSD's
+//     link, at its bandwidth alone.
 //
 // The bound is the best sum of these over a partition of the iteration into
 // consecutive stretches (a dynamic program over op boundaries), plus the
 // last op's time. With memory to spare it is the sum of op times.
 func BoundNs(t *Trace, hw Hardware) int64 {
-	a := Analyze(t)
+	return boundNs(Analyze(t), t, hw, true)
+}
+
+// boundNs is BoundNs; without host it leaves out host memory's capacity
+// (the links' bound alone: every byte off the device could be in host
+// memory).
+func boundNs(a *Analysis, t *Trace, hw Hardware, host bool) int64 {
 	n := len(t.Ops)
 	if n == 0 {
 		return 0
@@ -40,6 +52,10 @@ func BoundNs(t *Trace, hw Hardware) int64 {
 		}
 	}
 	readBps, writeBps := hw.SSDReadBps, hw.SSDWriteBps
+	hostB := int64(math.MaxInt64 / 4)
+	if host {
+		hostB = hw.HostBytes
+	}
 	if hw.HostBytes > 0 {
 		readBps += hw.HostLinkBps
 		writeBps += hw.HostLinkBps
@@ -89,9 +105,15 @@ func BoundNs(t *Trace, hw Hardware) int64 {
 			lb := float64(starts[b] - starts[x])
 			if r := usedA - capB; r > 0 {
 				lb = max(lb, float64(r)/readBps*1e9)
+				if r -= hostB; r > 0 {
+					lb = max(lb, float64(r)/hw.SSDReadBps*1e9)
+				}
 			}
 			if w := usedB[b][b-x] - capB; w > 0 {
 				lb = max(lb, float64(w)/writeBps*1e9)
+				if w -= hostB; w > 0 {
+					lb = max(lb, float64(w)/hw.SSDWriteBps*1e9)
+				}
 			}
 			best[b] = max(best[b], best[x]+lb)
 		}

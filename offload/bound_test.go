@@ -22,6 +22,9 @@ func TestBoundByHand(t *testing.T) {
 	require.NoError(t, tr.Validate())
 	hw := Hardware{DeviceBytes: 1500, HostBytes: 1 << 40, SSDReadBps: 1e9, SSDWriteBps: 1e9, HostLinkBps: 1e9}
 	assert.Equal(t, int64(250+250+10), BoundNs(tr, hw))
+	hw.HostBytes = 200 // host memory holds 200 of the 500: 300 cross the SSD's link each way
+	assert.Equal(t, int64(300+300+10), BoundNs(tr, hw))
+	assert.Equal(t, int64(250+250+10), boundNs(Analyze(tr), tr, hw, false), "the links' bound alone")
 	hw.HostBytes = 0 // the SSD alone: 1 byte/ns
 	assert.Equal(t, int64(500+500+10), BoundNs(tr, hw))
 	hw.DeviceBytes = 2000 // room for both: nothing moves
@@ -32,16 +35,22 @@ func TestBoundByHand(t *testing.T) {
 
 func TestBoundBelowEveryPolicy(t *testing.T) {
 	r := rand.New(rand.NewSource(5))
-	tight := 0
-	for i := 0; i < 40; i++ {
+	tight, hostTight := 0, 0
+	for i := 0; i < 60; i++ {
 		tr := layered(r, 2+r.Intn(12), 1<<20+r.Int63n(16<<20), 1<<16+r.Int63n(4<<20))
 		a := Analyze(tr)
 		lo, hi := max64(a.OpBytes), max64(a.Pressure)
 		hw := smallHW(lo + r.Int63n(hi-lo+1))
-		if r.Intn(2) == 0 {
+		switch r.Intn(3) {
+		case 0:
 			hw.HostBytes = 0
+		case 1:
+			hw.HostBytes = r.Int63n(hi) // host memory may bind
 		}
 		b := BoundNs(tr, hw)
+		if b > boundNs(a, tr, hw, false) {
+			hostTight++
+		}
 		assert.GreaterOrEqual(t, b, sumOps(tr))
 		if b > sumOps(tr) {
 			tight++
@@ -54,6 +63,7 @@ func TestBoundBelowEveryPolicy(t *testing.T) {
 		}
 	}
 	assert.Positive(t, tight, "no trace bound by the links: the check above tests nothing")
+	assert.Positive(t, hostTight, "no trace bound by host memory: the check above tests nothing")
 	tr := layered(nil, 6, 1<<20, 1<<18)
 	assert.Equal(t, sumOps(tr), BoundNs(tr, smallHW(max64(Analyze(tr).Pressure))))
 }

@@ -343,10 +343,9 @@ func TestNeverSlowerThanTheLadder(t *testing.T) {
 
 // Random pairs of hardware, one with more device memory, host memory or
 // faster links than the other. The candidates make regressions rare and
-// small, not impossible: a plan for hardware between two ladder steps, or
-// a link speed off the ladder, is not among the candidates, and the
-// simulator shares a link equally among its transfers, so a faster link can
-// start a prefetch that then slows a more urgent one. This logs each.
+// small, not impossible: the plan for the lesser hardware itself (or for
+// a step of its ladder) is not among the candidates for the greater, and
+// it can be faster there than any of them. This logs each.
 func TestMoreResourcesRarelySlower(t *testing.T) {
 	r := rand.New(rand.NewSource(11))
 	slower, worst := 0, 0.0

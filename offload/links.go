@@ -13,9 +13,10 @@ import (
 // needed (a prefetch, as late as it can safely go: the latest safe
 // prefetch time of section 4.4, with the traffic counted).
 //
-// The simulator shares a link among the transfers on it rather than
-// queueing them, so a timeline is an estimate of when transfers end, not
-// a schedule: what it gets right is that the bytes a link carries in a
+// The simulator serves a link's transfers one at a time, the one needed
+// soonest first, not in the order the timelines reserve them, so a
+// timeline is an estimate of when transfers end, not a schedule: what it
+// gets right is that the bytes a link carries in a
 // stretch of time never exceed its bandwidth times that time.
 //
 // Times are whole nanoseconds: every step of forward and backward either

@@ -62,8 +62,8 @@ func scaled(tr *Trace, f int64) *Trace {
 }
 
 // The same problem in a larger unit of time (op times and latency times
-// f, bandwidths over f) plans and simulates, to the same fraction of
-// ideal, with iterations of minutes: the float64 timeline this replaced
+// f, bandwidths over f) plans and simulates, to about the same fraction of
+// ideal (one plan to the same), with iterations of minutes: the float64 timeline this replaced
 // lost progress there and never returned.
 func TestPlanAtLongIterations(t *testing.T) {
 	r := rand.New(rand.NewSource(5))
@@ -96,6 +96,19 @@ func TestPlanAtLongIterations(t *testing.T) {
 				t.Fatalf("trace %d at %dx: planning and simulating did not finish in a minute", i, f)
 			}
 		}
-		assert.InDelta(t, frac[0], frac[1], 1e-3, "trace %d: the same problem in another unit", i)
+		// The planner's link timelines count whole nanoseconds, so a
+		// near-tie between candidates can tip the other way in another
+		// unit; one plan replays to the same time in both.
+		assert.InDelta(t, frac[0], frac[1], 5e-3, "trace %d: the same problem in another unit", i)
+		p, err := MakePlan(tr, hw)
+		require.NoError(t, err)
+		lhw := hw
+		lhw.SSDReadBps /= 100_000
+		lhw.SSDWriteBps /= 100_000
+		lhw.HostLinkBps /= 100_000
+		lhw.SSDLatencyNs *= 100_000
+		short, long := Simulate(tr, hw, &p), Simulate(scaled(tr, 100_000), lhw, &p)
+		assert.InDelta(t, float64(short.IdealNs)/float64(short.TimeNs), float64(long.IdealNs)/float64(long.TimeNs), 1e-6,
+			"trace %d: one plan in another unit", i)
 	}
 }

@@ -108,6 +108,7 @@ type xfer struct {
 	lat   float64 // latency left, ns
 	rem   float64 // bytes left
 	evict bool
+	need  int // a fetch: the op that next uses the tensor (n + op for the next iteration)
 }
 
 type sim struct {
@@ -119,6 +120,9 @@ type sim struct {
 	peak     int64
 	xs       []*xfer
 	queue    []int
+	urgent   map[int]bool // the tensors the running op waits for
+	a        *Analysis
+	n, k     int // ops in the trace, the op under way
 	r        *Result
 }
 
@@ -140,20 +144,31 @@ func (s *sim) alloc(b int64) {
 }
 
 // step moves time to the next transfer event or to limit, whichever is
-// first, sharing each link's bandwidth equally among its transfers past
-// their latency. It reports whether anything completed.
+// first. It reports whether anything completed.
 func (s *sim) step(limit float64) bool {
-	var active [nLinks]int
+	// Each link serves one transfer at a time at its full bandwidth, of
+	// those past their latency: on a read link the one whose tensor is
+	// needed first (the first issued of those), on a write link the first
+	// issued among those of the tensors the running op waits for, else
+	// among all. (G10's simulator likewise takes pages from first-in
+	// first-out queues, faults first.)
+	var head [nLinks]*xfer
 	for _, x := range s.xs {
-		if x.lat <= 0 {
-			active[x.link]++
+		if x.lat > 0 {
+			continue
+		}
+		if h := head[x.link]; h == nil || x.evict && s.urgent[x.t] && !s.urgent[h.t] || !x.evict && x.need < h.need {
+			head[x.link] = x
 		}
 	}
 	dt := limit - s.now
 	for _, x := range s.xs {
 		d := x.lat
 		if d <= 0 {
-			d = x.rem / (s.bps(x.link) / float64(active[x.link]))
+			if head[x.link] != x {
+				continue
+			}
+			d = x.rem / s.bps(x.link)
 		}
 		if d < dt {
 			dt = d
@@ -175,8 +190,8 @@ func (s *sim) step(limit float64) bool {
 			if x.lat < 1e-9 {
 				x.lat = 0
 			}
-		} else {
-			x.rem -= dt * s.bps(x.link) / float64(active[x.link])
+		} else if head[x.link] == x {
+			x.rem -= dt * s.bps(x.link)
 		}
 		if x.lat <= 0 && x.rem <= 1e-6*math.Max(1, float64(s.ts[x.t].bytes)) {
 			s.finish(x)
@@ -232,7 +247,13 @@ func (s *sim) fetch(i int) {
 	t := &s.ts[i]
 	s.alloc(t.bytes)
 	t.state, t.queued = sFetching, false
-	x := &xfer{t: i, rem: float64(t.bytes)}
+	x := &xfer{t: i, rem: float64(t.bytes), need: 2 * s.n}
+	if uses := s.a.Tensors[i].Uses; len(uses) > 0 {
+		x.need = s.n + uses[0]
+		if u := nextUseAtOrAfter(uses, s.k); u >= 0 {
+			x.need = u
+		}
+	}
 	if t.tier == TierHost {
 		x.link = linkHostRead
 		s.r.HostReadBytes += t.bytes
@@ -296,8 +317,12 @@ func (s *sim) makeRoom(need int64, keep map[int]bool) bool {
 // memory wait; an op whose tensors do not fit evicts on demand, so device
 // memory never exceeds hw.DeviceBytes, nor the plan's Capacity where that
 // is less (a plan runs within the memory it was made for, so a plan for
-// less memory takes the same time on more). Time is when the last op ends
-// (the last evictions overlap the next iteration).
+// less memory takes the same time on more). Each link direction serves
+// one transfer at a time at its full bandwidth, of those past their
+// latency: a read link the one whose tensor is needed soonest, a write
+// link the first issued (those of the tensors the running op waits for
+// first). Time is when the last op ends (the last evictions overlap the
+// next iteration).
 func Simulate(t *Trace, hw Hardware, plan *MigrationPlan) Result {
 	return simulate(Analyze(t), t, hw, plan)
 }
@@ -309,7 +334,7 @@ func simulate(a *Analysis, t *Trace, hw Hardware, plan *MigrationPlan) Result {
 	}
 	n := len(t.Ops)
 	r := Result{IdealNs: a.TotalNs, Feasible: true, OpStallNs: make([]int64, n), OpSlowdown: make([]float64, n)}
-	s := &sim{hw: hw, ts: make([]simTensor, len(a.Tensors)), r: &r}
+	s := &sim{hw: hw, ts: make([]simTensor, len(a.Tensors)), r: &r, a: a, n: n}
 	evictAfter := make([][]Migration, n)
 	fetchAt := make([][]int, n)
 	startTier := map[int]string{}
@@ -363,6 +388,7 @@ func simulate(a *Analysis, t *Trace, hw Hardware, plan *MigrationPlan) Result {
 		return r
 	}
 	for k, op := range t.Ops {
+		s.k = k
 		if a.OpBytes[k] > hw.DeviceBytes {
 			return fail(k, fmt.Sprintf("needs %d bytes at once, more than the device capacity of %d bytes", a.OpBytes[k], hw.DeviceBytes))
 		}
@@ -380,6 +406,7 @@ func simulate(a *Analysis, t *Trace, hw Hardware, plan *MigrationPlan) Result {
 				set[a.index[id]] = true
 			}
 		}
+		s.urgent = set
 		// Wait for writes of the op's own tensors still under way.
 		for {
 			waiting := false

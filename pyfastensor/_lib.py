@@ -5,9 +5,12 @@ with ctypes on first use, not at import: importing pyfastensor costs nothing
 and starts no Go runtime. ctypes releases the GIL for the duration of every
 call, so native I/O runs in parallel with Python threads.
 
-Every native function returns a status code and writes its message into a
-caller-provided buffer; :func:`check` turns a non-zero status into the
-matching exception from :mod:`pyfastensor.errors`.
+Every native function returns a status code and, on failure, its whole
+message as a string the caller frees; :func:`call` turns a non-zero status
+into the matching exception from :mod:`pyfastensor.errors`, and
+:func:`call_json` also parses the JSON result a function returns. The
+argument and return types of every function come from one table,
+:mod:`pyfastensor._abi`, which the build generates from cgo's header.
 
 Fork: a child forked after the library was loaded cannot use the parent's Go
 runtime (its first call would hang), so :func:`lib` raises
@@ -25,9 +28,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from . import errors
-
-_ERRLEN = 4096
+from . import _abi, errors
 
 # Status codes: keep in step with gofastensor/abi.go.
 _STATUS: dict[int, type[Exception]] = {
@@ -57,7 +58,6 @@ size_t = ctypes.c_size_t
 c_int = ctypes.c_int
 c_char_p = ctypes.c_char_p
 c_void_p = ctypes.c_void_p
-errbuf_t = ctypes.c_char_p
 
 
 def _after_fork_in_child() -> None:
@@ -88,43 +88,45 @@ def library_path() -> Path:
     )
 
 
-# Prototypes: name -> argtypes. Every function returns the int status and
-# takes (char *errbuf, size_t errlen) last, except where noted.
-_PROTOTYPES: dict[str, list[Any]] = {
-    "pft_info": [c_char_p, c_char_p, ctypes.POINTER(c_void_p)],
-    "pft_file_open": [c_char_p, c_char_p, c_int, c_int, c_int, i64, c_int, c_char_p,
-                      ctypes.POINTER(u64)],
-    "pft_file_read": [u64, c_void_p, size_t, i64, ctypes.POINTER(size_t)],
-    "pft_file_write": [u64, c_void_p, size_t, i64, ctypes.POINTER(size_t)],
-    "pft_file_sync": [u64],
-    "pft_file_size": [u64, ctypes.POINTER(i64)],
-    "pft_file_truncate": [u64, i64],
-    "pft_file_describe": [u64, ctypes.POINTER(c_void_p)],
-    "pft_file_close": [u64],
-    "pft_debug_panic": [],  # test-only (gofastensor/debug.go)
-    "pft_debug_inject": [c_char_p],  # test-only: tests/conftest.py's inject fixture
-    "pft_configure": [c_char_p],
-    "pft_settings": [c_char_p, ctypes.POINTER(c_void_p)],
-    "pft_crc_speed": [i64, c_int, ctypes.POINTER(ctypes.c_double)],
+# C types as the header writes them (pyfastensor/_abi.py) -> ctypes. A string the
+# library allocates (char**) is taken as a void pointer, to be freed with pft_free.
+_CTYPES: dict[str, Any] = {
+    "void": None,
+    "int": c_int,
+    "int64_t": i64,
+    "uint64_t": u64,
+    "size_t": size_t,
+    "double": ctypes.c_double,
+    "char*": c_char_p,
+    "void*": c_void_p,
+    "char**": ctypes.POINTER(c_void_p),
+    "void**": ctypes.POINTER(c_void_p),
+    "int*": ctypes.POINTER(c_int),
+    "int64_t*": ctypes.POINTER(i64),
+    "uint64_t*": ctypes.POINTER(u64),
+    "size_t*": ctypes.POINTER(size_t),
+    "double*": ctypes.POINTER(ctypes.c_double),
 }
 
 
-def register(prototypes: dict[str, list[Any]]) -> None:
-    """Declare more native functions (each area's module declares its own)."""
-    _PROTOTYPES.update(prototypes)
-    if _lib is not None:
-        _declare(_lib, prototypes)
-
-
-def _declare(cdll: ctypes.CDLL, prototypes: dict[str, list[Any]]) -> None:
-    for name, argtypes in prototypes.items():
+def _declare(cdll: ctypes.CDLL, table: dict[str, tuple[str, tuple[tuple[str, str], ...]]]) -> None:
+    for name, (ret, params) in table.items():
         fn = getattr(cdll, name)
-        fn.argtypes = [*argtypes, errbuf_t, size_t]
-        fn.restype = c_int
-    cdll.pft_free.argtypes = [c_void_p]
-    cdll.pft_free.restype = None
-    cdll.pft_handle_count.argtypes = []
-    cdll.pft_handle_count.restype = i64
+        fn.argtypes = [_CTYPES[t] for t, _ in params]
+        fn.restype = _CTYPES[ret]
+
+
+def _prototypes(path: Path) -> dict[str, tuple[str, tuple[tuple[str, str], ...]]]:
+    """The table to declare for the library at ``path``: the shipped one, or, for a
+    library ``PYFASTENSOR_LIB`` names with cgo's header beside it (``x.so`` and ``x.h``,
+    as ``go build -buildmode=c-shared`` leaves them), that header's: a library built
+    from other source, or with the tests' ``-tags pftdebug`` exports."""
+    header = path.with_suffix(".h")
+    if os.environ.get("PYFASTENSOR_LIB") and header.is_file():
+        from . import _cheader
+
+        return _cheader.parse(header.read_text())
+    return _abi.PROTOTYPES
 
 
 def lib() -> ctypes.CDLL:
@@ -145,8 +147,9 @@ def lib() -> ctypes.CDLL:
     if _lib is None:
         with _lock:
             if _lib is None:
-                cdll = ctypes.CDLL(str(library_path()))
-                _declare(cdll, _PROTOTYPES)
+                path = library_path()
+                cdll = ctypes.CDLL(str(path))
+                _declare(cdll, _prototypes(path))
                 _configure(cdll)
                 _loaded_pid = os.getpid()
                 _lib = cdll
@@ -158,10 +161,8 @@ def _configure(cdll: ctypes.CDLL) -> None:
     wheels install (the Go side resolves which libcufile to load, once, for every use)."""
     from . import config
 
-    buf = ctypes.create_string_buffer(_ERRLEN)
     doc = json.dumps({"cufile_candidates": config.cufile_candidates()}).encode()
-    if cdll.pft_configure(doc, buf, _ERRLEN) != 0:
-        raise errors.InternalError(buf.value.decode("utf-8", "replace"))
+    _invoke(cdll, "pft_configure", (doc,))
 
 
 _settings: dict[str, Any] | None = None
@@ -184,9 +185,7 @@ def settings(**overrides: int) -> dict[str, Any]:
     """
     global _settings
     if _settings is None or overrides:
-        out = c_void_p()
-        call("pft_settings", json.dumps(overrides).encode() if overrides else None, ctypes.byref(out))
-        _settings = json.loads(take_string(out))
+        _settings = call_json("pft_settings", json.dumps(overrides).encode() if overrides else None)
     return _settings
 
 
@@ -195,13 +194,71 @@ def loaded() -> bool:
     return _lib is not None
 
 
-def call(name: str, *args: Any) -> None:
-    """Call native function ``name`` with ``args`` and raise on a non-zero status."""
-    fn = getattr(lib(), name)
-    buf = ctypes.create_string_buffer(_ERRLEN)
-    status = fn(*args, buf, _ERRLEN)
+def _invoke(cdll: ctypes.CDLL, name: str, args: tuple[Any, ...]) -> None:
+    err = c_void_p()
+    status = getattr(cdll, name)(*args, ctypes.byref(err))
     if status != 0:
-        raise _STATUS.get(status, errors.FastensorError)(buf.value.decode("utf-8", "replace"))
+        message = f"{name} failed with status {status}"
+        if err.value:
+            try:
+                message = ctypes.string_at(err.value).decode("utf-8", "replace")
+            finally:
+                cdll.pft_free(err)
+        raise _STATUS.get(status, errors.FastensorError)(message)
+
+
+def call(name: str, *args: Any) -> None:
+    """Call native function ``name`` with ``args`` and raise on a non-zero status.
+
+    Every function takes ``char **errOut`` last (not in ``args``): on failure the
+    library puts its whole message there (a panic's with its stack), which
+    becomes the exception's message.
+    """
+    _invoke(lib(), name, args)
+
+
+def call_json(name: str, *args: Any) -> Any:
+    """Call native function ``name`` whose last argument before ``errOut`` is ``char **out``:
+    pass ``args``, then ``out``, and return the JSON result it receives, parsed (None when
+    the function left ``out`` NULL). Raises as :func:`call` does."""
+    cdll = lib()
+    out = c_void_p()
+    try:
+        _invoke(cdll, name, (*args, ctypes.byref(out)))
+    except BaseException:
+        if out.value:  # a result made before the call failed
+            cdll.pft_free(out)
+        raise
+    return None if not out.value else json.loads(take_string(out))
+
+
+def options(engine: Any = None, **fields: Any) -> bytes:
+    """The JSON options argument of every native function that moves data
+    (``gofastensor/options.go``): one object, in one place of each call.
+
+    Args:
+        engine: None or ``""`` (the data path chooses), an engine name, or open
+            :class:`~pyfastensor.dictionary.Dictionaries` (their handle crosses as
+            the integer ``dict``; WDic for writes and RDic for reads unless
+            ``dict_use`` says otherwise).
+        fields: the other options, by their JSON names (``durable``, ``verify``,
+            ``workers``, ``dict_use``, ``threads``, ``task_size``, ``queue_depth``);
+            None leaves one out. ``threads`` and ``task_size`` default to
+            :mod:`pyfastensor.config`'s.
+    """
+    from . import config
+
+    doc: dict[str, Any] = {"threads": config.threads(), "task_size": config.task_size()}
+    if isinstance(engine, str):
+        if engine:
+            doc["engine"] = engine
+    elif engine is not None:
+        live = getattr(engine, "_live", None)
+        if live is None:
+            raise TypeError(f"engine={engine!r}: expected an engine name or pyfastensor.dictionary.Dictionaries")
+        doc["dict"] = int(live())
+    doc.update((k, v) for k, v in fields.items() if v is not None)
+    return json.dumps(doc).encode()
 
 
 def take_string(ptr: c_void_p) -> str:

@@ -26,29 +26,12 @@ from typing import Any
 
 from . import _lib, config
 
-_lib.register({
-    "pft_dict_path": [_lib.c_char_p, _lib.c_char_p, ctypes.POINTER(_lib.c_void_p)],
-    "pft_dict_open": [_lib.c_char_p, ctypes.POINTER(_lib.u64)],
-    "pft_dict_decide": [_lib.u64, _lib.c_int, _lib.c_int, _lib.i64, ctypes.POINTER(_lib.c_void_p)],
-    "pft_dict_observe": [_lib.u64, _lib.c_int, _lib.i64, _lib.c_char_p, _lib.i64],
-    "pft_dict_describe": [_lib.u64, ctypes.POINTER(_lib.c_void_p)],
-    "pft_dict_save": [_lib.u64],
-    "pft_dict_close": [_lib.u64],
-    "pft_dict_load": [_lib.c_char_p, ctypes.POINTER(_lib.c_void_p)],
-})
-
 _OPS = {"write": 0, "read": 1}
 _USES = {"separate": 0, "write_read": 1, "write": 2, "read": 3}
 _TABLES = (("write", "write (WDic)"), ("read", "read (RDic)"), ("write_read", "write+read (WRDic)"))
 _ORDER = ("posix", "direct", "uring", "mmap", "cufile")
 
 PathLike = str | os.PathLike[str]
-
-
-def _json_call(name: str, *args: Any) -> Any:
-    out = ctypes.c_void_p()
-    _lib.call(name, *args, ctypes.byref(out))
-    return json.loads(_lib.take_string(out))
 
 
 def locate(directory: PathLike = ".") -> dict[str, Any]:
@@ -70,7 +53,7 @@ def locate(directory: PathLike = ".") -> dict[str, Any]:
         >>> pd.locate("/tmp")["key"]["fs_type"]
         'ext4'
     """
-    return _json_call("pft_dict_path", _lib.cstr(config.cache_dir()), _lib.cstr(directory))
+    return _lib.call_json("pft_dict_path", _lib.cstr(config.cache_dir()), _lib.cstr(directory))
 
 
 def dictionary_path(directory: PathLike = ".") -> Path:
@@ -104,7 +87,7 @@ def load(path: PathLike | None = None, *, directory: PathLike = ".") -> dict[str
             for this machine and filesystem yet).
     """
     p = _resolve(path, directory)
-    result: dict[str, Any] = _json_call("pft_dict_load", _lib.cstr(p))
+    result: dict[str, Any] = _lib.call_json("pft_dict_load", _lib.cstr(p))
     result["path"] = str(p)
     return result
 
@@ -265,17 +248,17 @@ class Dictionaries:
         """
         if op not in _OPS or use not in _USES:
             raise ValueError(f"op={op!r}, use={use!r}: expected op in {list(_OPS)}, use in {list(_USES)}")
-        return _json_call("pft_dict_decide", self._live(), _USES[use], _OPS[op], size)
+        return _lib.call_json("pft_dict_decide", self._live(), _USES[use], _OPS[op], size)
 
     def engine(self, op: str, size: int, *, use: str = "separate") -> str:
         """The engine name of :meth:`decide`."""
         return str(self.decide(op, size, use=use)["engine"])
 
-    def engine_spec(self, use: str) -> str:
-        """The native engine argument that hands this view to a spill store: ``dict:<handle>:<use>``."""
+    def _view(self, use: str) -> dict[str, int]:
+        """The native options that hand this view to a spill store: the handle and the use, as integers."""
         if use not in _USES:
             raise ValueError(f"use={use!r}: expected one of {list(_USES)}")
-        return f"dict:{self._live()}:{_USES[use]}"
+        return {"dict": self._live(), "dict_use": _USES[use]}
 
     def observe(self, op: str, size: int, engine: str, seconds: float) -> None:
         """Report that a transfer of ``size`` bytes took ``seconds`` with ``engine``."""
@@ -285,7 +268,7 @@ class Dictionaries:
 
     def describe(self) -> dict[str, Any]:
         """The dictionaries (file layout), load warnings, candidates and excluded engines."""
-        return _json_call("pft_dict_describe", self._live())
+        return _lib.call_json("pft_dict_describe", self._live())
 
     def save(self) -> None:
         """Save now (aware mode with a path; otherwise nothing to do)."""

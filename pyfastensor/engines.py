@@ -10,7 +10,6 @@ that moves raw bytes.
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 from typing import Any
 
@@ -73,17 +72,14 @@ class EngineFile(_lib.Handle):
         self.path = os.fspath(path)
         out = _lib.u64()
         _lib.call(
-            "pft_file_open", engine.encode(), _lib.cstr(self.path), _MODES[mode], 0o644,
-            config.threads() if threads is None else threads,
-            config.task_size() if task_size is None else task_size,
-            config.queue_depth() if queue_depth is None else queue_depth,
-            None,  # libcufile: the Go core's one resolution (info()["dir"]["cufile_library"])
+            "pft_file_open", _lib.cstr(self.path), _MODES[mode], 0o644,
+            # no cufile_library: the Go core's one resolution (info()["dir"]["cufile_library"])
+            _lib.options(engine, threads=threads, task_size=task_size,
+                         queue_depth=config.queue_depth() if queue_depth is None else queue_depth),
             ctypes.byref(out),
         )
         self._handle = out.value
-        ptr = ctypes.c_void_p()
-        _lib.call("pft_file_describe", self._handle, ctypes.byref(ptr))
-        desc = json.loads(_lib.take_string(ptr))
+        desc = _lib.call_json("pft_file_describe", self._handle)
         #: The engine actually serving transfers (differs after a fallback).
         self.engine: str = desc["engine"]
         #: Why the file is served by another engine than asked, or "".

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
-import json
 import os
 from typing import Any
 
@@ -37,9 +35,7 @@ def info(path: str | os.PathLike[str] = ".") -> dict[str, Any]:
     d = os.fspath(path)
     if os.path.isfile(d):
         d = os.path.dirname(os.path.abspath(d))
-    out = ctypes.c_void_p()
-    _lib.call("pft_info", _lib.cstr(d), None, ctypes.byref(out))
-    result: dict[str, Any] = json.loads(_lib.take_string(out))
+    result: dict[str, Any] = _lib.call_json("pft_info", _lib.cstr(d), None)
     result["python"] = {
         "package_version": __version__,
         "library": str(_lib.library_path()),

@@ -9,6 +9,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import native_build
 import pytest
 
 
@@ -43,6 +44,30 @@ def mount_fs(tmp_path: Path) -> Iterator:
         subprocess.run(["umount", "-l", str(where)], check=False, capture_output=True)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Run the tests against the library built with the test-only exports
+    (``go build -tags pftdebug``: gofastensor/debug.go), which the shipped one lacks.
+
+    Built once per Go source (tests/native_build.py caches it) before the tests
+    are collected (collection already calls the library: which engines work
+    here) and named by ``PYFASTENSOR_LIB``, so that subprocesses the tests
+    start load it too; its cgo header beside it declares the extra exports
+    (``_lib._prototypes``). A ``PYFASTENSOR_LIB`` set
+    before the tests is kept. Without Go the tests run against the package's
+    library and those needing the exports skip, with the reason.
+    """
+    from pyfastensor import _lib
+
+    if os.environ.get("PYFASTENSOR_LIB"):
+        return
+    if _lib.loaded():
+        native_build.why_no_debug = "the native library was loaded before the test session could choose it"
+        return
+    native_build.why_no_debug = native_build.go_missing()
+    if native_build.why_no_debug is None:
+        os.environ["PYFASTENSOR_LIB"] = str(native_build.build(("pftdebug",)))
+
+
 @pytest.fixture
 def inject() -> Iterator:
     """Inject faults into the Go core for one test, on any machine (no mount needed)::
@@ -53,11 +78,13 @@ def inject() -> Iterator:
         inject(engine={"name": "full-posix", "op": "write", "errno": errno.ENOSPC, "after": 2})
 
     Goes through the test-only native call ``pft_debug_inject``, whose Go doc comment
-    (gofastensor/debug.go) is the spec. Each call replaces what the previous one installed;
+    (gofastensor/debug.go) is the spec; skips where the library lacks it (see
+    :func:`pytest_configure`). Each call replaces what the previous one installed;
     everything is removed when the test ends, whether it passed or not.
     """
     from pyfastensor import _lib
 
+    native_build.debug_exports()
     used = False
 
     def install(**spec: object) -> None:
@@ -111,3 +138,25 @@ def go_settings() -> Iterator:
     yield override
     if saved:
         _lib.settings(**saved)
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[bytes, tuple[str, int]]]:
+    """A small class-sorted ImageFolder (``data_helpers.make_folder``), one per test module:
+    its root, and each file's bytes -> (path relative to the root, label)."""
+    from data_helpers import make_folder
+
+    root = tmp_path_factory.mktemp("src")
+    return root, make_folder(root)
+
+
+@pytest.fixture(scope="module")
+def packed(source: tuple[Path, dict[bytes, tuple[str, int]]], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``source`` packed in chunks of ``data_helpers.CHUNK`` samples (seed 7), one per test module."""
+    from data_helpers import CHUNK
+
+    from pyfastensor.data import pack
+
+    out = tmp_path_factory.mktemp("pack") / "p"
+    pack(source[0], out, chunk_size=CHUNK, seed=7, progress=False)
+    return out

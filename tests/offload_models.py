@@ -96,6 +96,14 @@ def train(model: nn.Module, batch_of: Callable, steps: int,
     return grads
 
 
+def assert_same_grads(a: list[list[torch.Tensor]], b: list[list[torch.Tensor]]) -> None:
+    """Assert two runs of :func:`train` bit-identical: every step's gradients and the final weights."""
+    assert len(a) == len(b)
+    for step, (ga, gb) in enumerate(zip(a, b, strict=True)):
+        for i, (x, y) in enumerate(zip(ga, gb, strict=True)):
+            assert torch.equal(x, y), f"step {step}, tensor {i} differs"
+
+
 def open_handles() -> int:
     """Native handles open now, once garbage left by earlier tests is collected."""
     from pyfastensor import _lib

@@ -1,52 +1,41 @@
 """The C boundary's two sides stay in step: status codes and prototypes.
 
 The Go side (gofastensor/*.go) defines the status codes and the exported
-functions; the Python side (pyfastensor/_lib.py and each area's
-``_lib.register``) maps the codes to exceptions and declares each
-function's argument types for ctypes. A change on one side alone fails
-here, before it can corrupt a call at run time.
+functions; cgo writes their prototypes into a header at every build, and
+the build turns that header into the one table Python declares every
+function from (pyfastensor/_abi.py, by pyfastensor/_cheader.py). Here the
+table is checked against the header of a fresh build (where Go is), the
+shipped library's exports against the table, and the conventions every
+export keeps (status returned, the message through ``char **errOut`` last,
+options as one JSON argument) against the table.
 """
 
 from __future__ import annotations
 
-import ctypes
-import importlib
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
-from pyfastensor import _lib
+import native_build
+import pytest
+
+from pyfastensor import _abi, _cheader, _lib
 
 ROOT = Path(__file__).resolve().parent.parent
-GO_FILES = sorted((ROOT / "gofastensor").glob("*.go"))
 
-# Every module that declares native functions (``_lib.register``), imported
-# so that their prototypes are in ``_lib._PROTOTYPES``.
-_DECLARING = sorted(
-    ".".join(p.relative_to(ROOT).with_suffix("").parts)
-    for p in (ROOT / "pyfastensor").rglob("*.py")
-    if "_lib.register(" in p.read_text()
-)
-
-# Go parameter types as ctypes sees them.
-_CTYPES = {
-    "*C.char": ctypes.c_char_p,
-    "C.int": ctypes.c_int,
-    "C.double": ctypes.c_double,
-    "C.int64_t": ctypes.c_int64,
-    "C.uint64_t": ctypes.c_uint64,
-    "C.size_t": ctypes.c_size_t,
-    "unsafe.Pointer": ctypes.c_void_p,
-    "**C.char": ctypes.POINTER(ctypes.c_void_p),
-    "*unsafe.Pointer": ctypes.POINTER(ctypes.c_void_p),
-    "*C.int": ctypes.POINTER(ctypes.c_int),
-    "*C.double": ctypes.POINTER(ctypes.c_double),
-    "*C.int64_t": ctypes.POINTER(ctypes.c_int64),
-    "*C.uint64_t": ctypes.POINTER(ctypes.c_uint64),
-    "*C.size_t": ctypes.POINTER(ctypes.c_size_t),
-}
-
-# Exports with a shape of their own, declared by _lib._declare itself.
+# Exports with a shape of their own: no status, no message.
 _SPECIAL = {"pft_free", "pft_handle_count"}
+# The test-only exports (gofastensor/debug.go, -tags pftdebug).
+_DEBUG = {"pft_debug_panic", "pft_debug_inject"}
+# What a data-moving export once took one by one, now fields of its options argument.
+_OPTION_FIELDS = {"engine", "threads", "taskSize", "workers", "durable", "verify", "queueDepth"}
+# ... except where the name is data: the engine a measured transfer went through.
+_DATA = {("pft_dict_observe", "engine")}
+_REGENERATE = (
+    "Regenerate it (pip install -e . does, or: go build -buildmode=c-shared -o pyfastensor/_native.so "
+    "./gofastensor && python -m pyfastensor._cheader pyfastensor/_native.h pyfastensor/_abi.py) and commit it."
+)
 
 
 def go_statuses() -> dict[str, int]:
@@ -55,30 +44,13 @@ def go_statuses() -> dict[str, int]:
     return {m.group(1): int(m.group(2)) for m in re.finditer(r"^\s*(st\w+)\s*=\s*(\d+)", block, re.M)}
 
 
-def go_exports() -> dict[str, list[str]]:
-    """name -> the Go types of its parameters, in order, from every ``//export``."""
-    out: dict[str, list[str]] = {}
-    for path in GO_FILES:
-        text = path.read_text()
-        for m in re.finditer(r"//export (\w+)\nfunc (\w+)\((.*?)\)\s*(C\.\w+)?\s*\{", text, re.S):
-            assert m.group(1) == m.group(2), f"{path.name}: //export {m.group(1)} above func {m.group(2)}"
-            types: list[str] = []
-            pending = 0
-            for param in (p.strip() for p in m.group(3).replace("\n", " ").split(",") if p.strip()):
-                parts = param.split()
-                if len(parts) == 1:  # "a, b T": a takes b's type
-                    pending += 1
-                    continue
-                types += [parts[-1]] * (pending + 1)
-                pending = 0
-            out[m.group(1)] = types
-    return out
-
-
-def python_prototypes() -> dict[str, list]:
-    for name in _DECLARING:
-        importlib.import_module(name)
-    return dict(_lib._PROTOTYPES)
+@pytest.fixture(scope="module")
+def built_header() -> _cheader.Table:
+    """The prototypes of a library built now from the Go source (skips without Go)."""
+    missing = native_build.go_missing()
+    if missing:
+        pytest.skip(missing)
+    return _cheader.parse(native_build.build().with_suffix(".h").read_text())
 
 
 def test_status_codes_match():
@@ -90,59 +62,117 @@ def test_status_codes_match():
     )
 
 
-def test_every_export_has_its_prototype_and_every_prototype_an_export():
-    go = go_exports()
-    py = python_prototypes()
-    assert len(go) > 30, "the parser found too few exports: it is broken"
-    assert set(go) - _SPECIAL == set(py), (
-        f"exported in Go, not declared in Python: {sorted(set(go) - _SPECIAL - set(py))}; "
-        f"declared in Python, not exported: {sorted(set(py) - set(go))}"
+def test_the_table_is_the_header_of_a_fresh_build(built_header):
+    assert len(built_header) > 30, "the header parser found too few exports: it is broken"
+    missing = sorted(set(built_header) - set(_abi.PROTOTYPES))
+    stale = sorted(set(_abi.PROTOTYPES) - set(built_header))
+    changed = sorted(n for n in set(built_header) & set(_abi.PROTOTYPES) if built_header[n] != _abi.PROTOTYPES[n])
+    assert not (missing or stale or changed), (
+        f"pyfastensor/_abi.py is not the header of the Go source: exported but not in the table {missing}, "
+        f"in the table but not exported {stale}, prototypes changed {changed}. {_REGENERATE}"
     )
+    assert (ROOT / "pyfastensor" / "_abi.py").read_text() == _cheader.render(built_header), (
+        f"pyfastensor/_abi.py is not as the build writes it. {_REGENERATE}"
+    )
+
+
+def test_the_debug_build_adds_only_the_test_only_exports():
+    missing = native_build.go_missing()
+    if missing:
+        pytest.skip(missing)
+    debug = _cheader.parse(native_build.build(("pftdebug",)).with_suffix(".h").read_text())
+    assert set(debug) - set(_abi.PROTOTYPES) == _DEBUG
+    assert {n: debug[n] for n in _abi.PROTOTYPES} == _abi.PROTOTYPES
+
+
+def test_the_shipped_library_exports_exactly_the_table():
+    """The package's own library (not a PYFASTENSOR_LIB override): every function of the
+    table, nothing more (no test-only export)."""
+    here = Path(_lib.__file__).resolve().parent
+    lib = here / "_native.so"
+    if not lib.is_file():
+        pytest.skip(f"no library in {here} (the package is not built)")
+    if shutil.which("nm") is None:
+        pytest.skip("nm (binutils) is not on PATH")
+    out = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True, check=True).stdout
+    exported = {line.split()[-1] for line in out.splitlines() if line.split() and line.split()[-1].startswith("pft_")}
+    assert not exported & _DEBUG, f"{lib} ships test-only exports: {sorted(exported & _DEBUG)}"
+    assert exported == set(_abi.PROTOTYPES), (
+        f"{lib} and pyfastensor/_abi.py differ: exported, not in the table {sorted(exported - set(_abi.PROTOTYPES))}; "
+        f"in the table, not exported {sorted(set(_abi.PROTOTYPES) - exported)} (a stale build?)"
+    )
+
+
+def test_every_export_returns_a_status_and_takes_its_message_last():
+    for name, (ret, params) in _abi.PROTOTYPES.items():
+        if name in _SPECIAL:
+            continue
+        assert ret == "int", f"{name} returns {ret}, not the int status"
+        assert params and params[-1] == ("char**", "errOut"), f"{name}: the last parameter is not char** errOut"
+        assert ("char*", "errbuf") not in params, name
+
+
+def test_options_cross_as_one_json_argument():
+    with_options = []
+    for name, (_, params) in _abi.PROTOTYPES.items():
+        names = [n for _, n in params]
+        assert not _OPTION_FIELDS & {n for n in names if (name, n) not in _DATA}, (
+            f"{name} takes {sorted(_OPTION_FIELDS & set(names))} one by one: options cross as one JSON "
+            "argument (gofastensor/options.go)"
+        )
+        if "options" in names:
+            with_options.append(name)
+            i = names.index("options")
+            assert params[i][0] == "char*", name
+            # One order: the options after the data's own arguments, before the progress
+            # counter and the results (pointers the call writes).
+            after = [n for _, n in params[i + 1:]]
+            assert set(after) <= {"progress", "handle", "out", "crcOut", "errOut"}, f"{name}: {after}"
+    assert "pft_ckpt_save" in with_options and "pft_store_open" in with_options and "pft_file_open" in with_options
+
+
+def test_handles_cross_as_integers():
+    """A handle is a uint64_t argument, never text inside a string (options carry the
+    dictionaries' handle as a JSON integer)."""
+    for name, (_, params) in _abi.PROTOTYPES.items():
+        for t, n in params:
+            if n in ("h", "handle") and t != "uint64_t*":
+                assert t == "uint64_t", f"{name}: handle {n} is {t}"
+    for path in (ROOT / "gofastensor").glob("*.go"):
+        assert '"dict:' not in path.read_text(), f"{path.name} parses a handle out of a string"
 
 
 def test_benchmarks_are_not_exported():
     # The dictionaries' hit-rate benchmark is a Go program (cmd/dicthitrate), not part of the library.
-    assert "pft_dict_hitrate" not in go_exports()
-    assert "pft_dict_hitrate" not in python_prototypes()
-    assert not [p.name for p in GO_FILES if "transfer/dict/hitrate" in p.read_text()]
+    assert "pft_dict_hitrate" not in _abi.PROTOTYPES
+    assert not [p.name for p in (ROOT / "gofastensor").glob("*.go") if "transfer/dict/hitrate" in p.read_text()]
 
 
-def test_prototypes_have_the_go_argument_types():
-    go = go_exports()
-    for name, argtypes in python_prototypes().items():
-        gotypes = go[name]
-        assert gotypes[-2:] == ["*C.char", "C.size_t"], f"{name}: every export ends with (errbuf, errlen)"
-        want = [_CTYPES[t] for t in gotypes[:-2]]
-        assert len(argtypes) == len(want), (
-            f"{name}: Go takes {len(want)} arguments before (errbuf, errlen) ({gotypes[:-2]}), "
-            f"Python declares {len(argtypes)}"
-        )
-        for i, (have, need) in enumerate(zip(argtypes, want, strict=True)):
-            assert have == need or ctypes.sizeof(have) == ctypes.sizeof(need) and (
-                issubclass(have, ctypes._Pointer) == issubclass(need, ctypes._Pointer)
-                and _kind(have) == _kind(need)
-            ), f"{name} argument {i}: Go {gotypes[i]} is {need.__name__}, Python declares {have.__name__}"
+def test_every_function_is_declared_from_the_table():
+    cdll = _lib.lib()
+    for name, (ret, params) in _abi.PROTOTYPES.items():
+        fn = getattr(cdll, name)
+        assert len(fn.argtypes) == len(params), name
+        assert fn.restype is _lib._CTYPES[ret], name
 
 
-def _kind(t: type) -> str:
-    """Integer, float, pointer or string: what must agree beside the size."""
-    if issubclass(t, ctypes._Pointer) or t in (ctypes.c_void_p,):
-        return "pointer"
-    if t is ctypes.c_char_p:
-        return "string"
-    if t in (ctypes.c_double, ctypes.c_float):
-        return "float"
-    return "int"
-
-
-def test_the_parser_sees_a_change_on_one_side(monkeypatch):
-    """A prototype with one argument too many is caught (the check can fail)."""
-    py = python_prototypes()
-    name = "pft_ckpt_close"
-    monkeypatch.setitem(_lib._PROTOTYPES, name, [*py[name], ctypes.c_int])
-    try:
-        test_prototypes_have_the_go_argument_types()
-    except AssertionError as e:
-        assert name in str(e)
-    else:
-        raise AssertionError("an extra argument went unnoticed")
+def test_the_header_parser():
+    header = """
+#include <stddef.h>
+extern size_t _GoStringLen(_GoString_ s);
+extern void pft_free(void* p);
+extern int64_t pft_handle_count(void);
+extern int pft_a(char* path, int64_t n, void** addrs, int64_t *sizes, char* options, char** out, char** errOut);
+"""
+    table = _cheader.parse(header)
+    assert table == {
+        "pft_free": ("void", (("void*", "p"),)),
+        "pft_handle_count": ("int64_t", ()),
+        "pft_a": ("int", (("char*", "path"), ("int64_t", "n"), ("void**", "addrs"), ("int64_t*", "sizes"),
+                          ("char*", "options"), ("char**", "out"), ("char**", "errOut"))),
+    }
+    namespace: dict = {}
+    exec(_cheader.render(table), namespace)
+    assert namespace["PROTOTYPES"] == table
+    with pytest.raises(ValueError, match="pft_b"):
+        _cheader.parse("extern int pft_b(char*, char** errOut);\n")

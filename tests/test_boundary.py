@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 
+import native_build
 import pytest
 
 import pyfastensor
@@ -75,12 +76,13 @@ def test_import_does_not_load_the_library():
 
 
 def test_go_panic_becomes_an_exception_and_poisons_the_library():
+    native_build.debug_exports()
     code = textwrap.dedent(
         """
         import pyfastensor
         from pyfastensor import _lib
         try:
-            _lib.call("pft_debug_panic")
+            _lib.call("pft_debug_panic", None)
         except pyfastensor.InternalError as e:
             print("first:", str(e).splitlines()[0])
         try:
@@ -96,6 +98,29 @@ def test_go_panic_becomes_an_exception_and_poisons_the_library():
     assert lines[0] == "first: pyfastensor: internal error (Go panic): pft_debug_panic called"
     assert lines[1].startswith("then: pyfastensor: the native library is unusable")
     assert lines[2] == "alive"
+
+
+def test_a_panic_message_arrives_whole():
+    """However long, a panic's message comes back whole, its Go stack after it."""
+    native_build.debug_exports()
+    code = textwrap.dedent(
+        """
+        import json
+        import pyfastensor
+        from pyfastensor import _lib
+        try:
+            _lib.call("pft_debug_panic", ("x" * 20000 + "|end of the value").encode())
+        except pyfastensor.InternalError as e:
+            print(json.dumps(str(e)))
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    msg = json.loads(out.stdout)
+    head, stack = msg.split("|end of the value\n", 1)
+    assert head == "pyfastensor: internal error (Go panic): " + "x" * 20000
+    assert stack.startswith("goroutine ")
+    assert "pft_debug_panic" in stack  # the stack down to the export, not cut
 
 
 def test_info_reports_what_matters(tmp_path):

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from data_helpers import CHUNK, CLASSES, PER_CLASS, keep, make_folder, serve
+from data_helpers import CHUNK, CLASSES, PER_CLASS, keep, serve
 
 from pyfastensor import _lib
 from pyfastensor.data import ChunkDataset, pack, verify
@@ -34,17 +34,6 @@ ROOT = Path(__file__).resolve().parents[1]
 N = len(CLASSES) * PER_CLASS
 
 
-@pytest.fixture(scope="module")
-def source(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[bytes, tuple[str, int]]]:
-    root = tmp_path_factory.mktemp("src")
-    return root, make_folder(root)
-
-
-@pytest.fixture(scope="module")
-def packed(source, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("pack") / "p"
-    pack(source[0], out, chunk_size=CHUNK, seed=7, progress=False)
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-from data_helpers import CHUNK, CLASSES, PER_CLASS, make_folder
+from data_helpers import CHUNK, CLASSES, PER_CLASS
 
 from pyfastensor.data import ChunkDataset
 
@@ -21,11 +20,6 @@ def _cli(*args: object, progress: bool = False) -> subprocess.CompletedProcess[s
     return subprocess.run([sys.executable, "-m", "pyfastensor", "data", *map(str, args)],
                           capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
 
-
-@pytest.fixture(scope="module")
-def source(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[bytes, tuple[str, int]]]:
-    root = tmp_path_factory.mktemp("src")
-    return root, make_folder(root)
 
 
 def test_pack_then_verify(source, tmp_path):

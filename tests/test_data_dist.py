@@ -24,10 +24,10 @@ from pathlib import Path
 
 import pytest
 import torch.distributed as dist
-from data_helpers import CHUNK, CLASSES, PER_CLASS, make_folder
+from data_helpers import CLASSES, PER_CLASS
 
 from pyfastensor import _lib, errors
-from pyfastensor.data import ChunkDataset, _native, dataset, pack
+from pyfastensor.data import ChunkDataset, _dist, _native
 
 N = len(CLASSES) * PER_CLASS
 WORKER = Path(__file__).with_name("dist_worker.py")
@@ -36,17 +36,6 @@ ROOT = Path(__file__).resolve().parent.parent
 OVERFLOW = 0.3
 
 
-@pytest.fixture(scope="module")
-def source(tmp_path_factory):
-    root = tmp_path_factory.mktemp("src")
-    return root, make_folder(root)
-
-
-@pytest.fixture(scope="module")
-def packed(source, tmp_path_factory):
-    out = tmp_path_factory.mktemp("pack") / "p"
-    pack(source[0], out, chunk_size=CHUNK, seed=7, progress=False)
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -201,7 +190,7 @@ def test_node_without_the_job_token_is_refused(packed, budget, monkeypatch):
     rogue = _native.Server(packed, budget, 0, OVERFLOW, 1, 2)
     try:
         addr1 = rogue.dist_listen({"rank": 1, "world": 2, "token": "not-the-job-token", "timeout_s": 5}, "127.0.0.1:0")
-        prefix = f"pyfastensor/data/ds{dataset._dist_datasets + 1}/"
+        prefix = f"pyfastensor/data/ds{_dist._datasets + 1}/"
         store.set(prefix + "addr/1", addr1)
         store.set(prefix + "barrier/1/1", "1")
         before = _lib.handle_count()

@@ -15,25 +15,14 @@ import signal
 
 import pytest
 import torch
-from data_helpers import CHUNK, CLASSES, PER_CLASS, keep, make_folder, serve, tag_process
+from data_helpers import CLASSES, PER_CLASS, keep, serve, tag_process
 
-from pyfastensor.data import ChunkDataset, _client, pack
+from pyfastensor.data import ChunkDataset, _client
 from pyfastensor.errors import ServerUnavailableError, UnsupportedError
 
 N = len(CLASSES) * PER_CLASS
 
 
-@pytest.fixture(scope="module")
-def source(tmp_path_factory):
-    root = tmp_path_factory.mktemp("src")
-    return root, make_folder(root)
-
-
-@pytest.fixture(scope="module")
-def packed(source, tmp_path_factory):
-    out = tmp_path_factory.mktemp("pack") / "p"
-    pack(source[0], out, chunk_size=CHUNK, seed=7, progress=False)
-    return out
 
 
 def _epoch(dl: torch.utils.data.DataLoader, files: dict[bytes, tuple[str, int]]) -> tuple[list[int], set[int], set[bool]]:

@@ -6,18 +6,11 @@ import json
 
 import pytest
 import torch
-from offload_models import inputs, open_handles, train
+from offload_models import assert_same_grads, inputs, open_handles, train
 
 import pyfastensor
 
 SMALL = 16 << 10  # offload tensors of 16 KiB and more
-
-
-def assert_same(a: list[list[torch.Tensor]], b: list[list[torch.Tensor]]) -> None:
-    assert len(a) == len(b)
-    for step, (ga, gb) in enumerate(zip(a, b, strict=True)):
-        for i, (x, y) in enumerate(zip(ga, gb, strict=True)):
-            assert torch.equal(x, y), f"step {step}, tensor {i} differs"
 
 
 @pytest.mark.parametrize("model_name", ["mlp", "cnn", "transformer"])
@@ -27,7 +20,7 @@ def test_gradients_bit_identical(tmp_path, model_name, tier):
     want = train(model, batch_of, steps=3)
     off = pyfastensor.offload(tier=tier, spill_dir=str(tmp_path), min_size=SMALL, module=model)
     got = train(model, batch_of, steps=3, ctx=lambda: off)
-    assert_same(want, got)
+    assert_same_grads(want, got)
     s = off.summary()
     assert s.offloaded_tensors > 0
     assert s.bytes_offloaded[tier] > 0
@@ -80,7 +73,7 @@ def test_sparse_compression_is_lossless(tmp_path, model_name):
     want = train(model, batch_of, steps=2)
     off = pyfastensor.offload(spill_dir=str(tmp_path), min_size=SMALL, compression="sparse")
     got = train(model, batch_of, steps=2, ctx=lambda: off)
-    assert_same(want, got)
+    assert_same_grads(want, got)
     assert "sparse" in off.summary().compression
     assert off.summary().compression["sparse"] > 1
 
@@ -140,7 +133,7 @@ def test_prefetch_follows_profiled_order(tmp_path, prefetches):
     asked = prefetches(off)
     want = train(model, batch_of, steps=3)
     got = train(model, batch_of, steps=3, ctx=lambda: off)
-    assert_same(want, got)
+    assert_same_grads(want, got)
     assert off._order is not None and len(off._order) > 0
     assert asked, "no prefetch was asked for after the profiling step"
     for step in {s for s, _ in asked}:
@@ -196,7 +189,7 @@ def test_scheduled_policy_plans_after_profiling(tmp_path, capsys):
                               budget=256 << 10, compression="sparse", verbose=True)
     assert off.plan() is None
     got = train(model, batch_of, steps=3, ctx=lambda: off)
-    assert_same(want, got)
+    assert_same_grads(want, got)
     plan = off.plan_details
     assert plan is not None
     assert "offload plan" in capsys.readouterr().out

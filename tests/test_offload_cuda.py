@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 from cuda_fakes import FakeCuda
-from offload_models import inputs, loss_of, open_handles, train
+from offload_models import assert_same_grads, inputs, loss_of, open_handles, train
 
 import pyfastensor
 from pyfastensor.offload._staging import Staging
@@ -29,12 +29,6 @@ def staged_offload(tmp_path: Path, model: torch.nn.Module, fake: FakeCuda) -> py
     return off
 
 
-def assert_same(a: list[list[torch.Tensor]], b: list[list[torch.Tensor]]) -> None:
-    for step, (ga, gb) in enumerate(zip(a, b, strict=True)):
-        for i, (x, y) in enumerate(zip(ga, gb, strict=True)):
-            assert torch.equal(x, y), f"step {step}, tensor {i} differs"
-
-
 def test_staged_gradients_are_bit_identical_and_the_pool_is_reused(tmp_path: Path) -> None:
     model, batch_of = inputs("transformer")
     want = train(model, batch_of, steps=3)
@@ -42,7 +36,7 @@ def test_staged_gradients_are_bit_identical_and_the_pool_is_reused(tmp_path: Pat
     off = staged_offload(tmp_path, model, fake)
     pool = off._device_staging.pool
     got = train(model, batch_of, steps=3, ctx=lambda: off)
-    assert_same(want, got)
+    assert_same_grads(want, got)
     per_step = off.summary().offloaded_tensors  # packs of one step; each may also need a read-back buffer
     assert per_step > 0
     # Without reuse, three steps would allocate a buffer per pack and per read-back, each step
@@ -73,7 +67,7 @@ def test_pack_returns_before_the_copy_event_completes(tmp_path: Path) -> None:
         fake.gate.set()
         loss.backward()
     got = [p.grad.clone() for p in model.parameters()]
-    assert_same(want[:1], [got])
+    assert_same_grads(want[:1], [got])
     off.close()
     assert open_handles() == 0
 
@@ -89,7 +83,7 @@ def test_unpack_before_the_write_started_uploads_the_pinned_copy(tmp_path: Path)
     x, y = batch_of(0)
     with off:
         loss_of(model, x, y).backward()
-    assert_same(want[:1], [[p.grad.clone() for p in model.parameters()]])
+    assert_same_grads(want[:1], [[p.grad.clone() for p in model.parameters()]])
     off.close()
     assert open_handles() == 0
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from offload_models import inputs, loss_of, open_handles, train
+from offload_models import assert_same_grads, inputs, loss_of, open_handles, train
 from test_offload_staging import FakeBackend
 
 import pyfastensor
@@ -14,13 +14,6 @@ from pyfastensor.offload import _planned, _staging
 from pyfastensor.offload._order import PlannedPrefetcher
 
 SMALL = 16 << 10
-
-
-def assert_same(a: list[list[torch.Tensor]], b: list[list[torch.Tensor]]) -> None:
-    assert len(a) == len(b)
-    for step, (ga, gb) in enumerate(zip(a, b, strict=True)):
-        for i, (x, y) in enumerate(zip(ga, gb, strict=True)):
-            assert torch.equal(x, y), f"step {step}, tensor {i} differs"
 
 
 def _peak_without_offload(model: torch.nn.Module, batch_of) -> int:
@@ -59,7 +52,7 @@ def test_gradients_bit_identical_and_budget_held(tmp_path, model_name, budget_ki
     off = pyfastensor.offload(policy="planned", budget=budget, min_size=SMALL, module=model, spill_dir=str(tmp_path))
     steps = _Steps(off)
     got = train(model, batch_of, steps=3, ctx=steps)
-    assert_same(want, got)
+    assert_same_grads(want, got)
     steps.summaries.append(off.summary())
     plan = off.plan_details["plan"]
     assert plan.capacity == budget and plan.peak_bytes <= budget
@@ -124,7 +117,7 @@ def test_decisions_are_honoured_on_every_tier(tmp_path, monkeypatch):
     # One more step, looked at between forward and backward: every entry is where the plan put it.
     where = _entries_after_forward(off, model, batch_of, 3)
     assert where == planned
-    assert_same(want[:3], got[:3])
+    assert_same_grads(want[:3], got[:3])
     off.close()
     assert open_handles() == 0
 
@@ -137,7 +130,7 @@ def test_host_tier_on_cpu_without_a_fake_backend(tmp_path, monkeypatch):
     off = pyfastensor.offload(policy="planned", tier="auto", host_bytes=1 << 30, budget=peak // 2, min_size=SMALL,
                               module=model, spill_dir=str(tmp_path))
     got = train(model, batch_of, steps=3, ctx=lambda: off)
-    assert_same(want, got)
+    assert_same_grads(want, got)
     s = off.summary()
     assert s.staged_tensors > 0 and s.resident_peak_bytes <= peak // 2
     off.close()

@@ -31,7 +31,8 @@ def test_worker_protocol_matches_the_server():
     go = go_constants(LOCAL_GO.read_text())
     python = {"LocalProtocol": _client.PROTOCOL, "LocalHello": _client.HELLO, "LocalGet": _client.GET,
               "LocalTake": _client.TAKE, "LocalReturn": _client.RETURN, "LocalRestore": _client.RESTORE,
-              "LocalMetaFields": _client.META_FIELDS}
+              "LocalMetaFields": _client.META_FIELDS, "LocalGetInTurn": _client.GET_IN_TURN,
+              "LocalGetState": _client.GET_STATE}
     assert {k: go.get(k) for k in python} == python
-    ops = {k for k in go if k not in ("LocalProtocol", "LocalMetaFields")}
+    ops = {k for k in go if k not in ("LocalProtocol", "LocalMetaFields", "LocalGetInTurn", "LocalGetState")}
     assert ops <= set(python), f"ops of loader/local.go that data/_client.py does not know: {ops - set(python)}"

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pyfastensor/pyfastensor/gds"
+	"github.com/pyfastensor/pyfastensor/internal/testutil"
 )
 
 // crashes is the number of simulated power losses per model.
@@ -45,9 +46,9 @@ func TestCrashLeavesTheOldOrTheNewFile(t *testing.T) {
 				dir := filepath.Join(root, fmt.Sprintf("%s-%d", filepath.Base(m.name), i))
 				require.NoError(t, os.MkdirAll(dir, 0o755))
 				target := filepath.Join(dir, "ck.pt")
-				old := randBytes(1+rng.IntN(9000), rng.Uint64())
+				old := testutil.Pattern(1+rng.IntN(9000), rng.Uint64())
 				require.NoError(t, os.WriteFile(target, old, 0o644))
-				newer := randBytes(1+rng.IntN(70000), rng.Uint64())
+				newer := testutil.Pattern(1+rng.IntN(70000), rng.Uint64())
 				if steps == 0 { // learn the protocol's step count from one uncrashed write
 					c := NewCrashFS(OS, -1)
 					_, _, err := WriteFile(filepath.Join(dir, "probe"), int64(len(newer)), []Extent{{Data: newer}}, m.durable, c, Options{Chooser: Fixed("posix")})

@@ -18,19 +18,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pyfastensor/pyfastensor/gds"
+	"github.com/pyfastensor/pyfastensor/internal/testutil"
 )
 
-func randBytes(n int, seed uint64) []byte {
-	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
-	b := make([]byte, n)
-	for i := range b {
-		b[i] = byte(r.Uint32())
-	}
-	return b
-}
-
 func TestCRCCombine(t *testing.T) {
-	a, b := randBytes(1000, 1), randBytes(777, 2)
+	a, b := testutil.Pattern(1000, 1), testutil.Pattern(777, 2)
 	whole := crc32.ChecksumIEEE(append(append([]byte{}, a...), b...))
 	assert.Equal(t, whole, Combine(Checksum(a), Checksum(b), int64(len(b))))
 	assert.Equal(t, Checksum(a), Combine(Checksum(a), 0, 0))
@@ -38,19 +30,19 @@ func TestCRCCombine(t *testing.T) {
 
 func TestCRCCombineManyLengths(t *testing.T) {
 	for _, n := range []int{1, 2, 3, 7, 8, 255, 4096, 70001, 1 << 20} {
-		a, b := randBytes(333, uint64(n)), randBytes(n, uint64(n)+1)
+		a, b := testutil.Pattern(333, uint64(n)), testutil.Pattern(n, uint64(n)+1)
 		whole := crc32.ChecksumIEEE(append(append([]byte{}, a...), b...))
 		assert.Equal(t, whole, Combine(Checksum(a), Checksum(b), int64(n)), n)
 		assert.Equal(t, whole, Combine(Checksum(a), Checksum(b), int64(n)), "cached operator, %d", n)
 	}
 	zero := make([]byte, 100) // CRC of 100 zero bytes is not zero: crc1 == 0 needs A with that CRC
 	assert.NotZero(t, Checksum(zero))
-	b := randBytes(5000, 9)
+	b := testutil.Pattern(5000, 9)
 	assert.Equal(t, Checksum(b), Combine(0, Checksum(b), 5000))
 }
 
 func TestPageSumsJoinToEachRangesCRC(t *testing.T) {
-	data := randBytes(5*Page+123, 9)
+	data := testutil.Pattern(5*Page+123, 9)
 	g := NewPageSums(data)
 	g.sumPages(data, 0)
 	ranges := [][2]int64{{0, 0}, {0, int64(len(data))}, {0, Page}, {Page, 2 * Page}, {1, Page - 1},
@@ -94,7 +86,7 @@ func TestRunReturnsTheLowestFailedTask(t *testing.T) {
 
 func TestRawRoundTrip(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "x.bin")
-	a, b := randBytes(3<<20+5, 1), randBytes(777, 2)
+	a, b := testutil.Pattern(3<<20+5, 1), testutil.Pattern(777, 2)
 	_, _, err := WriteFile(path, 8+int64(len(a)+len(b)), []Extent{{Off: 8, Data: a}, {Off: 8 + int64(len(a)), Data: b}}, true, nil, Options{})
 	require.NoError(t, err)
 	ga, gb := make([]byte, len(a)), make([]byte, len(b))
@@ -127,7 +119,7 @@ func TestRawPackedExtentsOfMixedEnginesKeepEveryByte(t *testing.T) {
 			if i%2 == 0 {
 				n = 1<<20 + 4096*i + 13 // direct under the default chooser
 			}
-			extents = append(extents, Extent{Off: off, Data: randBytes(n, uint64(trial*100+i))})
+			extents = append(extents, Extent{Off: off, Data: testutil.Pattern(n, uint64(trial*100+i))})
 			off += int64(n)
 		}
 		path := filepath.Join(dir, fmt.Sprintf("packed%d.bin", trial))
@@ -174,7 +166,7 @@ func (r *recorder) Observe(op Op, size int64, engine string, d time.Duration) { 
 
 func TestReadSumsAndObservesPerExtent(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "x.bin")
-	data := randBytes(5<<20+77, 3)
+	data := testutil.Pattern(5<<20+77, 3)
 	_, _, err := WriteFile(path, int64(len(data)), []Extent{{Data: data}}, false, nil, Options{Chooser: Fixed("posix")})
 	require.NoError(t, err)
 	rec := &recorder{Fixed: "posix"}
@@ -214,7 +206,7 @@ func TestCRCSpeedMeasures(t *testing.T) {
 // CRC-32 whatever its length and its memory's alignment.
 func TestReadSummedInStepsMatchesChecksum(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "x.bin")
-	data := randBytes(3*ReadSumChunk+12345, 5)
+	data := testutil.Pattern(3*ReadSumChunk+12345, 5)
 	_, _, err := WriteFile(path, int64(len(data)), []Extent{{Data: data}}, false, nil, Options{Chooser: Fixed("posix")})
 	require.NoError(t, err)
 	mem := make([]byte, len(data)+1)

@@ -64,18 +64,12 @@ from .. import _device, _lib, config
 from ..engines import EngineFile
 from ..errors import CorruptFileError, EngineUnavailableError, FastensorError
 from . import _progress
-from ._native import Archive, _engine
+from ._native import Archive
 from ._torchzip import PreloadedZip, key_paths
 from ._unpickle import refused, unpickle
 
 _log = logging.getLogger("pyfastensor")
 
-_lib.register({
-    "pft_ckpt_read_part": [_lib.u64, _lib.i64, _lib.i64, _lib.c_void_p, _lib.i64, _lib.i64, _lib.c_int,
-                           _lib.c_char_p, _lib.c_int, _lib.i64, _lib.c_int, ctypes.POINTER(_lib.i64)],
-    "pft_ckpt_sum_part": [_lib.u64, _lib.i64, _lib.i64, _lib.c_void_p, _lib.i64, _lib.i64,
-                          ctypes.POINTER(_lib.i64)],
-})
 
 #: How the last CUDA load moved its records: ``{"path", "route", "reason"}`` (``route``
 #: ``"cufile"`` or ``"pinned"``; ``reason`` why cuFile was not used, ``""`` when it was).
@@ -360,8 +354,8 @@ def read_part(archive: Archive, index: int, offset: int, addr: int, nbytes: int,
         CorruptFileError: at the record's last part, when the sum is not the central directory's.
     """
     out = _lib.i64()
-    _lib.call("pft_ckpt_read_part", archive._live(), index, offset, addr, nbytes, crc, int(verify), _engine(engine),
-              config.threads(), config.task_size(), 0, ctypes.byref(out))
+    _lib.call("pft_ckpt_read_part", archive._live(), index, offset, addr, nbytes, crc,
+              _lib.options(engine, verify=verify), ctypes.byref(out))
     return int(out.value)
 
 

@@ -14,31 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from .. import _lib, config
-
-_P = ctypes.POINTER
-_lib.register({
-    "pft_ckpt_save_torch": [_lib.c_char_p, _lib.c_char_p, _lib.c_char_p, _lib.i64, _lib.c_char_p, _lib.c_char_p,
-                            _lib.i64, _lib.c_char_p, _P(_lib.c_void_p), _P(_lib.i64), _lib.c_int, _lib.c_char_p,
-                            _lib.c_int, _lib.i64, _lib.c_int, _P(_lib.i64), _P(_lib.c_void_p)],
-    "pft_ckpt_open": [_lib.c_char_p, _lib.c_int, ctypes.c_double, _P(_lib.u64), _P(_lib.c_void_p)],
-    "pft_ckpt_read_whole": [_lib.c_char_p, _lib.c_void_p, _lib.i64, _lib.c_int, _lib.c_char_p, _lib.c_int,
-                            _lib.i64, _lib.c_int, _P(_lib.i64), _P(_lib.u64), _P(_lib.c_void_p)],
-    "pft_ckpt_plan_load": [_lib.c_char_p, _lib.c_int, _lib.c_int, _P(_lib.c_void_p)],
-    "pft_ckpt_read": [_lib.u64, _lib.i64, _P(_lib.i64), _P(_lib.c_void_p), _P(_lib.i64),
-                      _lib.c_int, _lib.c_char_p, _lib.c_int, _lib.i64, _lib.c_int, _P(_lib.i64),
-                      _P(_lib.c_void_p)],
-    "pft_ckpt_close": [_lib.u64],
-    "pft_ckpt_resident": [_lib.u64, _P(_lib.c_void_p)],
-    "pft_ckpt_verify": [_lib.u64, _lib.i64, _P(_lib.i64), _P(_lib.c_void_p), _P(_lib.i64), _lib.c_int,
-                        _P(_lib.i64)],
-    "pft_raw_read": [_lib.c_char_p, _lib.i64, _P(_lib.i64), _P(_lib.c_void_p), _P(_lib.i64),
-                     _lib.c_char_p, _lib.c_int, _lib.i64, _lib.c_int, _P(_lib.i64), _P(_lib.c_void_p)],
-    "pft_safetensors_save": [_lib.c_char_p, _lib.c_char_p, _lib.i64, _P(_lib.c_void_p), _lib.c_int,
-                             _lib.c_char_p, _lib.c_int, _lib.i64, _lib.c_int, _P(_lib.i64), _P(_lib.c_void_p)],
-    "pft_safetensors_open": [_lib.c_char_p, _P(_lib.u64), _P(_lib.c_void_p)],
-    "pft_safetensors_close": [_lib.u64],
-})
+from .. import _lib
 
 
 def data_align() -> int:
@@ -100,20 +76,6 @@ def _arrays(addrs: Sequence[int], sizes: Sequence[int]) -> tuple[Any, Any]:
     return (ctypes.c_void_p * n)(*[a or None for a in addrs]), (ctypes.c_int64 * n)(*sizes)
 
 
-def _engine(engine: Any) -> bytes | None:
-    """The engine argument of the native calls: NULL (default choice), an
-    engine name, or ``dict:<handle>`` for open :class:`~pyfastensor.dictionary.Dictionaries`
-    (WDic for writes, RDic for reads, learning from every record moved)."""
-    if engine is None or engine == "":
-        return None
-    if isinstance(engine, str):
-        return engine.encode()
-    live = getattr(engine, "_live", None)
-    if live is None:
-        raise TypeError(f"engine={engine!r}: expected an engine name or pyfastensor.dictionary.Dictionaries")
-    return f"dict:{live()}".encode()
-
-
 @dataclass
 class TorchArchive:
     """What torch.save puts in its zip, for :func:`write_archive`: the pickle, the byte
@@ -141,15 +103,11 @@ def write_archive(
     keys = "\n".join(archive.keys)
     if keys.count("\n") != max(len(archive.keys) - 1, 0):
         raise ValueError("storage keys cannot contain a newline")
-    out = ctypes.c_void_p()
-    _lib.call(
+    return _lib.call_json(
         "pft_ckpt_save_torch", _lib.cstr(path), prefix.encode(), archive.pickle, len(archive.pickle),
         archive.byteorder.encode() if archive.byteorder is not None else None, archive.serialization_id.encode(),
-        len(archive.keys), keys.encode(), archive.addrs, archive.sizes, int(durable), _engine(engine),
-        config.threads(), config.task_size(), 0, ctypes.byref(counter) if counter is not None else None,
-        ctypes.byref(out),
-    )
-    return json.loads(_lib.take_string(out))
+        len(archive.keys), keys.encode(), archive.addrs, archive.sizes, _lib.options(engine, durable=durable),
+        ctypes.byref(counter) if counter is not None else None)
 
 
 def read_raw(
@@ -160,11 +118,8 @@ def read_raw(
     n = len(extents)
     offs = (ctypes.c_int64 * n)(*[e[0] for e in extents])
     addrs, sizes = _arrays([e[1] for e in extents], [e[2] for e in extents])
-    out = ctypes.c_void_p()
-    _lib.call("pft_raw_read", _lib.cstr(path), n, offs, addrs, sizes, _engine(engine),
-              config.threads(), config.task_size(), 0,
-              ctypes.byref(counter) if counter is not None else None, ctypes.byref(out))
-    return json.loads(_lib.take_string(out))
+    return _lib.call_json("pft_raw_read", _lib.cstr(path), n, offs, addrs, sizes, _lib.options(engine),
+                          ctypes.byref(counter) if counter is not None else None)
 
 
 @dataclass(frozen=True)
@@ -198,11 +153,9 @@ def write_safetensors(
         "metadata": None if metadata is None else [{"key": k, "value": v} for k, v in metadata.items()],
     }
     addrs = (ctypes.c_void_p * len(tensors))(*[t.addr or None for t in tensors])
-    out = ctypes.c_void_p()
-    _lib.call("pft_safetensors_save", _lib.cstr(path), json.dumps(spec).encode(), len(tensors), addrs,
-              int(durable), _engine(engine), config.threads(), config.task_size(), 0,
-              ctypes.byref(counter) if counter is not None else None, ctypes.byref(out))
-    return json.loads(_lib.take_string(out))
+    return _lib.call_json("pft_safetensors_save", _lib.cstr(path), json.dumps(spec).encode(), len(tensors), addrs,
+                          _lib.options(engine, durable=durable),
+                          ctypes.byref(counter) if counter is not None else None)
 
 
 class SafetensorsFile(_lib.Handle):
@@ -221,10 +174,8 @@ class SafetensorsFile(_lib.Handle):
         super().__init__()
         self.path = os.fspath(path)
         handle = _lib.u64()
-        out = ctypes.c_void_p()
-        _lib.call("pft_safetensors_open", _lib.cstr(self.path), ctypes.byref(handle), ctypes.byref(out))
+        desc = _lib.call_json("pft_safetensors_open", _lib.cstr(self.path), ctypes.byref(handle))
         self._handle = handle.value
-        desc = json.loads(_lib.take_string(out))
         self.size: int = desc["file_size"]
         #: ``{"name", "dtype", "shape", "begin", "end"}`` of each tensor in the header's order;
         #: ``begin`` and ``end`` are file offsets.
@@ -250,9 +201,7 @@ def plan_load(path: str, *, mapped: bool, chosen: bool) -> dict[str, Any]:
     ``whole`` says to read it whole into ``size`` bytes of page-aligned memory
     (:class:`Archive` with ``whole=``); otherwise it is read record by record
     (:class:`Archive` with ``for_load=True`` and ``resident``)."""
-    out = ctypes.c_void_p()
-    _lib.call("pft_ckpt_plan_load", _lib.cstr(path), int(mapped), int(chosen), ctypes.byref(out))
-    return json.loads(_lib.take_string(out))
+    return _lib.call_json("pft_ckpt_plan_load", _lib.cstr(path), int(mapped), int(chosen))
 
 
 class Archive(_lib.Handle):
@@ -292,17 +241,15 @@ class Archive(_lib.Handle):
         super().__init__()
         self.path = os.fspath(path)
         handle = _lib.u64()
-        out = ctypes.c_void_p()
         if whole is None:
-            _lib.call("pft_ckpt_open", _lib.cstr(self.path), int(for_load), resident, ctypes.byref(handle),
-                      ctypes.byref(out))
+            desc = _lib.call_json("pft_ckpt_open", _lib.cstr(self.path), int(for_load), resident,
+                                  ctypes.byref(handle))
         else:
-            _lib.call("pft_ckpt_read_whole", _lib.cstr(self.path), whole[0], whole[1], int(verify),
-                      _engine(engine), config.threads(), config.task_size(), 0,
-                      ctypes.byref(counter) if counter is not None else None,
-                      ctypes.byref(handle), ctypes.byref(out))
+            desc = _lib.call_json("pft_ckpt_read_whole", _lib.cstr(self.path), whole[0], whole[1],
+                                  _lib.options(engine, verify=verify),
+                                  ctypes.byref(counter) if counter is not None else None,
+                                  ctypes.byref(handle))
         self._handle = handle.value
-        desc = json.loads(_lib.take_string(out))
         self.size: int = desc["file_size"]
         #: Whether ``whole`` was read (False: the file no longer had ``nbytes``, and was opened as it is).
         self.read_whole: bool = desc.get("read_whole", False)
@@ -334,13 +281,9 @@ class Archive(_lib.Handle):
         n = len(reads)
         idx = (ctypes.c_int64 * n)(*[r[0] for r in reads])
         addrs, sizes = _arrays([r[1] for r in reads], [r[2] for r in reads])
-        out = ctypes.c_void_p()
-        _lib.call(
-            "pft_ckpt_read", self._live(), n, idx, addrs, sizes, int(verify), _engine(engine),
-            config.threads(), config.task_size(), 0,
-            ctypes.byref(counter) if counter is not None else None, ctypes.byref(out),
-        )
-        return json.loads(_lib.take_string(out))
+        return _lib.call_json(
+            "pft_ckpt_read", self._live(), n, idx, addrs, sizes, _lib.options(engine, verify=verify),
+            ctypes.byref(counter) if counter is not None else None)
 
     def verify(self, records: Sequence[tuple[int, int, int]], *, counter: ctypes.c_int64 | None = None) -> None:
         """Check the CRC-32s of records already in memory: ``records`` holds
@@ -353,15 +296,13 @@ class Archive(_lib.Handle):
         n = len(records)
         idx = (ctypes.c_int64 * n)(*[r[0] for r in records])
         addrs, sizes = _arrays([r[1] for r in records], [r[2] for r in records])
-        _lib.call("pft_ckpt_verify", self._live(), n, idx, addrs, sizes, 0,
+        _lib.call("pft_ckpt_verify", self._live(), n, idx, addrs, sizes, _lib.options(),
                   ctypes.byref(counter) if counter is not None else None)
 
     def resident(self) -> list[float]:
         """The share of each entry's data in the page cache now, from 0 to 1 (cachestat, or
         mincore), for inspection: a load takes its decisions from the planner instead."""
-        out = ctypes.c_void_p()
-        _lib.call("pft_ckpt_resident", self._live(), ctypes.byref(out))
-        return [float(x) for x in json.loads(_lib.take_string(out))]
+        return [float(x) for x in _lib.call_json("pft_ckpt_resident", self._live())]
 
     def read_bytes(self, name: str, *, verify: bool = True) -> bytes:
         """Return the bytes of the record called ``name``."""

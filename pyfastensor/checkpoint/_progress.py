@@ -18,7 +18,8 @@ from .. import config
 
 T = TypeVar("T")
 
-#: Seconds a call runs before its bar appears.
+#: Seconds a call runs before its bar appears; 0 (or less) shows it from the
+#: start, however short the call.
 DELAY = 2.0
 
 #: Transfers smaller than this never get a bar.
@@ -74,8 +75,11 @@ class Pending(Generic[T]):
     def wait(self) -> T:
         """Return ``fn``'s result once it has finished, or raise its exception."""
         t = self._thread
-        t.join(max(0.0, DELAY - (time.monotonic() - self._started)) if self._bar else None)
-        if t.is_alive():
+        if not self._bar:
+            t.join()
+        elif DELAY > 0:
+            t.join(max(0.0, DELAY - (time.monotonic() - self._started)))
+        if self._bar and (DELAY <= 0 or t.is_alive()):
             with _bar(self._total, self._desc) as bar:
                 while t.is_alive():
                     t.join(0.1)

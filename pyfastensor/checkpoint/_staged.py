@@ -11,23 +11,13 @@ is the one ``save`` writes for the same skeleton.
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 from collections.abc import Sequence
 from typing import Any
 
-from .. import _lib, config
-from ._native import Records, _arrays, _engine
+from .. import _lib
+from ._native import Records, _arrays
 
-_P = ctypes.POINTER
-_lib.register({
-    "pft_ckpt_stage_begin": [_lib.c_char_p, _lib.i64, _lib.c_char_p, _P(_lib.c_void_p), _P(_lib.i64), _P(_lib.i64),
-                             _P(_lib.c_int), _lib.c_int, _lib.c_char_p, _lib.c_int, _lib.i64, _lib.c_int,
-                             _P(_lib.u64)],
-    "pft_ckpt_stage_write": [_lib.u64, _lib.i64, _lib.i64, _lib.c_void_p, _lib.i64],
-    "pft_ckpt_stage_commit": [_lib.u64, _P(_lib.c_void_p)],
-    "pft_ckpt_stage_abort": [_lib.u64],
-})
 
 class StagedSave(_lib.Handle):
     """A staged save to ``path`` in progress; closing it without :meth:`commit` aborts it (the
@@ -58,7 +48,7 @@ class StagedSave(_lib.Handle):
         _lib.call(
             "pft_ckpt_stage_begin", _lib.cstr(path), n, names, addrs, sizes,
             (ctypes.c_int64 * n)(*records.aligns), (ctypes.c_int * n)(*[int(st) for st in staged]),
-            int(durable), _engine(engine), config.threads(), config.task_size(), 0, ctypes.byref(handle),
+            _lib.options(engine, durable=durable), ctypes.byref(handle),
         )
         self._handle = handle.value
 
@@ -70,9 +60,7 @@ class StagedSave(_lib.Handle):
         """Write the rest and commit the file; return the save's stats. The save is over either way."""
         with self._lock:
             h, self._handle = self._live(), 0
-        out = ctypes.c_void_p()
-        _lib.call("pft_ckpt_stage_commit", h, ctypes.byref(out))
-        return dict(json.loads(_lib.take_string(out)))
+        return dict(_lib.call_json("pft_ckpt_stage_commit", h))
 
     def _closed_message(self) -> str:
         return f"staged save of {os.path.basename(self.path)!r} is over"

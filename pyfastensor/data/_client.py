@@ -11,9 +11,11 @@ the server copy the samples into it (the storage's file descriptor travels
 with the request; the server keeps it mapped), and the batch's tensors are
 views of that storage, which torch then hands to the main process without
 a copy. If the worker dies between the two, the server gives the batch back.
-A worker resuming from its part of a StatefulDataLoader's state sends it
-with ``restore``; the server answers once every worker's part came and it
-restored their union.
+A worker asks for its batches in turn (``get_in_turn``): the server serves
+them in the loader's round robin, each with the server's state after it
+once the worker was asked for a state. A worker resuming from its part of
+a StatefulDataLoader's state sends it with ``restore``; the server answers
+once every worker's part came and it restored the latest.
 
 Nothing here imports the native library; errors come back as the same
 exceptions the native calls raise.
@@ -31,8 +33,9 @@ from typing import Any
 from .. import errors
 
 # Keep in step with loader/local.go (tests/test_protocol_sync.py checks).
-PROTOCOL = 2
+PROTOCOL = 3
 HELLO, GET, TAKE, RETURN, RESTORE = 1, 2, 3, 4, 5
+GET_IN_TURN, GET_STATE = 1, 2  # GET's flags
 META_FIELDS = 4
 
 _REQUEST = struct.Struct("<IIIQ")  # frame length, op, n, arg
@@ -142,6 +145,21 @@ class Client:
         values = struct.unpack(f"<{META_FIELDS * n}qQ", meta)
         return list(values[:-1]), ticket, int(values[-1])
 
+    def get_in_turn(self, indices: Sequence[int], worker: int, workers: int, wait: float,
+                    state: bool) -> tuple[list[int], int, int, int, bytes]:
+        """Serve requests for ``indices`` as batch of ``worker`` of a loader of ``workers`` that hands
+        its batches to them round robin: the server serves it once the batches before it were,
+        waiting up to ``wait`` seconds. Return META_FIELDS ints per sample, the batch's ticket, the
+        epoch, the batch's index in the epoch's round robin and, with ``state``, the server's state
+        after it (JSON bytes; else empty)."""
+        n = len(indices)
+        arg = GET_IN_TURN | (GET_STATE if state else 0) | (worker & 0xFFFF) << 16 | (workers & 0xFFFF) << 32
+        payload = struct.pack(f"<{n}qQ", *indices, max(1, int(wait * 1000)))
+        _, ticket, meta = self._call(GET, n, arg, payload)  # the server bounds the wait
+        head = struct.calcsize(f"<{META_FIELDS * n}qQQ")
+        values = struct.unpack_from(f"<{META_FIELDS * n}qQQ", meta)
+        return list(values[:-2]), ticket, int(values[-2]), int(values[-1]), meta[head:]
+
     def take(self, ticket: int, n: int, fd: int, size: int, offset: int = 0) -> None:
         """Have the server write the ticket's ``n`` samples, back to back, into the shared memory ``fd`` from ``offset``."""
         self._call(TAKE, n, ticket, struct.pack("<QQ", offset, size), fd)
@@ -151,8 +169,8 @@ class Client:
         self._call(RETURN, 0, ticket, b"")
 
     def restore(self, part: dict[str, Any], timeout: float) -> None:
-        """Send this worker's part of a state; return once the server restored the union of every
-        worker's part (waiting up to ``timeout`` seconds for the others')."""
+        """Send this worker's part of a state; return once the server restored the state every
+        worker's part makes (waiting up to ``timeout`` seconds for the others')."""
         self._sock.settimeout(timeout + 10)
         try:
             self._call(RESTORE, 0, max(1, int(timeout * 1000)), json.dumps(part).encode())

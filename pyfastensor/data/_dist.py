@@ -17,9 +17,12 @@ import os
 import secrets
 import socket
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .. import errors
+from .. import config, errors
+
+if TYPE_CHECKING:
+    from . import _native
 
 #: How long a rank waits for the others at the rendezvous and at a barrier.
 TIMEOUT_S = 300.0
@@ -124,3 +127,58 @@ class Rendezvous:
             raise errors.NodeFailedError(
                 f"ChunkDataset: rank {self.rank} waited {self.timeout:.0f}s for {what}{who}: a node of the "
                 f"cluster failed or is not using the dataset alike ({type(e).__name__}: {e})") from None
+
+
+# Distributed datasets made in this process, in order: the same count on
+# every rank names a dataset's keys in the job's store.
+_datasets = 0
+
+
+class _ClusterMember:
+    """The methods of a :class:`~pyfastensor.data.ChunkDataset` that make its server a node of the cluster."""
+
+    distributed: bool
+    rank: int | None
+    world_size: int | None
+    timeout: float
+    remote_memory: int
+    prefetch: bool
+    _store: Any
+    _rendezvous: Rendezvous | None
+
+    def _share(self) -> tuple[int, int]:
+        """This node's rank and the world size (0 and 1 on one node)."""
+        if not self.distributed:
+            return 0, 1
+        if self.rank is None or self.world_size is None:
+            import torch.distributed as dist
+
+            default_store()  # raises, naming what to do, without a process group
+            self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        return self.rank, self.world_size
+
+    def _join(self, server: _native.Server, rank: int, world: int) -> None:
+        """Join the cluster: listen, share the address and token through the store, connect."""
+        global _datasets
+        store = self._store if self._store is not None else default_store()
+        _datasets += 1
+        rv = Rendezvous(store, f"ds{_datasets}", rank, world, self.timeout)
+        token = rv.token()
+        host = config.data_host() or local_address(store_host(store))
+        options = {"rank": rank, "world": world, "token": token, "remote_bytes": self.remote_memory,
+                   "no_prefetch": not self.prefetch, "timeout_s": self.timeout}
+        address = server.dist_listen(options, f"{host}:0")
+        try:
+            server.dist_connect(rv.exchange(address))
+        except errors.EngineUnavailableError as e:
+            raise errors.NodeFailedError(str(e)) from None
+        rv.barrier("every node to connect")
+        self._rendezvous = rv
+
+    def _barrier(self, what: str) -> None:
+        if self._rendezvous is not None:
+            self._rendezvous.barrier(what)
+
+    def _node_failed(self, e: errors.EngineUnavailableError) -> Exception:
+        """A node's failure as NodeFailedError (Go's dist.ErrNodeFailed crosses as engine-unavailable)."""
+        return errors.NodeFailedError(str(e)) if self.distributed else e

@@ -17,25 +17,6 @@ from typing import Any
 from .. import _lib
 from . import _client
 
-_P = ctypes.POINTER
-_lib.register({
-    "pft_loader_pack": [_lib.c_char_p, _lib.c_char_p, _P(_lib.i64), _P(_lib.c_void_p)],
-    "pft_loader_verify": [_lib.c_char_p, _P(_lib.i64), _P(_lib.c_void_p)],
-    "pft_loader_open": [_lib.c_char_p, _lib.c_char_p, _P(_lib.u64), _P(_lib.c_void_p)],
-    "pft_loader_set_epoch": [_lib.u64, _lib.u64],
-    "pft_loader_get": [_lib.u64, _lib.i64, _P(_lib.i64), _P(_lib.i64), _P(_lib.u64)],
-    "pft_loader_take": [_lib.u64, _lib.u64, _lib.i64, _P(_lib.c_void_p)],
-    "pft_loader_listen": [_lib.u64, _lib.c_char_p],
-    "pft_loader_state": [_lib.u64, _P(_lib.c_void_p)],
-    "pft_loader_restore": [_lib.u64, _lib.c_char_p],
-    "pft_loader_stats": [_lib.u64, _P(_lib.c_void_p)],
-    "pft_loader_close": [_lib.u64],
-    "pft_loader_dist_listen": [_lib.u64, _lib.c_char_p, _lib.c_char_p, _P(_lib.c_void_p)],
-    "pft_loader_dist_connect": [_lib.u64, _lib.c_char_p],
-    "pft_loader_dist_sequence": [_lib.u64, _lib.u64, _lib.i64, _P(_lib.i64)],
-    "pft_loader_dist_drop": [_lib.u64],
-})
-
 #: int64s pft_loader_get writes per sample: position, source, label, length
 #: (the local protocol's too: one constant, loader.LocalMetaFields in Go).
 META_FIELDS = _client.META_FIELDS
@@ -46,16 +27,12 @@ Progress = ctypes.c_int64 * 2
 
 def pack(spec: dict[str, Any], out: str | os.PathLike[str], progress: Any = None) -> dict[str, Any]:
     """Pack ``spec`` (``loader.PackSpec`` as a dict) into ``out``; return ``loader.PackStats``."""
-    res = ctypes.c_void_p()
-    _lib.call("pft_loader_pack", json.dumps(spec).encode(), _lib.cstr(out), progress, ctypes.byref(res))
-    return json.loads(_lib.take_string(res))
+    return _lib.call_json("pft_loader_pack", json.dumps(spec).encode(), _lib.cstr(out), progress)
 
 
 def verify(out: str | os.PathLike[str], progress: Any = None) -> dict[str, Any]:
     """Check every chunk of the pack in ``out``; return the pack's summary."""
-    res = ctypes.c_void_p()
-    _lib.call("pft_loader_verify", _lib.cstr(out), progress, ctypes.byref(res))
-    return json.loads(_lib.take_string(res))
+    return _lib.call_json("pft_loader_verify", _lib.cstr(out), progress)
 
 
 class Server(_lib.Handle):
@@ -71,13 +48,12 @@ class Server(_lib.Handle):
                  rank: int = 0, world: int = 1) -> None:
         super().__init__()
         h = _lib.u64()
-        out = ctypes.c_void_p()
         options: dict[str, Any] = {"budget": budget, "seed": seed, "rank": rank, "world": world}
         if overflow is not None:
             options["overflow"] = overflow  # else Go's loader.DefaultOverflow
-        _lib.call("pft_loader_open", _lib.cstr(path), json.dumps(options).encode(), ctypes.byref(h), ctypes.byref(out))
+        self.summary: dict[str, Any] = _lib.call_json("pft_loader_open", _lib.cstr(path),
+                                                      json.dumps(options).encode(), ctypes.byref(h))
         self._handle = h.value
-        self.summary: dict[str, Any] = json.loads(_lib.take_string(out))
 
     def _closed_message(self) -> str:
         return "the ChunkDataset's loader server is closed"
@@ -107,25 +83,20 @@ class Server(_lib.Handle):
         _lib.call("pft_loader_listen", self._live(), address.encode())
 
     def state(self) -> dict[str, Any]:
-        out = ctypes.c_void_p()
-        _lib.call("pft_loader_state", self._live(), ctypes.byref(out))
-        return json.loads(_lib.take_string(out))
+        return _lib.call_json("pft_loader_state", self._live())
 
     def restore(self, state: dict[str, Any]) -> None:
         _lib.call("pft_loader_restore", self._live(), json.dumps(state).encode())
 
     def stats(self) -> dict[str, Any]:
-        out = ctypes.c_void_p()
-        _lib.call("pft_loader_stats", self._live(), ctypes.byref(out))
-        return json.loads(_lib.take_string(out))
+        return _lib.call_json("pft_loader_stats", self._live())
 
     # A node of a cluster (loader/dist): rank and world given to the constructor.
 
     def dist_listen(self, options: dict[str, Any], address: str) -> str:
         """Serve the other nodes over gRPC at ``address`` ("host:0" picks a port); return the address bound."""
-        out = ctypes.c_void_p()
-        _lib.call("pft_loader_dist_listen", self._live(), json.dumps(options).encode(), address.encode(), ctypes.byref(out))
-        return str(json.loads(_lib.take_string(out))["address"])
+        return str(_lib.call_json("pft_loader_dist_listen", self._live(), address.encode(),
+                                  json.dumps(options).encode())["address"])
 
     def dist_connect(self, addresses: Sequence[str]) -> None:
         """Connect to the other nodes, ``addresses`` by rank (this node's own included)."""

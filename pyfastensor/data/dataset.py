@@ -3,21 +3,21 @@
 The Go server (``loader/server.go``) owns the abstract memory and decides
 which sample answers each request; this class turns requests into one
 native call per batch and the answers into uint8 tensors. The server lives
-in the process that uses the dataset first (the training script's); its
-DataLoader workers are clients of it over a Unix socket (``_client.py``),
-never loading the Go runtime.
+in the process that uses the dataset first (the training script's:
+``_owner.py``); its DataLoader workers are clients of it over a Unix socket
+(``_worker.py``, ``_client.py``), never loading the Go runtime; a
+distributed dataset's server is a node of the ranks' cluster (``_dist.py``).
+This module holds the dataset's public methods.
 """
 
 from __future__ import annotations
 
-import base64
 import json
 import operator
 import os
 import secrets
 import threading
-import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -25,14 +25,15 @@ import torch.utils.data
 
 from .. import config, errors
 from . import _client, _dist, _native
+from ._owner import _ServerOwner
+from ._worker import _WorkerSide
 from .pack import _check_seed
+from .sampler import ChunkSampler
 
-# Distributed datasets made in this process, in order: the same count on
-# every rank names a dataset's keys in the job's store.
-_dist_datasets = 0
+__all__ = ["ChunkDataset", "ChunkSampler"]
 
 
-class ChunkDataset(torch.utils.data.Dataset):
+class ChunkDataset(_ServerOwner, _WorkerSide, _dist._ClusterMember, torch.utils.data.Dataset):
     """A map-style dataset over a pack (``python -m pyfastensor data pack``), read in whole chunks.
 
     As in Brand (the paper's section 3.3), a request for index ``i`` is
@@ -83,27 +84,35 @@ class ChunkDataset(torch.utils.data.Dataset):
       ``spawn``: its ``state_dict()`` taken after any batch, loaded into a new
       ``StatefulDataLoader`` over a new ChunkDataset (same pack, a budget giving
       the same layout, as many workers), in any process, continues the epoch so
-      that every sample is delivered exactly once across the interruption: the
-      batches the loop consumed are in the state, those prefetched past them are
-      not. With ``num_workers=0`` the loader saves this dataset's
-      :meth:`state_dict`. With workers each worker's ``state_dict()`` is its part
-      of the state, the positions its batches delivered this epoch (a bitmap of
-      ``len(self) / 8`` bytes, sent with each batch); on resume each new worker's
-      ``load_state_dict()`` sends its part to the main process's server, which
-      waits for every worker's (``timeout``), restores their union and reads the
-      samples not delivered again as they are asked for. Keep the loader's
-      default ``snapshot_every_n_steps=1`` and ``in_order=True``: a state taken
-      between snapshots replays the batches since the last one on resume, and
-      their samples are skipped for the epoch (workers warn, ``RuntimeWarning``,
-      when batches come without a state). A distributed dataset resumes mid-epoch
-      with ``num_workers=0`` only.
+      that every sample is delivered exactly once across the interruption, with
+      the batches the interrupted loader would have given: the batches the loop
+      consumed are in the state, those prefetched past them are not. With
+      ``num_workers=0`` the loader saves this dataset's :meth:`state_dict`. With
+      workers each worker's ``state_dict()`` is its part of the state, the
+      server's state right after the worker's last batch (two bitmaps of
+      ``len(self) / 8`` bytes, sent with each batch once the loader asked for a
+      state); on resume each new worker's ``load_state_dict()`` sends its part
+      to the main process's server, which waits for every worker's
+      (``timeout``) and restores the one of the latest batch. Any
+      ``snapshot_every_n_steps``: the batches the loader replays after its last
+      snapshot are served again as they were. A distributed dataset resumes
+      mid-epoch with ``num_workers=0`` only.
     - torch's ``DataLoader``: :meth:`state_dict` in the main process. With
       ``num_workers=0``, exact after any batch. With workers, the batches they
       prefetched and the loop did not consume yet count as delivered: take it at
       an epoch's end (the iterator drained).
 
+    Order: DataLoader workers' batches are served in the loader's order
+    (torch's loaders with ``in_order=True``, their default, hand batch ``b`` to
+    worker ``b % num_workers``; a request that is ahead waits for the batches
+    before it, up to ``timeout``), so the same pack, budget, seed, sampler order
+    and ``num_workers`` give the same batches, also across a resume. Another
+    ``num_workers`` gives other batches. ``in_order=False`` is not supported
+    with workers.
+
     Concurrency: the methods may be called from several threads; the
-    server orders concurrent batches as they reach it.
+    server orders concurrent batches of the main process as they reach it
+    (a DataLoader's workers': in the loader's order, above).
 
     Args:
         root: the pack's directory.
@@ -162,8 +171,9 @@ class ChunkDataset(torch.utils.data.Dataset):
             of ``memory_budget``. Default: a tenth of ``memory_budget`` (the paper's
             best, section 5.4).
         prefetch: owners prefetch along this rank's access sequence. Default: True.
-        timeout: seconds to wait for another rank (rendezvous, barriers, calls), and
-            for the other DataLoader workers' parts of a state when they resume.
+        timeout: seconds to wait for another rank (rendezvous, barriers, calls), for
+            the other DataLoader workers' parts of a state when they resume, and
+            for the batches before a worker's own in the loader's order.
             Default: 300.
 
     Security (distributed): each rank's server listens on its interface that
@@ -247,92 +257,17 @@ class ChunkDataset(torch.utils.data.Dataset):
         self._client_pid = 0
         self._buffers: _client.BatchBuffers | None = None  # a worker's, for its batches
         self._buffers_pid = 0
-        # A worker's part of a state (StatefulDataLoader): the positions its
-        # batches delivered in epoch _part_epoch, a bitmap, in process _part_pid;
-        # batches fetched since its last state_dict(), and whether it had one.
+        # A worker's part of a state (StatefulDataLoader): the server's state
+        # after this worker's last batch (JSON bytes) and that batch's index
+        # plus one, in epoch _part_epoch, in process _part_pid; and whether a
+        # state was asked for (then batches come with the server's state).
         self._part_pid = 0
         self._part_epoch = -1
-        self._part_bits = bytearray()
-        self._part_unsnapshotted = 0
-        self._part_stated = False
-        self._part_warned = False
+        self._part_batch = 0
+        self._part_state = b""
+        self._part_wanted = False
         if not self._in_worker():
             self._live()  # opened here, so a worker can reach it whatever the sampler calls
-
-    # The server: opened on first use in the owning process; a worker's client.
-
-    def _address(self) -> str:
-        return f"@pyfastensor-loader-{self._owner}-{self._token}"
-
-    @staticmethod
-    def _in_worker() -> bool:
-        return torch.utils.data.get_worker_info() is not None
-
-    def _live(self) -> _native.Server:
-        if self._in_worker():
-            info = torch.utils.data.get_worker_info()
-            raise errors.UnsupportedError(
-                f"ChunkDataset({self.root!r}): this method belongs to the main process, not DataLoader "
-                f"worker {info.id if info else '?'}: the server there owns the epoch, its state and "
-                "counters; workers only fetch batches")
-        with self._lock:
-            if self._closed:
-                raise ValueError(f"ChunkDataset({self.root!r}) is closed")
-            if self._server is None or os.getpid() != self._owner:
-                if os.getpid() != self._owner:
-                    # A copy in another process (pickled, not a worker): it
-                    # serves its own, at an address of its own. The owner
-                    # keeps its address: forked workers already hold it.
-                    self._owner, self._token = os.getpid(), secrets.token_hex(8)
-                self._server = None
-                rank, world = self._share()
-                server = _native.Server(self.root, self.memory_budget, self.seed, self.overflow, rank, world)
-                try:
-                    server.listen(self._address())
-                    if self.distributed:
-                        self._join(server, rank, world)
-                except BaseException:
-                    server.close()
-                    raise
-                self._server = server
-            return self._server
-
-    def _share(self) -> tuple[int, int]:
-        """This node's rank and the world size (0 and 1 on one node)."""
-        if not self.distributed:
-            return 0, 1
-        if self.rank is None or self.world_size is None:
-            import torch.distributed as dist
-
-            _dist.default_store()  # raises, naming what to do, without a process group
-            self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        return self.rank, self.world_size
-
-    def _join(self, server: _native.Server, rank: int, world: int) -> None:
-        """Join the cluster: listen, share the address and token through the store, connect."""
-        global _dist_datasets
-        store = self._store if self._store is not None else _dist.default_store()
-        _dist_datasets += 1
-        rv = _dist.Rendezvous(store, f"ds{_dist_datasets}", rank, world, self.timeout)
-        token = rv.token()
-        host = config.data_host() or _dist.local_address(_dist.store_host(store))
-        options = {"rank": rank, "world": world, "token": token, "remote_bytes": self.remote_memory,
-                   "no_prefetch": not self.prefetch, "timeout_s": self.timeout}
-        address = server.dist_listen(options, f"{host}:0")
-        try:
-            server.dist_connect(rv.exchange(address))
-        except errors.EngineUnavailableError as e:
-            raise errors.NodeFailedError(str(e)) from None
-        rv.barrier("every node to connect")
-        self._rendezvous = rv
-
-    def _barrier(self, what: str) -> None:
-        if self._rendezvous is not None:
-            self._rendezvous.barrier(what)
-
-    def _node_failed(self, e: errors.EngineUnavailableError) -> Exception:
-        """A node's failure as NodeFailedError (Go's dist.ErrNodeFailed crosses as engine-unavailable)."""
-        return errors.NodeFailedError(str(e)) if self.distributed else e
 
     def sampler(self, shuffle: bool = True, seed: int | None = None) -> ChunkSampler:
         """A sampler asking for this rank's share of each epoch's permutation, which it tells the
@@ -348,50 +283,6 @@ class ChunkDataset(torch.utils.data.Dataset):
             seed: the permutation's seed, with the epoch. Default: the dataset's seed.
         """
         return ChunkSampler(self, shuffle, self.seed if seed is None else seed)
-
-    def _worker_buffers(self) -> _client.BatchBuffers:
-        if self._buffers is None or self._buffers_pid != os.getpid():
-            self._buffers, self._buffers_pid = _client.BatchBuffers(), os.getpid()
-        return self._buffers
-
-    def _worker_client(self) -> _client.Client:
-        if self._closed:
-            raise ValueError(f"ChunkDataset({self.root!r}) is closed")
-        if self._client is None or self._client_pid != os.getpid():
-            self._client = _client.Client(self._address(), f"ChunkDataset({self.root!r})")
-            self._client_pid = os.getpid()
-        return self._client
-
-    def close(self) -> None:
-        """Close the native server and free its memory (idempotent); the dataset is unusable after."""
-        with self._lock:
-            server, self._server, self._closed = self._server, None, True
-            client, self._client = self._client, None
-        if client is not None and self._client_pid == os.getpid():
-            client.close()
-        if server is not None and self._owner == os.getpid():
-            server.close()
-
-    def __enter__(self) -> ChunkDataset:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_server"], state["_lock"], state["_client"], state["_buffers"] = None, None, None, None
-        state["_store"], state["_rendezvous"] = None, None
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._lock = threading.Lock()
-        if self._owner == os.getpid():
-            # A copy in the owner's own process: a server of its own (on
-            # first use), at another address. Elsewhere the copy keeps the
-            # owner's: a spawned worker's.
-            self._token = secrets.token_hex(8)
 
     # What the pack holds.
 
@@ -492,114 +383,6 @@ class ChunkDataset(torch.utils.data.Dataset):
             if not 0 <= i < n:
                 raise IndexError(f"index {i} is outside ChunkDataset({self.root!r}) of {n} samples")
 
-    def _fetch_in_worker(self, idx: list[int]) -> tuple[list[int], list[torch.Tensor]]:
-        """A worker's batch: the server's answer, its bytes in one shared-memory storage."""
-        client = self._worker_client()
-        self._check_indices(idx, int(client.info["samples"]))
-        try:
-            meta, ticket, epoch = client.get(idx)
-        except errors.EngineUnavailableError as e:
-            raise self._node_failed(e) from None
-        f = _native.META_FIELDS
-        lengths = [meta[k * f + 3] for k in range(len(idx))]
-        total = sum(lengths)
-        try:
-            storage = self._worker_buffers().get(total)
-            fd, close_fd = _shared_fd(storage)
-            try:
-                client.take(ticket, len(idx), fd, storage.nbytes())
-            finally:
-                if close_fd:
-                    os.close(fd)
-        except BaseException:
-            try:
-                client.give_back(ticket)
-            except errors.FastensorError:
-                pass  # the server is gone: nothing to give back to
-            raise
-        self._note_delivered(epoch, [meta[k * f] for k in range(len(idx))], int(client.info["samples"]))
-        flat = torch.empty(0, dtype=torch.uint8).set_(storage)
-        datas, at = [], 0
-        for length in lengths:
-            datas.append(flat[at:at + length])
-            at += length
-        return meta, datas
-
-    # A worker's part of a state (torchdata's StatefulDataLoader calls state_dict() in each
-    # worker after each batch, and load_state_dict() in each new worker on resume).
-
-    def _part_bitmap(self, epoch: int, n: int) -> bytearray:
-        """This worker's bitmap of the positions its batches delivered in ``epoch`` (new: none)."""
-        if self._part_pid != os.getpid():
-            self._part_pid, self._part_epoch = os.getpid(), -1
-            self._part_unsnapshotted, self._part_stated, self._part_warned = 0, False, False
-        if self._part_epoch != epoch or len(self._part_bits) != (n + 7) // 8:
-            self._part_epoch, self._part_bits = epoch, bytearray((n + 7) // 8)
-        return self._part_bits
-
-    def _note_delivered(self, epoch: int, positions: list[int], n: int) -> None:
-        """Record a batch this worker took; warn once if batches come without a state between them."""
-        bits = self._part_bitmap(epoch, n)
-        for p in positions:
-            bits[p >> 3] |= 1 << (p & 7)
-        if self._part_stated and self._part_unsnapshotted >= 1 and not self._part_warned:
-            self._part_warned = True
-            warnings.warn(
-                f"ChunkDataset({self.root!r}): DataLoader worker fetched a batch without a state_dict() after "
-                "the one before (StatefulDataLoader's snapshot_every_n_steps > 1): a state taken between "
-                "snapshots replays the batches since the last one on resume, and their samples are skipped "
-                "for the epoch. Use snapshot_every_n_steps=1 for exactly-once resume.",
-                RuntimeWarning, stacklevel=3)
-        self._part_unsnapshotted += 1
-
-    def _worker_state(self) -> dict[str, Any]:
-        """This worker's part of the state: its batches' positions this epoch (``loader.WorkerPart``)."""
-        info = self._worker_client().hello()
-        head = info.get("part")
-        if not head:
-            raise errors.UnsupportedError(
-                f"ChunkDataset({self.root!r}): the loader server gives DataLoader workers no part of its state")
-        bits = self._part_bitmap(int(head["epoch"]), int(info["samples"]))
-        self._part_stated = True
-        worker = torch.utils.data.get_worker_info()
-        part = dict(head, worker=worker.id, num_workers=worker.num_workers,
-                    delivered=base64.b64encode(bytes(bits)).decode("ascii"))
-        if self._part_warned:
-            part["unsnapshotted"] = True  # batches came without their state: see _note_delivered
-        self._part_unsnapshotted = 0
-        return part
-
-    def _worker_restore(self, part: dict[str, Any]) -> None:
-        """Send this worker's part to the server; return once it restored every worker's union."""
-        worker = torch.utils.data.get_worker_info()
-        if part.get("kind") != "worker":
-            raise errors.InvalidArgumentError(
-                f"ChunkDataset({self.root!r}): DataLoader worker {worker.id} was given a main process's state "
-                "(ChunkDataset.state_dict()); a worker loads its own part of a StatefulDataLoader's state. Load a "
-                "ChunkDataset's state with dataset.load_state_dict() in the main process, before the loader starts")
-        if int(part.get("num_workers", -1)) != worker.num_workers:
-            raise errors.InvalidArgumentError(
-                f"ChunkDataset({self.root!r}): a part of the state of a loader of {part.get('num_workers')} "
-                f"workers, loaded into one of {worker.num_workers}: resume with as many workers")
-        if part.get("unsnapshotted"):
-            warnings.warn(
-                f"ChunkDataset({self.root!r}): worker {part.get('worker')}'s part of the state was taken by a "
-                "StatefulDataLoader with snapshot_every_n_steps > 1: the batches it replays on resume skip "
-                "their samples for the epoch", RuntimeWarning, stacklevel=3)
-        client = self._worker_client()
-        n = int(client.info["samples"])
-        try:
-            bits = bytearray(base64.b64decode(part.get("delivered", ""), validate=True))
-        except ValueError:
-            raise errors.InvalidArgumentError(
-                f"ChunkDataset({self.root!r}): worker {part.get('worker')}'s part of the state has no valid "
-                "'delivered' bitmap") from None
-        client.restore(part, self.timeout)
-        self._part_bitmap(int(part["epoch"]), n)
-        self._part_bits[:] = bits  # the server checked its length
-        self._part_stated = True
-        self._part_warned = self._part_warned or bool(part.get("unsnapshotted"))
-
     def _items(self, meta: list[int], datas: list[torch.Tensor]) -> list[tuple[Any, ...]]:
         f = _native.META_FIELDS
         items: list[tuple[Any, ...]] = []
@@ -651,8 +434,9 @@ class ChunkDataset(torch.utils.data.Dataset):
 
         In a DataLoader worker (``StatefulDataLoader`` calls it there after
         each batch) it is the worker's part of the loader's state instead:
-        ``{"kind": "worker", ..., "worker", "num_workers", "delivered"}``, the
-        positions this worker's batches delivered this epoch.
+        ``{"kind": "worker", ..., "worker", "num_workers", "batch", "state"}``,
+        the server's state right after this worker's last batch this epoch
+        and that batch's place in the epoch (none before its first).
 
         Distributed, every rank calls it at the same step: each gives the
         samples prefetched into its remote memory back to their owners, waits
@@ -691,7 +475,8 @@ class ChunkDataset(torch.utils.data.Dataset):
         In a DataLoader worker (``StatefulDataLoader`` resuming), ``state_dict``
         is the worker's part: it goes to the main process's server, which
         waits for every worker's part, up to ``timeout`` seconds, and restores
-        their union; this call returns then.
+        the state of the latest batch among them (parts of an older version:
+        the union of the positions they delivered); this call returns then.
 
         Args:
             state_dict: what :meth:`state_dict` returned, in this process or another.
@@ -751,60 +536,3 @@ class ChunkDataset(torch.utils.data.Dataset):
         dist = f", rank={self.rank}, world_size={self.world_size}" if self.distributed else ""
         return (f"ChunkDataset({self.root!r}, memory_budget={self.memory_budget}, seed={self.seed}, "
                 f"with_index={self.with_index}, overflow={self.overflow}{dist})")
-
-
-class ChunkSampler(torch.utils.data.Sampler[int]):
-    """This rank's share of each epoch's permutation of a :class:`ChunkDataset` (:meth:`ChunkDataset.sampler`).
-
-    Rank ``r`` of ``w`` asks for ``perm[r::w]``, ``perm`` the epoch's permutation
-    (seeded by ``seed + epoch``, the epoch the dataset's :meth:`~ChunkDataset.set_epoch`
-    set). Each iteration tells a distributed dataset the positions it will ask
-    for, in order: the owners of other ranks' slots prefetch along them. After
-    :meth:`~ChunkDataset.load_state_dict` the first iteration of the state's epoch
-    skips the requests made before the state was taken.
-    """
-
-    def __init__(self, dataset: ChunkDataset, shuffle: bool = True, seed: int = 0) -> None:
-        self.dataset = dataset
-        self.shuffle = shuffle
-        self.seed = seed
-
-    def _order(self) -> tuple[int, list[int]]:
-        ds = self.dataset
-        n = len(ds)
-        rank, world = ds._share()
-        epoch = ds._epoch
-        if self.shuffle:
-            g = torch.Generator()
-            g.manual_seed((self.seed + epoch) % (1 << 63))
-            perm = torch.randperm(n, generator=g)
-        else:
-            perm = torch.arange(n)
-        return epoch, perm[rank::world].tolist()[ds._resume.get(epoch, 0):]
-
-    def __len__(self) -> int:
-        return len(self._order()[1])
-
-    def __iter__(self) -> Iterator[int]:
-        epoch, order = self._order()
-        ds = self.dataset
-        ds._resume.pop(epoch, None)
-        if ds.distributed:
-            ds._live().dist_sequence(epoch, order)
-        return iter(order)
-
-
-def _shared_fd(storage: torch.UntypedStorage) -> tuple[int, bool]:
-    """A file descriptor of a shared-memory storage, and whether the caller closes it.
-
-    Under torch's ``file_descriptor`` sharing strategy (Linux's default) the
-    storage keeps its own; under ``file_system`` its memory is a named file
-    under /dev/shm, opened here.
-    """
-    try:
-        fd, _ = storage._share_fd_cpu_()
-        return int(fd), False
-    except RuntimeError:
-        _, name, _ = storage._share_filename_cpu_()
-        name = name.decode() if isinstance(name, bytes) else name
-        return os.open(os.path.join("/dev/shm", name.lstrip("/")), os.O_RDWR), True

@@ -15,19 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from .. import _lib, config
-from ..checkpoint._native import _engine
+from .. import _lib
 
 _P = ctypes.POINTER
-_lib.register({
-    "pft_dcp_save": [_lib.c_char_p, _lib.i64, _lib.c_char_p, _P(_lib.c_void_p), _P(_lib.i64), _lib.c_int,
-                     _lib.c_char_p, _lib.c_int, _lib.i64, _lib.c_int, _P(_lib.i64), _P(_lib.c_void_p)],
-    "pft_dcp_read": [_lib.c_char_p, _lib.c_char_p, _lib.i64, _P(_lib.i64), _P(_lib.i64), _P(_lib.c_void_p),
-                     _P(_lib.i64), _lib.c_int, _lib.c_char_p, _lib.c_int, _lib.i64, _lib.c_int, _P(_lib.i64),
-                     _P(_lib.c_void_p)],
-    "pft_dcp_commit": [_lib.c_char_p, _lib.c_char_p, _lib.c_void_p, _lib.i64, _lib.c_char_p, _lib.c_int,
-                       _P(_lib.c_void_p)],
-})
 
 
 def save_items(
@@ -45,10 +35,8 @@ def save_items(
     n = len(names)
     c_addrs = (ctypes.c_void_p * n)(*[a or None for a in addrs])
     c_sizes = (ctypes.c_int64 * n)(*sizes)
-    out = ctypes.c_void_p()
-    _lib.call("pft_dcp_save", _lib.cstr(path), n, "\n".join(names).encode(), c_addrs, c_sizes, int(durable),
-              _engine(engine), config.threads(), config.task_size(), workers, None, ctypes.byref(out))
-    doc = json.loads(_lib.take_string(out))
+    doc = _lib.call_json("pft_dcp_save", _lib.cstr(path), n, "\n".join(names).encode(), c_addrs, c_sizes,
+                         _lib.options(engine, durable=durable, workers=workers), None)
     recs = doc["records"] or []
     for r in recs:
         r["pages"] = base64.b64decode(r.get("pages") or "")
@@ -73,11 +61,9 @@ def read_ranges(
             "pages": base64.b64encode(r["pages"]).decode()} for r in records]
     arrays = [np.ascontiguousarray(a, dtype=np.int64) for a in (rec, off, addr, size)]
     p64 = [a.ctypes.data_as(_P(_lib.i64)) for a in arrays]
-    out = ctypes.c_void_p()
-    _lib.call("pft_dcp_read", _lib.cstr(path), json.dumps(doc).encode(), len(arrays[0]), p64[0], p64[1],
-              arrays[2].ctypes.data_as(_P(_lib.c_void_p)), p64[3], int(verify), _engine(engine),
-              config.threads(), config.task_size(), workers, None, ctypes.byref(out))
-    return json.loads(_lib.take_string(out))
+    return _lib.call_json("pft_dcp_read", _lib.cstr(path), json.dumps(doc).encode(), len(arrays[0]), p64[0], p64[1],
+                          arrays[2].ctypes.data_as(_P(_lib.c_void_p)), p64[3],
+                          _lib.options(engine, verify=verify, workers=workers), None)
 
 
 def commit(directory: str | os.PathLike[str], name: str, blob: bytes, keep: Sequence[str], *,
@@ -85,7 +71,5 @@ def commit(directory: str | os.PathLike[str], name: str, blob: bytes, keep: Sequ
     """Write ``blob`` as ``directory/name`` (temporary name, fsync, rename, directory fsync),
     then remove the data files of earlier saves (not in ``keep``); return the paths removed."""
     buf = ctypes.create_string_buffer(blob, len(blob)) if blob else None
-    out = ctypes.c_void_p()
-    _lib.call("pft_dcp_commit", _lib.cstr(directory), name.encode(), buf, len(blob), "\n".join(keep).encode(),
-              int(durable), ctypes.byref(out))
-    return list(json.loads(_lib.take_string(out)))
+    return list(_lib.call_json("pft_dcp_commit", _lib.cstr(directory), name.encode(), buf, len(blob),
+                               "\n".join(keep).encode(), _lib.options(durable=durable)))

@@ -17,7 +17,6 @@ costs less than the write time it saves.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import time
 from typing import Any
@@ -26,8 +25,6 @@ import torch
 
 from .. import _lib
 from . import codecs
-
-_lib.register({"pft_offload_plan": [_lib.c_char_p, ctypes.POINTER(_lib.c_void_p)]})
 
 
 class Recorder:
@@ -143,6 +140,4 @@ class Recorder:
 
 def schedule(profile: dict[str, Any]) -> dict[str, Any]:
     """Run the Go scheduler over a profile; return the plan (with its ``text``)."""
-    out = _lib.c_void_p()
-    _lib.call("pft_offload_plan", json.dumps(profile).encode(), ctypes.byref(out))
-    return json.loads(_lib.take_string(out))
+    return _lib.call_json("pft_offload_plan", json.dumps(profile).encode())

@@ -18,7 +18,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import itertools
-import json
 import os
 import queue
 import tempfile
@@ -27,24 +26,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from .. import _lib, config
-
-_lib.register({
-    "pft_store_open": [_lib.c_char_p, _lib.c_char_p, _lib.c_char_p, _lib.c_int, _lib.c_int, _lib.i64,
-                       ctypes.POINTER(_lib.u64)],
-    "pft_store_account": [_lib.u64, ctypes.POINTER(_lib.u64)],
-    "pft_store_put": [_lib.u64, _lib.u64, _lib.c_void_p, _lib.size_t, ctypes.POINTER(_lib.u64)],
-    "pft_store_wait": [_lib.u64, _lib.u64],
-    "pft_store_poll": [_lib.u64, _lib.u64, ctypes.POINTER(_lib.c_int)],
-    "pft_store_completed": [_lib.u64, ctypes.POINTER(_lib.u64), _lib.i64, ctypes.POINTER(_lib.i64)],
-    "pft_store_prefetch": [_lib.u64, _lib.u64, _lib.c_void_p, _lib.size_t],
-    "pft_store_get": [_lib.u64, _lib.u64, _lib.c_void_p, _lib.size_t],
-    "pft_store_free": [_lib.u64, _lib.u64],
-    "pft_store_stats": [_lib.u64, _lib.u64, ctypes.POINTER(_lib.c_void_p)],
-    "pft_store_describe": [_lib.u64, ctypes.POINTER(_lib.c_void_p)],
-    "pft_store_slot_info": [_lib.u64, _lib.u64, ctypes.POINTER(_lib.c_void_p)],
-    "pft_store_close": [_lib.u64],
-})
+from .. import _lib
 
 _BATCH = 256
 
@@ -93,22 +75,25 @@ class SpillStore:
         tier: ``"ssd"`` or ``"host"``.
         spill_dir: directory of the spill file (ssd tier).
         engine: gds engine of the spill file; None lets the store probe the
-            directory (``direct`` when O_DIRECT works, else ``posix``).
+            directory (``direct`` when O_DIRECT works, else ``posix``); or the
+            options naming a view of open dictionaries (``Dictionaries._view``)
+            that choose the engine of every transfer.
 
     Raises:
         PermissionDeniedError, NotFoundError, FastensorError: when the spill
             directory cannot hold the spill file (the message names it).
     """
 
-    def __init__(self, tier: str, spill_dir: str | None, engine: str | None = None) -> None:
+    def __init__(self, tier: str, spill_dir: str | None, engine: str | dict[str, Any] | None = None) -> None:
         self._handle = 0
         self._lock = threading.Lock()
         self._dictionaries: Any = None
         self.users: weakref.WeakSet[Any] = weakref.WeakSet()  # offload objects using the store
         out = _lib.u64()
         _lib.call(
-            "pft_store_open", tier.encode(), _lib.cstr(spill_dir), _lib.cstr(engine),
-            0, config.threads(), config.task_size(), ctypes.byref(out),
+            "pft_store_open", tier.encode(), _lib.cstr(spill_dir),
+            _lib.options(engine) if not isinstance(engine, dict) else _lib.options(**engine),
+            ctypes.byref(out),
         )
         self._handle = out.value
         self.description: dict[str, Any] = self._json("pft_store_describe")
@@ -147,7 +132,7 @@ class SpillStore:
         d = Dictionaries(main.with_name(main.stem + "-spill.json"), directory=directory,
                          write=engines, read=engines)
         try:
-            store = cls("ssd", spill_dir, d.engine_spec(use))
+            store = cls("ssd", spill_dir, d._view(use))
         except BaseException:
             d.close()
             raise
@@ -292,9 +277,7 @@ class SpillStore:
 
     def slot_info(self, slot: int) -> dict[str, Any]:
         """What the store measured for a slot: size, write/read times and engines."""
-        ptr = _lib.c_void_p()
-        _lib.call("pft_store_slot_info", self._live(), self._native(slot), ctypes.byref(ptr))
-        return json.loads(_lib.take_string(ptr))
+        return _lib.call_json("pft_store_slot_info", self._live(), self._native(slot))
 
     def close(self) -> None:
         """Wait for transfers in flight (puts waiting for their bytes too), free every slot,
@@ -317,9 +300,7 @@ class SpillStore:
                         self._dictionaries.close()
 
     def _json(self, fn: str, *args: int) -> dict[str, Any]:
-        ptr = _lib.c_void_p()
-        _lib.call(fn, self._handle, *args, ctypes.byref(ptr))
-        return json.loads(_lib.take_string(ptr))
+        return _lib.call_json(fn, self._handle, *args)
 
     def _live(self) -> int:
         if not self._handle:

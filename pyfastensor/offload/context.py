@@ -1,12 +1,16 @@
-"""``pyfastensor.offload``: saved activations to SSD or host memory during training."""
+"""``pyfastensor.offload``: saved activations to SSD or host memory during training.
+
+:class:`Offload` is the context and its saved-tensor hooks. What it asks
+of others: the options' checks (:mod:`._options`), the ``policy=`` mode's
+decisions (:mod:`._policy`, one object per mode), the shared stores
+(:mod:`._sharing`), the step's state (:mod:`._step`), the writes in flight
+and full disks (:mod:`._writes`) and the summary (:mod:`._report`).
+"""
 
 from __future__ import annotations
 
-import os
-import tempfile
 import threading
 import time
-import warnings
 import weakref
 from types import TracebackType
 from typing import Any
@@ -15,34 +19,20 @@ import torch
 from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from ..errors import InvalidArgumentError, NoSpaceError
-from ..info import available_memory
-from . import _planned, _staging, codecs
+from ..errors import NoSpaceError
+from . import _options, _policy, _sharing, _staging, codecs
 from ._filter import ModuleWatch, is_parameter, is_relu_output, storages_of, supported
 from ._order import PlannedPrefetcher, Prefetcher
 from ._pool import BufferPool
-from ._profile import Recorder, schedule
-from ._saved import Entry, Held, Meter, Saved
-from ._store import SpillStore, shared
+from ._profile import Recorder
+from ._report import summarize
+from ._saved import Entry, Meter, Saved
+from ._step import Step
+from ._store import SpillStore
+from ._writes import Writes
 from .summary import OffloadSummary
 
-TIERS = ("ssd", "host", "auto")
-POLICIES = ("all", "scheduled", "planned", "none")
-DICTIONARIES = ("wr", "w", "r")
-_DICTIONARY_USE = {"wr": "write_read", "w": "write", "r": "read"}
-CODECS = ("fp16", "sparse")
 _EMPTY = torch.empty(0, dtype=torch.uint8)
-_MEMORY_FS = ("tmpfs", "ramfs")
-
-
-def _compression(value: None | str | tuple[str, ...] | list[str]) -> frozenset[str]:
-    if value is None:
-        return frozenset()
-    items = (value,) if isinstance(value, str) else tuple(value)
-    for c in items:
-        if c not in CODECS:
-            raise ValueError(f"compression {value!r}: expected None, 'fp16', 'sparse' or ('fp16', 'sparse')")
-    return frozenset(items)
 
 
 class Offload:
@@ -180,58 +170,49 @@ class Offload:
         verbose: bool = False,
         host_bytes: int | None = None,
     ) -> None:
-        if tier not in TIERS:
-            raise ValueError(f"tier {tier!r}: expected one of {', '.join(TIERS)}")
-        if policy not in POLICIES:
-            raise ValueError(f"policy {policy!r}: expected one of {', '.join(POLICIES)}")
-        if dictionary not in DICTIONARIES:
-            raise ValueError(f"dictionary {dictionary!r}: expected one of {', '.join(DICTIONARIES)}")
-        if on_full not in ("warn", "raise"):
-            raise ValueError(f"on_full {on_full!r}: expected 'warn' or 'raise'")
-        if budget is not None and budget < 0:
-            raise ValueError(f"budget {budget!r}: expected None or a number of bytes >= 0")
-        if policy in ("scheduled", "planned") and budget is None:
-            raise ValueError(f"policy={policy!r} needs budget= (bytes of saved tensors that may stay resident)")
-        if policy == "planned" and tier == "host":
-            raise ValueError("policy='planned' takes tier='ssd' (SSD only) or tier='auto' (G10's tiering: the SSD, "
-                             "and host memory while the SSD is busy), not 'host'")
-        if policy == "planned" and compression:
-            raise ValueError("policy='planned' migrates saved tensors as they are: compression must be None")
-        if host_bytes is not None and (host_bytes < 0 or policy != "planned" or tier != "auto"):
-            raise ValueError(f"host_bytes {host_bytes!r}: a number of bytes >= 0, for policy='planned' with "
-                             "tier='auto' only")
-        if min_size < 0:
-            raise ValueError(f"min_size {min_size!r}: expected a number of bytes >= 0")
+        _options.check(tier=tier, policy=policy, dictionary=dictionary, on_full=on_full, budget=budget,
+                       compression=compression, host_bytes=host_bytes, min_size=min_size)
         self.tier, self.spill_dir, self.budget, self.min_size = tier, spill_dir, budget, min_size
         self.policy, self.dictionary, self.on_full = policy, dictionary, on_full
-        self.compression = _compression(compression)
+        self.compression = _options.compression(compression)
         self.module, self.engine, self.verbose = module, engine, verbose
         self.host_bytes = host_bytes
-        self._placement: _planned.Placement | None = None  # planned policy: the plan by pack index
-        self._plan_error: InvalidArgumentError | None = None  # planned policy: an infeasible budget
+        self._policy = _policy.for_mode(policy, compression=self.compression, budget=budget, host_bytes=host_bytes,
+                                        tier=tier, verbose=verbose)
         self._staging: _staging.Staging | None = None  # host tier copies; None: the device's (tests set a fake)
         # Stored entries' device-to-host copies; None: the device's for accelerator tensors. Tests
         # set a fake here, which stages every tensor, CPU ones included, as a CUDA tensor would be.
         self._device_staging: _staging.Staging | None = None
         self._device: torch.device | None = None  # of the saved tensors stored in the profiling step
-        self._recorder: Recorder | None = None
-        self._plan_result: dict[str, Any] | None = None
         self.step = 0
         self._lock = threading.RLock()
         self._active = False
-        self._warned = False
         self._watch: ModuleWatch | None = None  # without module=: the modules run in the step
         self._store: SpillStore | None = None  # kept across steps; None before the first and after close
         self._closed_store: SpillStore | None = None  # closed (exception, close()): the summary's stats
         self._base: dict[str, Any] = {}  # this object's account's totals when the step began
         self._account = 0  # this object's account in its store (SpillStore.account)
         self._meter = Meter()
+        self._writes = Writes(on_full, self._meter)
         self._pool = BufferPool()  # read-back buffers, reused across steps
         self._order: list[int] | None = None  # unpack order of the profiling step
         self._order_count = 0  # stored entries in the profiling step
-        self._plan: dict[int, str | None] | None = None  # scheduled policy: index -> codec / None
         self._summary = OffloadSummary()
         self._reset_step()
+
+    @property
+    def _recorder(self) -> Recorder | None:
+        """The profiling step's record (None in other steps); the writes report to it too."""
+        return self._writes.recorder
+
+    @_recorder.setter
+    def _recorder(self, rec: Recorder | None) -> None:
+        self._writes.recorder = rec
+
+    @property
+    def _entries(self) -> list[weakref.ref[Entry]]:
+        """The step's entries, by pack index."""
+        return self._step.entries
 
     # -- context -------------------------------------------------------------
 
@@ -239,13 +220,14 @@ class Offload:
         if self._active:
             raise RuntimeError("pyfastensor.offload is not reentrant: exit the context before entering it again")
         self._learn_from_last_step()
-        if self.policy != "none" and (self._store is None or self._store.closed):
-            self._store = self._open_store()  # "none" offloads nothing: no store
+        if self._policy.uses_store and (self._store is None or self._store.closed):
+            self._store, self._account = _sharing.join(self, tier=self.tier, spill_dir=self.spill_dir,
+                                                       engine=self.engine, dictionary=self.dictionary)
         self._closed_store = None
         self._base = self._store.stats(self._account) if self._store is not None else {}
         self._pool.lend_idle()  # reclaimable during forward; reused without faults if not reclaimed
         self._reset_step()
-        if self.policy in ("scheduled", "planned") and self._plan is None and self._placement is None:
+        if self._policy.profiles():
             self._recorder = Recorder(self.compression)  # this is the profiling step
         self._registered = storages_of(self.module)
         self._watch = ModuleWatch(self._registered) if self.module is None else None
@@ -270,16 +252,13 @@ class Offload:
                 self._abandon_step(store)
             elif store is not None:
                 try:
-                    self._settle_all(store)
-                    late, self._late_error = self._late_error, None
-                    if late is not None:
-                        self._full_disk(late)
+                    self._writes.settle_all(store)
+                    self._writes.raise_late()
                 except BaseException:  # a full disk with on_full="raise": the step failed here
                     self._abandon_step(store)
                     raise
                 self._prefetch_after(None)  # forward is done: backward's first reads can start
-                if self._planned_pf is not None and self._placement is not None:
-                    self._planned_pf.reached(self._placement.start_pos, self._entries, Entry.prefetch)
+                self._reach(self._policy.at_backward())
         finally:
             self._summary = self._make_summary(store)
             self.step += 1
@@ -307,142 +286,68 @@ class Offload:
         store, self._store = self._store, None
         if store is not None:
             self._closed_store = store
-            store.users.discard(self)
-            if not store.users:
-                store.close()
+            _sharing.leave(self, store)
 
     def _abandon_step(self, store: SpillStore) -> None:
         """A step that raised: nothing may leak. Its slots are freed now
         (waiting for writes in flight), and the store closed unless another
         offload object uses it; a dead graph still referencing the entries
         raises if unpacked."""
-        self._release_step()
+        self._writes.release(self._step.entries)
         if not (set(store.users) - {self}):
             self._drop_store()
 
-    def _release_step(self) -> None:
-        """Free the slots of this step's entries (after an exception)."""
-        for ref in self._entries:
-            entry = ref()
-            if entry is not None and entry.held is not None:
-                entry.held.release(self._pending)
-        self._pending.clear()
-
-    def _open_store(self) -> SpillStore:
-        """The process's store for this object's tier, directory and engine choice."""
-        tier = "host" if self.tier == "host" else "ssd"
-        directory = os.path.realpath(self.spill_dir or tempfile.gettempdir()) if tier == "ssd" else ""
-        key = (self.tier, directory, self.engine, self.dictionary if self.engine is None else "")
-
-        def open_store() -> SpillStore:
-            if self.engine is None and tier == "ssd":
-                store = SpillStore.with_dictionaries(self.spill_dir, _DICTIONARY_USE[self.dictionary])
-            else:
-                store = SpillStore(tier, self.spill_dir, self.engine)
-            if self.tier == "auto" and store.description.get("fs_type") in _MEMORY_FS:
-                store.close()
-                store = SpillStore("host", None)
-            return store
-
-        store = shared(key, open_store)
-        store.users.add(self)
-        self._account = store.account()  # this object's figures, apart from other users'
-        return store
-
     def _reset_step(self) -> None:
-        self._live: weakref.WeakValueDictionary[Any, Entry] = weakref.WeakValueDictionary()
-        self._entries: list[weakref.ref[Entry]] = []
-        self._pending: dict[int, Held] = {}
-        self._unpack_log: list[int] = []
-        self._counts = dict.fromkeys(("saved", "offloaded", "staged", "resident", "skipped", "dedup", "full"), 0)
-        self._raw_bytes = 0
-        self._staged_bytes = 0
-        self._codec_bytes: dict[str, list[int]] = {}
-        self._pack_time = self._unpack_time = 0.0
-        self._late_error: NoSpaceError | None = None
+        self._step = Step()
+        self._writes.new_step()
         self._meter.reset_peak()
         window = self.budget if self.budget is not None else 0  # 0: chosen at first unpack
         meter = self._meter  # not self: no reference cycle to keep the store alive
-        self._prefetcher = (Prefetcher(self._order, window, lambda: meter.now)
-                            if self._order is not None and self.policy != "planned" else None)
-        self._planned_pf: PlannedPrefetcher | None = None
-        if self._placement is not None:
-            assert self.budget is not None
-            self._planned_pf = PlannedPrefetcher(list((at, i) for i, at in self._placement.prefetch.items()),
-                                                 self.budget, lambda: meter.now)
+        self._prefetcher: Prefetcher | None
+        self._planned_pf: PlannedPrefetcher | None
+        self._prefetcher, self._planned_pf = self._policy.prefetchers(self._order, window, lambda: meter.now)
 
     def _learn_from_last_step(self) -> None:
-        """After the profiling step: keep its unpack order for prefetching."""
-        if self._order is None and self._unpack_log:
-            self._order = list(self._unpack_log)
-            self._order_count = len(self._entries)
-        if self._plan_error is not None:
-            raise self._plan_error
+        """After the profiling step: keep its unpack order for prefetching, and make the policy's plan."""
+        if self._order is None and self._step.unpack_log:
+            self._order = list(self._step.unpack_log)
+            self._order_count = len(self._step.entries)
+        self._policy.check()
         rec, self._recorder = self._recorder, None
-        if rec is not None and rec.tensors and self.policy == "planned" and self._placement is None:
-            self._make_planned(rec)
-        elif rec is not None and rec.tensors and self._plan is None:
-            assert self.budget is not None
+        if rec is not None and rec.tensors:
             last = self._store or self._closed_store
             tier = last.description.get("tier", "ssd") if last is not None else "ssd"
-            prof = rec.profile(self.budget, tier)
-            self._plan_result = schedule(prof)
-            self._plan_result["profile"] = prof
-            self._plan = {d["index"]: (d["codec"] if d["offload"] else None)
-                          for d in self._plan_result["decisions"]}
-            if self.verbose:
-                print(self._plan_result["text"], end="")
-
-    def _make_planned(self, rec: Recorder) -> None:
-        """After the profiling step of policy="planned": G10's plan for the saved tensors."""
-        assert self.budget is not None
-        device = self._device or torch.device("cpu")
-        host = self.host_bytes
-        if host is None:
-            host = available_memory() if self.tier == "auto" and device.type != "cpu" else 0
-        prof = rec.profile(self.budget, "ssd")
-        try:
-            result = _planned.make(prof, rec.unpacks, self.budget, host, device)
-        except InvalidArgumentError as e:
-            self._plan_error = e
-            raise
-        result["profile"] = prof
-        self._plan_result = result
-        self._placement = result["placement"]
-        if self.verbose:
-            print(result["text"], end="")
+            self._policy.learn(rec, tier=tier, device=self._device)
 
     # -- hooks ---------------------------------------------------------------
 
     def _pack(self, t: torch.Tensor) -> Any:
         start = time.perf_counter()
+        step = self._step
         try:
-            self._drain()
-            self._counts["saved"] += 1
+            self._writes.drain(self._store)
+            step.counts["saved"] += 1
             if (not supported(t) or t.numel() * t.element_size() < self.min_size
                     or is_parameter(t, self._registered)):
-                self._counts["skipped"] += 1
+                step.counts["skipped"] += 1
                 return t
             storage = t.untyped_storage()
             key = (storage.data_ptr(), storage.nbytes(), t._version, str(t.device))
             with self._lock:
-                entry = self._live.get(key)
+                entry = step.live.get(key)
                 if entry is not None and not entry.storage_ref.expired():
-                    self._counts["dedup"] += 1
+                    step.counts["dedup"] += 1
                 else:
-                    self._hold_to_budget(storage.nbytes())
+                    self._writes.hold_to_budget(self._store, self.budget, storage.nbytes())
                     entry = self._new_entry(t, storage)
-                    self._live[key] = entry
+                    step.live[key] = entry
                     if self._recorder is not None and entry.held is not None:
                         self._recorder.packed(entry.index, entry.held.slot, t, entry.nbytes, entry.relu, start)
-                    if self._planned_pf is not None and self._placement is not None:
-                        at = self._placement.fwd_pos.get(entry.index)
-                        if at is not None:
-                            self._planned_pf.reached(at, self._entries, Entry.prefetch)
+                    self._reach(self._policy.at_pack(entry.index))
             return Saved(entry, t)
         finally:
             spent = time.perf_counter() - start
-            self._pack_time += spent
+            step.pack_seconds += spent
             if self._recorder is not None:
                 self._recorder.pack_done(spent)
 
@@ -457,21 +362,14 @@ class Offload:
             rec.unpacking(h.entry.index)
         try:
             if self._active:
-                self._drain()
+                self._writes.drain(self._store)
             entry: Entry = h.entry
             held = entry.held
-            if self._active and held is not None and held.slot in self._pending:
-                try:  # its write's outcome decides where the bytes come from
-                    done = held.store.poll(held.slot)
-                except NoSpaceError:
-                    done = True
-                if done and self._pending.pop(held.slot, None) is not None:
-                    self._settle(held, held.store.poll)
+            if self._active and held is not None:
+                self._writes.settle_if_done(held)
             with self._lock:
-                if not entry.seen and self._planned_pf is not None and self._placement is not None:
-                    at = self._placement.bwd_pos.get(entry.index)
-                    if at is not None:  # the node that starts op `at` is unpacking
-                        self._planned_pf.reached(at, self._entries, Entry.prefetch)
+                if not entry.seen:  # the backward node that starts a plan's op may be unpacking
+                    self._reach(self._policy.at_unpack(entry.index))
                 root = entry.restore()
                 out = h.view_of(root)
                 h.first_unpack(root)
@@ -481,46 +379,32 @@ class Offload:
                     if rec is not None and entry.enc is not None and entry.enc.codec != "raw":
                         rec.coded(entry.index, entry.enc.codec, entry.decode_seconds)
                     entry.seen = True
-                    self._unpack_log.append(entry.index)
+                    self._step.unpack_log.append(entry.index)
                     self._prefetch_after(entry)
             return out
         finally:
             spent = time.perf_counter() - start
-            self._unpack_time += spent
+            self._step.unpack_seconds += spent
             if rec is not None:
                 rec.unpack_done(spent)
 
     # -- entries -------------------------------------------------------------
 
-    def _codec_for(self, entry: Entry, t: torch.Tensor) -> str | None:
-        """The codec to store ``t``'s storage with, or None to keep it resident."""
-        if self.policy == "none":
-            return None
-        if self._placement is not None:  # indices past the profiled graph: to the store as is
-            return None if self._placement.tier.get(entry.index) == "stay" else "raw"
-        if self._plan is not None:  # indices past the profiled graph: offload as is
-            return self._plan.get(entry.index, "raw")
-        whole = entry.nbytes % t.element_size() == 0 and t.dtype.is_floating_point
-        fp16 = "fp16" in self.compression and whole and t.dtype == torch.float32
-        sparse = "sparse" in self.compression and whole and entry.relu
-        if fp16 and sparse:
-            return "fp16+sparse"
-        return "fp16" if fp16 else "sparse" if sparse else "raw"
-
     def _new_entry(self, t: torch.Tensor, storage: torch.UntypedStorage) -> Entry:
+        step = self._step
         nbytes = storage.nbytes()
-        entry = Entry(len(self._entries), nbytes, t.device, self._meter, StorageWeakRef(storage),
+        entry = Entry(len(step.entries), nbytes, t.device, self._meter, StorageWeakRef(storage),
                       is_relu_output(t), self._pool)
-        self._entries.append(weakref.ref(entry))
+        step.entries.append(weakref.ref(entry))
         raw = torch.empty(0, dtype=torch.uint8, device=t.device).set_(storage)
-        codec = self._codec_for(entry, t)
+        codec = self._policy.codec(entry, t)
         if codec is None:
             return self._keep(entry, raw)
         self._device = t.device
-        if self._placement is not None and self._placement.tier.get(entry.index) == "host":
+        if self._policy.to_host(entry.index):
             entry.stage(raw, self._staging or _staging.for_device(t.device))
-            self._counts["staged"] += 1
-            self._staged_bytes += nbytes
+            step.counts["staged"] += 1
+            step.staged_bytes += nbytes
             return entry
         started = time.perf_counter()
         enc = codecs.encode(raw if codec == "raw" else raw.view(t.dtype), codec)
@@ -528,31 +412,18 @@ class Offload:
             enc = codecs.encode(raw, "raw")
         if self._recorder is not None and codec != "raw":  # what trying the codec cost
             self._recorder.coded(entry.index, codec, time.perf_counter() - started)
-        payload = enc.payload
         store = self._store
         assert store is not None
         staging = self._device_staging or (_staging.default() if t.device.type != "cpu" else None)
         try:
-            if staging is not None:
-                # Pinned buffer from the staging's pool, copied into on its side stream; pack
-                # returns at once, and the store's write starts on its own thread once the
-                # copy's event has completed (SpillStore.put_after).
-                payload, landed = staging.to_host(payload)
-                slot = store.put_after(landed, payload.data_ptr(), payload.numel(), self._account)
-                entry.staging = staging
-            else:
-                slot = store.put(payload.data_ptr(), payload.numel(), self._account)
+            payload = self._writes.start(store, self._account, entry, enc.payload, staging)
         except NoSpaceError as e:  # the file could not even grow
-            self._full_disk(e)
+            self._writes.full_disk(e)
             return self._keep(entry, raw)
-        entry.held = Held(store, slot, payload, self._meter, self._full_disk_late)
         entry.enc = codecs.with_payload(enc, _EMPTY)
-        entry.payload_nbytes = payload.numel()
-        self._pending[slot] = entry.held
-        weakref.finalize(entry, entry.held.release, self._pending)
-        self._counts["offloaded"] += 1
-        self._raw_bytes += nbytes
-        sizes = self._codec_bytes.setdefault(enc.codec, [0, 0])
+        step.counts["offloaded"] += 1
+        step.raw_bytes += nbytes
+        sizes = step.codec_bytes.setdefault(enc.codec, [0, 0])
         sizes[0] += nbytes
         sizes[1] += payload.numel()
         return entry
@@ -561,83 +432,30 @@ class Offload:
         entry.resident = raw
         self._meter.add(entry.nbytes)
         weakref.finalize(entry, self._meter.sub, entry.nbytes)
-        self._counts["resident"] += 1
+        self._step.counts["resident"] += 1
         return entry
+
+    # -- prefetching -----------------------------------------------------------
 
     def _prefetch_after(self, entry: Entry | None) -> None:
         """Prefetch along the recorded order after ``entry``'s unpack (None: before the first)."""
         pf = self._prefetcher
-        if pf is None or len(self._entries) != self._order_count:
+        entries = self._step.entries
+        if pf is None or len(entries) != self._order_count:
             return
         if pf.window == 0:  # no budget: two of the largest stored tensors
-            sizes = [e.payload_nbytes for r in self._entries if (e := r()) is not None]
+            sizes = [e.payload_nbytes for r in entries if (e := r()) is not None]
             pf.window = 2 * max(sizes, default=0)
         if entry is None:
             if pf.cursor == 0:  # backward has not started inside the context
-                pf.ahead(self._entries, Entry.prefetch)
+                pf.ahead(entries, Entry.prefetch)
         else:
-            pf.unpacked(entry, self._entries, Entry.prefetch)
+            pf.unpacked(entry, entries, Entry.prefetch)
 
-    # -- write completion and full disks ---------------------------------------
-
-    def _drain(self) -> None:
-        store = self._store
-        if store is None or not self._pending:
-            return
-        for slot in store.completed():
-            held = self._pending.pop(slot, None)
-            if held is not None:
-                self._settle(held, store.poll)
-
-    def _hold_to_budget(self, incoming: int) -> None:
-        """Backpressure: make room for ``incoming`` bytes by waiting for the oldest writes.
-
-        Waits while the resident bytes plus the incoming tensor's would
-        exceed the budget and writes are in flight, so the budget holds
-        unless one tensor alone exceeds it.
-        """
-        store = self._store
-        if self.budget is None or store is None or self.policy == "none":
-            return
-        while self._pending and self._meter.now + incoming > self.budget:
-            slot = next(iter(self._pending))
-            held = self._pending.pop(slot)
-            self._settle(held, store.wait)
-
-    def _settle_all(self, store: SpillStore) -> None:
-        for slot in list(self._pending):
-            held = self._pending.pop(slot, None)
-            if held is not None:
-                self._settle(held, store.wait)
-
-    def _settle(self, held: Held, check: Any) -> None:
-        try:
-            check(held.slot)
-        except NoSpaceError as e:
-            held.failed = True  # its payload stays in memory, where unpack finds it
-            self._full_disk(e)
-            return
-        if self._recorder is not None:
-            self._recorder.measured(held.slot, held.store.slot_info(held.slot))
-        held.written()
-
-    def _full_disk_late(self, e: NoSpaceError) -> None:
-        """A full disk seen when a slot was freed (a finalizer: cannot raise)."""
-        if self.on_full == "raise":
-            self._counts["full"] += 1
-            self._late_error = e
-        else:
-            self._full_disk(e)
-
-    def _full_disk(self, e: NoSpaceError) -> None:
-        self._counts["full"] += 1
-        msg = (f"pyfastensor.offload: the spill filesystem is full ({e}); the tensor stays in memory. "
-               "Point spill_dir at a larger filesystem, or lower what is offloaded.")
-        if self.on_full == "raise":
-            raise NoSpaceError(msg + " (on_full='warn' keeps training instead of raising)") from e
-        if not self._warned:
-            self._warned = True
-            warnings.warn(msg + " Warned once per offload object.", RuntimeWarning, stacklevel=3)
+    def _reach(self, at: int | None) -> None:
+        """The step reached the plan's point ``at`` (None: no point): issue the prefetches due."""
+        if at is not None and self._planned_pf is not None:
+            self._planned_pf.reached(at, self._step.entries, Entry.prefetch)
 
     def flush(self) -> None:
         """Wait for every write in flight and let go of the tensors written.
@@ -650,42 +468,14 @@ class Offload:
                 spill filesystem full.
         """
         if self._store is not None:
-            self._settle_all(self._store)
+            self._writes.settle_all(self._store)
 
     # -- reporting -------------------------------------------------------------
 
     def _make_summary(self, store: SpillStore | None) -> OffloadSummary:
-        st = _since(store.stats(self._account), self._base) if store is not None else {}
-        desc = store.description if store is not None else {}
-        tier = desc.get("tier", "")
-        written = int(st.get("bytes_written", 0))
-        offloaded = {tier: written} if written else {}
-        if self._staged_bytes:
-            offloaded["host"] = offloaded.get("host", 0) + self._staged_bytes
-        return OffloadSummary(
-            step=self.step,
-            tier=tier,
-            engines=dict(st.get("engine_bytes") or {}),
-            dictionary=self.dictionary,
-            saved_tensors=self._counts["saved"],
-            offloaded_tensors=self._counts["offloaded"],
-            resident_tensors=self._counts["resident"],
-            skipped_tensors=self._counts["skipped"],
-            deduplicated=self._counts["dedup"],
-            staged_tensors=self._counts["staged"],
-            bytes_offloaded=offloaded,
-            raw_bytes_offloaded=self._raw_bytes,
-            bytes_read=int(st.get("bytes_read", 0)),
-            resident_peak_bytes=self._meter.peak,
-            read_buffer_bytes=self._pool.reserved,
-            stall_seconds=st.get("stall_ns", 0) / 1e9,
-            pack_seconds=self._pack_time,
-            unpack_seconds=self._unpack_time,
-            compression={c: raw / max(stored, 1) for c, (raw, stored) in self._codec_bytes.items()},
-            prefetch_hits=int(st.get("prefetch_hits", 0)),
-            full_disk_events=self._counts["full"],
-            fallback=desc.get("fallback", ""),
-        )
+        return summarize(step_number=self.step, step=self._step, full_disk_events=self._writes.full, store=store,
+                         account=self._account, base=self._base, dictionary=self.dictionary, meter=self._meter,
+                         pool=self._pool)
 
     def plan(self) -> str | None:
         """The scheduler's decision, printable, or None before it is made.
@@ -700,7 +490,7 @@ class Offload:
         Returns:
             The plan as text, or None.
         """
-        return None if self._plan_result is None else str(self._plan_result["text"])
+        return None if self._policy.result is None else str(self._policy.result["text"])
 
     @property
     def plan_details(self) -> dict[str, Any] | None:
@@ -713,7 +503,7 @@ class Offload:
         ``bytes``, ``tier`` (``"stay"``, ``"ssd"`` or ``"host"``),
         ``prefetch_at`` (the trace op whose start issues its prefetch, or
         None), ``pack_op`` and ``unpack_op``."""
-        return self._plan_result
+        return self._policy.result
 
     def summary(self) -> OffloadSummary:
         """The summary of the current or last step (refreshed while its store is open).
@@ -722,24 +512,10 @@ class Offload:
             An :class:`OffloadSummary`.
         """
         store = self._store or self._closed_store
-        if store is not None or self.policy == "none":
+        if store is not None or not self._policy.uses_store:
             self._summary = self._make_summary(store)
             self._summary.step = self.step - (0 if self._active else 1)
         return self._summary
-
-
-def _since(now: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
-    """The store's counters since ``base`` (the totals when the step began)."""
-    out: dict[str, Any] = {}
-    for k, v in now.items():
-        b = base.get(k)
-        if isinstance(v, dict):
-            out[k] = {e: n - (b or {}).get(e, 0) for e, n in v.items() if n != (b or {}).get(e, 0)}
-        elif isinstance(v, int | float) and isinstance(b, int | float):
-            out[k] = v - b
-        else:
-            out[k] = v
-    return out
 
 
 def offload(**options: Any) -> Offload:

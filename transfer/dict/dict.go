@@ -140,6 +140,10 @@ type DictConfig struct {
 	// at most this often (after an Observe), and at Close. Default
 	// DefaultSaveInterval; negative saves only on Save and Close.
 	SaveInterval time.Duration
+	// FS is what saves commit the file through (transfer's commit
+	// protocol; see Save); nil means transfer's default (the real
+	// filesystem, or what transfer.SetDefaultFS installed).
+	FS transfer.FS
 }
 
 func (c DictConfig) withDefaults() (DictConfig, error) {

@@ -256,8 +256,9 @@ func (d *Dictionaries) snapshotLocked() DictFile {
 	return doc
 }
 
-// Save writes the dictionaries to Path atomically: a temporary file in the
-// same directory, fsync, rename over Path, fsync of the directory. Only
+// Save writes the dictionaries to Path atomically, with transfer's commit
+// protocol through cfg.FS: a temporary file in the same directory, fsync,
+// rename over Path, fsync of the directory. Only
 // ModeAware saves (the other modes never change what they loaded); without
 // a Path Save does nothing.
 func (d *Dictionaries) Save() error {
@@ -273,7 +274,7 @@ func (d *Dictionaries) Save() error {
 	d.mu.Unlock()
 	data, err := json.Marshal(doc)
 	if err == nil {
-		err = writeAtomic(d.cfg.Path, append(data, '\n'))
+		err = writeFile(d.cfg.Path, append(data, '\n'), d.cfg.FS)
 	}
 	if err != nil {
 		d.mu.Lock()
@@ -284,38 +285,18 @@ func (d *Dictionaries) Save() error {
 	return nil
 }
 
-// writeAtomic replaces path with data so that a crash leaves the old file
-// or the new one, never a torn one.
-func writeAtomic(path string, data []byte) error {
-	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+// writeFile replaces path with data through transfer's commit protocol
+// (transfer/commit.go: a temporary file in the same directory, reserved,
+// fsynced, renamed over path, the directory fsynced), so that a crash
+// leaves the old file or the new one, never a torn one, and the crash and
+// fault tests of that protocol see it; fsys nil is transfer's default FS.
+func writeFile(path string, data []byte, fsys transfer.FS) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return err
 	}
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name()) // fails harmlessly after the rename
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return err
-	}
-	df, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer df.Close()
-	return df.Sync()
+	_, _, err := transfer.WriteFile(path, int64(len(data)), []transfer.Extent{{Data: data}}, true, fsys,
+		transfer.Options{Chooser: transfer.Fixed("posix")})
+	return err
 }
 
 // OpenDictionaries returns dictionaries loaded from cfg.Path.

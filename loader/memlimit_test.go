@@ -1,4 +1,4 @@
-package main
+package loader
 
 import (
 	"math"
@@ -15,17 +15,17 @@ func TestMemoryLimitFollowsTheBudgets(t *testing.T) {
 	t.Cleanup(func() { debug.SetMemoryLimit(before) })
 
 	debug.SetMemoryLimit(math.MaxInt64)
-	holdBudget(1 << 30)
+	HoldBudget(1 << 30)
 	require.Equal(t, int64(1<<30+1<<27+limitSlack), debug.SetMemoryLimit(-1))
-	holdBudget(1 << 30)
+	HoldBudget(1 << 30)
 	require.Equal(t, int64(2<<30+2<<27+limitSlack), debug.SetMemoryLimit(-1), "two servers: both budgets")
-	holdBudget(-(1 << 30))
-	holdBudget(-(1 << 30))
+	HoldBudget(-(1 << 30))
+	HoldBudget(-(1 << 30))
 	require.Equal(t, int64(math.MaxInt64), debug.SetMemoryLimit(-1), "the last closed: as before")
 
 	debug.SetMemoryLimit(512 << 20) // GOMEMLIMIT=512MiB
-	holdBudget(1 << 30)
+	HoldBudget(1 << 30)
 	require.Equal(t, int64(512<<20), debug.SetMemoryLimit(-1), "a lower limit of the process's is kept")
-	holdBudget(-(1 << 30))
+	HoldBudget(-(1 << 30))
 	require.Equal(t, int64(512<<20), debug.SetMemoryLimit(-1))
 }

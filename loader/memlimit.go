@@ -1,4 +1,4 @@
-package main
+package loader
 
 import (
 	"runtime/debug"
@@ -29,9 +29,9 @@ var memLimit struct {
 	before  int64 // the limit when the first server opened
 }
 
-// holdBudget adds n bytes of budget (a server opened) or, negative, takes
+// HoldBudget adds n bytes of budget (a server opened) or, negative, takes
 // them away (closed), and sets the limit.
-func holdBudget(n int64) {
+func HoldBudget(n int64) {
 	memLimit.mu.Lock()
 	defer memLimit.mu.Unlock()
 	if memLimit.budgets == 0 {

@@ -1,0 +1,45 @@
+package main
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pyfastensor/pyfastensor/gds"
+)
+
+// Options omitted are the defaults (durable, verified); every field crosses
+// by its JSON name; an unknown or malformed one is refused, naming it.
+func TestOptionsDecode(t *testing.T) {
+	o, err := decodeOptions("")
+	require.NoError(t, err)
+	assert.Equal(t, ioOptions{Durable: true, Verify: true}, o)
+
+	o, err = decodeOptions(`{"engine": "direct", "threads": 3, "task_size": 1048576, "queue_depth": 8,
+		"workers": 2, "durable": false, "verify": false, "dict": 7, "dict_use": 1, "cufile_library": "/x.so"}`)
+	require.NoError(t, err)
+	assert.Equal(t, ioOptions{Engine: "direct", Threads: 3, TaskSize: 1 << 20, QueueDepth: 8, Workers: 2,
+		Dict: 7, DictUse: 1, CufileLibrary: "/x.so"}, o)
+	assert.Equal(t, gds.Options{Threads: 3, TaskSize: 1 << 20, QueueDepth: 8, CuFileLibrary: "/x.so"}, o.engine())
+
+	w, err := ioOptions{Durable: true, Engine: "posix"}.write(nil)
+	require.NoError(t, err)
+	assert.False(t, w.NotDurable)
+	assert.NotNil(t, w.Chooser)
+	r, err := ioOptions{}.read(nil)
+	require.NoError(t, err)
+	assert.True(t, r.NoVerify)
+	assert.Nil(t, r.Chooser, "no engine, no dictionaries: the default choice")
+
+	_, err = decodeOptions(`{"engnie": "direct"}`)
+	require.ErrorIs(t, err, gds.ErrInvalid)
+	assert.Contains(t, err.Error(), "engnie")
+	_, err = decodeOptions(`{"threads": "four"}`)
+	require.ErrorIs(t, err, gds.ErrInvalid)
+	_, err = decodeOptions(`{} {}`)
+	require.ErrorIs(t, err, gds.ErrInvalid)
+
+	_, err = ioOptions{Dict: 123456789}.read(nil)
+	require.ErrorIs(t, err, errBadHandle, "a dictionary handle that is not open")
+}

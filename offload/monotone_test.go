@@ -1,0 +1,114 @@
+package offload
+
+import (
+	"math/rand"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// more returns hw with more of one resource, chosen by kind: device memory,
+// host memory, all bandwidths, the SSD's bandwidths or the host link's.
+func more(r *rand.Rand, hw Hardware, kind int, hi int64) Hardware {
+	f := 1 + r.Float64()
+	switch kind {
+	case 0:
+		hw.DeviceBytes += 1 + r.Int63n(hi)
+	case 1:
+		hw.HostBytes += 1 + r.Int63n(hi)
+	case 2:
+		hw.SSDReadBps *= f
+		hw.SSDWriteBps *= f
+		hw.HostLinkBps *= f
+	case 3:
+		hw.SSDReadBps *= f
+		hw.SSDWriteBps *= f
+	case 4:
+		hw.HostLinkBps *= f
+	}
+	return hw
+}
+
+// A fixed plan replayed with more device memory takes the same time (it
+// runs within the capacity it was made for), and with more host memory, a
+// faster SSD, a faster host link or both it is never slower: zero
+// tolerance, over 1,600 replays of random traces and hardware. (With each
+// link's bandwidth shared equally among its transfers, 6 of these were
+// slower: a transfer that started earlier slowed a more urgent one.)
+func TestFixedPlanOnMoreResources(t *testing.T) {
+	r := rand.New(rand.NewSource(21))
+	n := 0
+	for i := 0; i < 400; i++ {
+		tr := layered(r, 3+r.Intn(10), 1<<20+r.Int63n(16<<20), 1<<16+r.Int63n(4<<20))
+		a := Analyze(tr)
+		lo, hi := max64(a.OpBytes), max64(a.Pressure)
+		hw := smallHW(lo + r.Int63n(hi-lo+1))
+		hw.HostBytes = r.Int63n(hi)
+		p, err := MakePlan(tr, hw)
+		require.NoError(t, err)
+		base := Simulate(tr, hw, &p)
+		require.True(t, base.Feasible, base.Error)
+		for kind := 0; kind < 5; kind++ {
+			h := more(r, hw, kind, hi)
+			got := Simulate(tr, h, &p)
+			require.True(t, got.Feasible, got.Error)
+			if kind == 0 {
+				assert.Equal(t, base.TimeNs, got.TimeNs, "trace %d: the plan on more device memory %+v", i, h)
+				continue
+			}
+			n++
+			assert.LessOrEqual(t, got.TimeNs, base.TimeNs, "trace %d: the plan for %+v on %+v", i, hw, h)
+		}
+	}
+	assert.Equal(t, 1600, n)
+}
+
+// On G10's 25 traces the plan MakePlan makes for the artifact's hardware
+// is not slower with 8 GiB more device memory (the same time), twice the
+// host memory, links 1.25 times faster, an SSD or a host link twice as
+// fast: zero tolerance. And BoundNs is below g10, on_demand and
+// flashneuron on each. Skipped where the repository's copy of the traces
+// is absent, and with -short (it plans all 25: tens of seconds on two
+// cores).
+func TestFixedPlanOnMoreResourcesOnG10Traces(t *testing.T) {
+	dir := filepath.Join("..", "benchmarks", "g10-traces", "traces")
+	if _, err := os.Stat(dir); err != nil {
+		t.Skipf("G10's traces are not in this checkout (%v)", err)
+	}
+	if testing.Short() {
+		t.Skip("plans all 25 of G10's traces (tens of seconds); -short skips them")
+	}
+	paths, err := filepath.Glob(filepath.Join(dir, "*.json.gz"))
+	require.NoError(t, err)
+	require.Len(t, paths, 25)
+	for _, path := range paths {
+		name := filepath.Base(path)
+		tr, err := ReadTrace(path)
+		require.NoError(t, err)
+		hw := G10Artifact()
+		p, err := MakePlan(tr, hw)
+		require.NoError(t, err)
+		base := Simulate(tr, hw, &p)
+		b := BoundNs(tr, hw) // below every policy here too
+		assert.LessOrEqual(t, b, base.TimeNs, name)
+		assert.LessOrEqual(t, b, Simulate(tr, hw, nil).TimeNs, name)
+		assert.LessOrEqual(t, b, Simulate(tr, hw, FlashNeuronPlan(tr, hw)).TimeNs, name)
+		for kind, h := range []Hardware{
+			func() Hardware { h := hw; h.DeviceBytes += 8 << 30; return h }(),
+			func() Hardware { h := hw; h.HostBytes *= 2; return h }(),
+			func() Hardware { h := hw; h.SSDReadBps *= 1.25; h.SSDWriteBps *= 1.25; h.HostLinkBps *= 1.25; return h }(),
+			func() Hardware { h := hw; h.SSDReadBps *= 2; h.SSDWriteBps *= 2; return h }(),
+			func() Hardware { h := hw; h.HostLinkBps *= 2; return h }(),
+		} {
+			got := Simulate(tr, h, &p)
+			if kind == 0 {
+				assert.Equal(t, base.TimeNs, got.TimeNs, name)
+				continue
+			}
+			assert.LessOrEqual(t, got.TimeNs, base.TimeNs, "%s on %+v", name, h)
+		}
+	}
+}

@@ -1,0 +1,39 @@
+"""One step of an offload object: what it saved, and what it counted."""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+from ._saved import Entry
+
+#: The saved tensors a step counts, by what became of them.
+COUNTS = ("saved", "offloaded", "staged", "resident", "skipped", "dedup")
+
+
+class Step:
+    """The state of one step (one entry of the context), made anew at each entry.
+
+    Attributes:
+        live: the entries by storage key (address, size, version, device):
+            the same storage saved twice is stored once.
+        entries: every entry of the step, by pack index (weakly: autograd
+            owns them).
+        unpack_log: pack indices in the order backward first unpacked them.
+        counts: saved tensors by what became of them (:data:`COUNTS`).
+        raw_bytes: bytes of the tensors stored, before any codec.
+        staged_bytes: bytes of the tensors staged to the host tier.
+        codec_bytes: by codec: [bytes before, bytes stored].
+        pack_seconds, unpack_seconds: time spent in the hooks.
+    """
+
+    def __init__(self) -> None:
+        self.live: weakref.WeakValueDictionary[Any, Entry] = weakref.WeakValueDictionary()
+        self.entries: list[weakref.ref[Entry]] = []
+        self.unpack_log: list[int] = []
+        self.counts = dict.fromkeys(COUNTS, 0)
+        self.raw_bytes = 0
+        self.staged_bytes = 0
+        self.codec_bytes: dict[str, list[int]] = {}
+        self.pack_seconds = 0.0
+        self.unpack_seconds = 0.0
