@@ -6,7 +6,8 @@ Three kinds, all seeded, torch imported only inside the builders (so
 - state dicts to save and load (``benchmarks checkpoint``, ``dcp``):
   :func:`gpt2_state_dict` (GPT-2 small by default, 498 MB),
   :func:`resnet50_state_dict` (ResNet-50, 102 MB) and
-  :func:`small_state_dict` (many 4-64 KiB tensors), named by
+  :func:`small_state_dict` (many 4-64 KiB tensors) and
+  :func:`lora_state_dict` (a LoRA adapter's few hundred 16-256 KiB tensors), named by
   :data:`STATE_DICTS` and built by :func:`build_state_dicts`;
 - classifiers to train (``benchmarks offload``, ``plan --runtime``,
   ``data --convergence``): :func:`deep_mlp`, :func:`conv_net`,
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
 StateDict = dict[str, "torch.Tensor"]
 
 #: The state dicts, in the order ``benchmarks checkpoint`` runs them.
-STATE_DICTS = ("gpt2", "resnet50", "small", "small6k")
+STATE_DICTS = ("gpt2", "resnet50", "small", "small6k", "lora")
 
 
 # ---------------------------------------------------------------- state dicts (checkpoint, dcp)
@@ -141,6 +142,35 @@ def small_state_dict(count: int = 10_000, lo: int = 4 << 10, hi: int = 64 << 10,
     return {f"t{i:05d}": _randn((n,), g) for i, n in enumerate(sizes)}
 
 
+#: The linear layers of a Llama decoder layer: (module path, input features, output features) at d=4096.
+_LLAMA_LINEARS = (("self_attn.q_proj", 4096, 4096), ("self_attn.k_proj", 4096, 4096),
+                  ("self_attn.v_proj", 4096, 4096), ("self_attn.o_proj", 4096, 4096),
+                  ("mlp.gate_proj", 4096, 11008), ("mlp.up_proj", 4096, 11008), ("mlp.down_proj", 11008, 4096))
+
+
+def lora_state_dict(layers: int = 32, rank: int = 8, seed: int = 0) -> StateDict:
+    """A LoRA adapter's state dict, as PEFT saves one for a Llama-7B-shaped model: ``lora_A``
+    (rank x in) and ``lora_B`` (out x rank) of every linear layer of every decoder layer, fp16.
+
+    The default (32 layers, rank 8) has 448 tensors of 64 to 172 KiB, 39 MB.
+
+    Args:
+        layers: decoder layers. Default 32.
+        rank: the adapters' rank. Default 8.
+        seed: generator seed. Default 0.
+    """
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    sd: StateDict = {}
+    for i in range(layers):
+        for module, n_in, n_out in _LLAMA_LINEARS:
+            p = f"base_model.model.model.layers.{i}.{module}"
+            sd[f"{p}.lora_A.weight"] = _randn((rank, n_in), g).half()
+            sd[f"{p}.lora_B.weight"] = _randn((n_out, rank), g).half()
+    return sd
+
+
 @dataclass
 class StateDictWorkload:
     """A named state dict to save and load."""
@@ -162,7 +192,7 @@ class StateDictWorkload:
 def build_state_dicts(names: tuple[str, ...] | list[str] = STATE_DICTS,
                       quick: bool = False) -> list[StateDictWorkload]:
     """Build the named workloads; ``quick`` shrinks GPT-2 to 4 layers and vocab 8192, the small
-    dicts to 1,000 and 600 tensors.
+    dicts to 1,000 and 600 tensors, the LoRA adapter to 4 layers.
 
     Raises:
         ValueError: on an unknown name.
@@ -177,6 +207,8 @@ def build_state_dicts(names: tuple[str, ...] | list[str] = STATE_DICTS,
             sd = small_state_dict(1_000 if quick else 10_000)
         elif name == "small6k":
             sd = small_state_dict(600 if quick else 6_000, seed=1)
+        elif name == "lora":
+            sd = lora_state_dict(4 if quick else 32)
         else:
             raise ValueError(f"unknown workload {name!r}: expected some of {', '.join(STATE_DICTS)}")
         out.append(StateDictWorkload(name, sd))

@@ -3,16 +3,19 @@
 // uncompressed and aligned for O_DIRECT, its CRC-32 computed alongside the
 // writes and checked on reads, and saves committed durably.
 //
-// It knows byte records and engines, not tensors: Python decides what the
-// records hold (pyfastensor/checkpoint).
+// It knows byte records and engines, not tensors: Python pickles the object
+// and names its storages (pyfastensor/checkpoint); TorchRecords lays out
+// torch's records around them, the storages' alignment decided here.
 package checkpoint
+
+import "github.com/pyfastensor/pyfastensor/transfer"
 
 // Alignment of record data in the file.
 const (
 	// DataAlign aligns storage records ("archive/data/<key>"), so O_DIRECT
-	// and GPUDirect Storage can read them in place. Written to the file's
-	// ".storage_alignment" record by the Python side.
-	DataAlign = 4096
+	// and GPUDirect Storage can read them in place: transfer.Alignment.
+	// Written to the file's ".storage_alignment" record (TorchRecords).
+	DataAlign = transfer.Alignment
 	// MetaAlign aligns every other record, as torch does.
 	MetaAlign = 64
 )

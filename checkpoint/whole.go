@@ -27,8 +27,9 @@ import (
 // its pages as it lands, while later requests still wait for the disk;
 // Verify then checks records in dst from those sums, touching only the
 // partial pages at their ends. dst must stay as read, and alive, for as
-// long as the Archive is verified from it. Each entry's Memory says which
-// records keep their pages of dst and which are copied out.
+// long as the Archive is open: Read copies records out of it (readMemory),
+// Verify checks them there. Each entry's Memory says which records keep
+// their pages of dst and which are copied out.
 //
 // When the file at path no longer has dst's length (a save replaced it
 // since PlanLoad measured it), ReadWhole opens the file as OpenArchive
@@ -78,7 +79,7 @@ func ReadWhole(path string, dst []byte, o ReadOptions) (a *Archive, err error) {
 	if a, err = OpenArchiveMemory(path, dst); err != nil {
 		return nil, err
 	}
-	a.ReadWhole, a.pin, a.Fd, a.whole = true, f, int(f.Fd()), sums
+	a.ReadWhole, a.pin, a.Fd, a.whole, a.mem = true, f, int(f.Fd()), sums, dst
 	for i := range a.Entries {
 		a.Entries[i].Memory = carve(&a.Entries[i])
 	}

@@ -183,3 +183,43 @@ func TestPinnedReadErrorsNameThePath(t *testing.T) {
 	assert.Contains(t, err.Error(), path)
 	assert.NotContains(t, err.Error(), "/proc/self/fd")
 }
+
+// An archive read whole copies records out of its memory, checked from the
+// sums taken as the file landed: the file is not read again.
+func TestReadOfAWholeArchiveCopiesFromItsMemory(t *testing.T) {
+	path, a := savedSample(t)
+	e := a.Entries[len(a.Entries)-2]
+	flip(t, path, e.DataOff+e.Size/2)
+	want, err := os.ReadFile(path)
+	require.NoError(t, err)
+	for _, verify := range []bool{true, false} {
+		w, err := ReadWhole(path, make([]byte, a.Size), ReadOptions{Chooser: transfer.Fixed("posix"), NoVerify: !verify})
+		require.NoError(t, err)
+		require.NoError(t, os.Truncate(path, 0), "nothing more comes from the file")
+		var moved atomic.Int64
+		var reqs []ReadRequest
+		for i, r := range w.Entries {
+			if i != len(w.Entries)-2 {
+				reqs = append(reqs, ReadRequest{Index: i, Dst: make([]byte, r.Size)})
+			}
+		}
+		st, err := w.Read(reqs, ReadOptions{Progress: func(n int64) { moved.Add(n) }})
+		require.NoError(t, err)
+		assert.Equal(t, moved.Load(), st.DataBytes)
+		for _, r := range reqs {
+			x := w.Entries[r.Index]
+			assert.Equal(t, want[x.DataOff:x.DataOff+x.Size], r.Dst, x.Name)
+		}
+		_, err = w.Read([]ReadRequest{{Index: len(w.Entries) - 2, Dst: make([]byte, e.Size)}}, ReadOptions{NoVerify: !verify})
+		if verify {
+			require.ErrorIs(t, err, ErrCorrupt)
+			assert.Contains(t, err.Error(), e.Name)
+		} else {
+			require.NoError(t, err)
+		}
+		require.NoError(t, w.Close())
+		_, err = w.Read(reqs, ReadOptions{})
+		require.ErrorIs(t, err, gds.ErrClosed)
+		require.NoError(t, os.WriteFile(path, want, 0o644))
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"sync"
 	"unicode/utf8"
 
@@ -40,6 +41,14 @@ type Archive struct {
 	// Reads cannot verify such a file.
 	NoCRC bool `json:"no_crc"`
 
+	// Prefix is the directory of the first record, with its slash
+	// ("archive/"): torch puts every record under one.
+	Prefix string `json:"prefix"`
+	// Fallback says why a load hands the file to torch.load instead of
+	// reading it (a TorchScript archive, compressed records, not torch's
+	// layout); "" when it is read here.
+	Fallback string `json:"fallback,omitempty"`
+
 	// ReadWhole says whether ReadWhole read the file whole into memory
 	// (false when the file's size had changed since its caller measured it).
 	ReadWhole bool `json:"read_whole"`
@@ -47,8 +56,12 @@ type Archive struct {
 	// none is held): the caller maps or reopens the same inode through it.
 	Fd int `json:"fd"`
 
-	// whole holds the CRC-32s of the file's pages when ReadWhole read it.
+	// whole holds the CRC-32s of the file's pages when ReadWhole read it
+	// with verification on.
 	whole *transfer.PageSums
+	// mem is the whole file in memory when ReadWhole read it: reads copy
+	// from it (readMemory) instead of going to the file again.
+	mem []byte
 	// resident is each entry's share in the page cache as the load planner
 	// measured it (planMemory); nil when it did not.
 	resident []float64
@@ -249,7 +262,32 @@ func (p *parser) parse() (*Archive, error) {
 		}
 	}
 	a.NoCRC = a.NoCRC && withData
+	a.Prefix, a.Fallback = torchLayout(a.Entries)
 	return a, nil
+}
+
+// torchLayout returns the directory torch's records live under (the first
+// record's, with its slash) and why a load leaves the archive to torch.load,
+// "" when the records are torch's, stored: not a TorchScript archive
+// (constants.pkl), none compressed.
+func torchLayout(es []Entry) (prefix, fallback string) {
+	if len(es) == 0 {
+		return "", "no records"
+	}
+	dir, _, ok := strings.Cut(es[0].Name, "/")
+	if !ok {
+		return "", "not torch's layout: the first record is in no directory"
+	}
+	prefix = dir + "/"
+	for _, e := range es {
+		if e.Name == prefix+"constants.pkl" {
+			return prefix, "a TorchScript archive"
+		}
+		if e.Method != 0 {
+			return prefix, fmt.Sprintf("record %q is compressed", e.Name)
+		}
+	}
+	return prefix, ""
 }
 
 // oursComment reports whether an end record's comment is the one our

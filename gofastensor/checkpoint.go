@@ -84,6 +84,69 @@ func records(n int, names *C.char, addrs *unsafe.Pointer, sizes, aligns *C.int64
 	return recs, nil
 }
 
+// pft_ckpt_save_torch writes torch.save's zip archive at path
+// (checkpoint.SaveTorch): records under prefix, the pickle (pklLen bytes
+// at pkl), byteorder (NULL: no byteorder record), the serialization id,
+// and n storages named by keys (separated by '\n') whose bytes are at
+// addrs (sizes). The Go core lays the records out and aligns the storages.
+// The memory is read during the call only. options (options.go): the
+// engine choice (default, one engine for every record, or the
+// dictionaries'), durable, the engine's tuning. progress: NULL, or a
+// counter advanced by data bytes written. out: the stats, JSON.
+//
+//export pft_ckpt_save_torch
+func pft_ckpt_save_torch(path, prefix, pkl *C.char, pklLen C.int64_t, byteorder, serial *C.char,
+	n C.int64_t, keys *C.char, addrs *unsafe.Pointer, sizes *C.int64_t, options *C.char, progress *C.int64_t,
+	out **C.char, errOut **C.char) C.int {
+	return call(errOut, func() error {
+		t := checkpoint.TorchArchive{Prefix: C.GoString(prefix), SerializationID: C.GoString(serial)}
+		if byteorder != nil {
+			t.ByteOrder = C.GoString(byteorder)
+		}
+		var err error
+		if t.Pickle, err = memory(unsafe.Pointer(pkl), C.size_t(pklLen)); err != nil {
+			return fmt.Errorf("data.pkl: %w", err)
+		}
+		if t.Storages, err = torchStorages(int(n), keys, addrs, sizes); err != nil {
+			return err
+		}
+		o, err := writeOptions(options, progress)
+		if err != nil {
+			return err
+		}
+		st, err := checkpoint.SaveTorch(C.GoString(path), t, o)
+		if err != nil {
+			return err
+		}
+		return putJSON(out, st)
+	})
+}
+
+// torchStorages turns pft_ckpt_save_torch's C arrays into storages over
+// the caller's memory.
+func torchStorages(n int, keys *C.char, addrs *unsafe.Pointer, sizes *C.int64_t) ([]checkpoint.TorchStorage, error) {
+	if n < 0 || (n > 0 && (keys == nil || addrs == nil || sizes == nil)) {
+		return nil, fmt.Errorf("%w: %d storages with missing arrays", gds.ErrInvalid, n)
+	}
+	if n == 0 {
+		return nil, nil
+	}
+	keyList := strings.Split(C.GoString(keys), "\n")
+	if len(keyList) != n {
+		return nil, fmt.Errorf("%w: %d keys for %d storages", gds.ErrInvalid, len(keyList), n)
+	}
+	as, ss := unsafe.Slice(addrs, n), unsafe.Slice(sizes, n)
+	out := make([]checkpoint.TorchStorage, n)
+	for i := range out {
+		p, err := memory(as[i], C.size_t(ss[i]))
+		if err != nil {
+			return nil, fmt.Errorf("storage %q: %w", keyList[i], err)
+		}
+		out[i] = checkpoint.TorchStorage{Key: keyList[i], Data: p}
+	}
+	return out, nil
+}
+
 // pft_ckpt_open parses and validates the archive at path; out receives
 // its description (checkpoint.Archive) as JSON and handle a handle for
 // pft_ckpt_read. With forLoad non-zero, each entry's memory is planned for

@@ -23,7 +23,7 @@ import (
 
 // pft_dcp_save writes n items as a data file at path. names holds the item
 // names separated by '\n'; addrs and sizes are arrays of n. options,
-// progress as for pft_ckpt_save. out: {"records": [DCPRecord...],
+// progress as for pft_ckpt_save_torch. out: {"records": [DCPRecord...],
 // "stats": {...}} as JSON.
 //
 //export pft_dcp_save

@@ -29,10 +29,10 @@ type safetensorsSpec struct {
 }
 
 // pft_safetensors_save writes a safetensors file at path, with the commit
-// protocol of pft_ckpt_save. spec is JSON: {"tensors": [{"name", "dtype",
+// protocol of pft_ckpt_save_torch. spec is JSON: {"tensors": [{"name", "dtype",
 // "shape", "size"}, ...], "metadata": [{"key", "value"}, ...] or null};
 // addrs holds n addresses, the memory of each tensor (size bytes), read
-// during the call only. options, progress as for pft_ckpt_save. out: the
+// during the call only. options, progress as for pft_ckpt_save_torch. out: the
 // stats, JSON.
 //
 //export pft_safetensors_save

@@ -26,7 +26,7 @@ import (
 // record whose sizes[i] bytes come later (pft_ckpt_stage_write; addrs[i]
 // is then ignored); every other record's memory (addrs[i], sizes[i]) is
 // read at pft_ckpt_stage_commit, so the caller keeps it alive until the
-// commit or abort returns. Options as for pft_ckpt_save.
+// commit or abort returns. Options as for pft_ckpt_save_torch.
 //
 //export pft_ckpt_stage_begin
 func pft_ckpt_stage_begin(path *C.char, n C.int64_t, names *C.char, addrs *unsafe.Pointer, sizes, aligns *C.int64_t,

@@ -23,6 +23,7 @@ def _tiny() -> list[Workload]:
         Workload("resnet50", workloads.resnet50_state_dict(width=4, classes=10)),
         Workload("small", workloads.small_state_dict(20)),
         Workload("small6k", workloads.small_state_dict(12, seed=1)),
+        Workload("lora", workloads.lora_state_dict(layers=1, rank=2)),
     ]
 
 

@@ -170,13 +170,9 @@ def load(
     """
     b = backend or _device.backend()
     with Archive(path) as archive:
-        names = [e.name for e in archive.entries]
-        prefix = names[0].split("/", 1)[0] + "/" if names else ""
-        if (
-            not names or "/" not in names[0] or f"{prefix}constants.pkl" in archive.index
-            or any(e.method != 0 for e in archive.entries)
-        ):
+        if archive.fallback:  # TorchScript, compressed, or not torch's layout
             return to_torch(path)
+        prefix = archive.prefix
         zf = _DeviceZip(archive, prefix)
         zf.read_small(verify=verify)
         if not zf.native_order():

@@ -76,22 +76,38 @@ def _arrays(addrs: Sequence[int], sizes: Sequence[int]) -> tuple[Any, Any]:
     return (ctypes.c_void_p * n)(*[a or None for a in addrs]), (ctypes.c_int64 * n)(*sizes)
 
 
+@dataclass
+class TorchArchive:
+    """What torch.save puts in its zip, for :func:`write_archive`: the pickle, the byte
+    order record (None: none), the serialization id, and the storages' keys with the addresses
+    and lengths of their bytes. The Go core adds the other records and aligns the storages."""
+
+    pickle: bytes
+    byteorder: str | None
+    serialization_id: str
+    keys: list[str]
+    addrs: Any  # ctypes array of c_void_p
+    sizes: Any  # ctypes array of c_int64
+
+
 def write_archive(
-    path: str,
-    records: Records,
-    *,
-    durable: bool,
-    engine: str | None,
+    path: str, archive: TorchArchive, *, prefix: str, durable: bool, engine: str | None,
     counter: ctypes.c_int64 | None = None,
 ) -> dict[str, Any]:
-    """Write ``records`` as a zip archive at ``path`` (see checkpoint/zipwrite.go); return stats."""
-    names = records.joined_names()
-    n = len(records.names)
-    addrs, sizes = _arrays(records.addrs, records.sizes)
-    aligns = (ctypes.c_int64 * n)(*records.aligns)
+    """Write ``archive`` as torch.save's zip at ``path``, its records under ``prefix`` (see
+    checkpoint/torchzip.go); return stats.
+
+    Raises:
+        ValueError: a key holds a newline.
+    """
+    keys = "\n".join(archive.keys)
+    if keys.count("\n") != max(len(archive.keys) - 1, 0):
+        raise ValueError("storage keys cannot contain a newline")
     return _lib.call_json(
-        "pft_ckpt_save", _lib.cstr(path), n, names, addrs, sizes, aligns,
-        _lib.options(engine, durable=durable), ctypes.byref(counter) if counter is not None else None)
+        "pft_ckpt_save_torch", _lib.cstr(path), prefix.encode(), archive.pickle, len(archive.pickle),
+        archive.byteorder.encode() if archive.byteorder is not None else None, archive.serialization_id.encode(),
+        len(archive.keys), keys.encode(), archive.addrs, archive.sizes, _lib.options(engine, durable=durable),
+        ctypes.byref(counter) if counter is not None else None)
 
 
 def read_raw(
@@ -244,6 +260,11 @@ class Archive(_lib.Handle):
             for e in desc["entries"] or []
         ]
         self.index: dict[str, int] = {e.name: i for i, e in enumerate(self.entries)}
+        #: The directory of torch's records, with its slash (``"archive/"``).
+        self.prefix: str = desc.get("prefix", "")
+        #: Why a load hands the file to :func:`torch.load` (a TorchScript archive, compressed
+        #: records, not torch's layout), as the Go core found when parsing it; ``""``: read here.
+        self.fallback: str = desc.get("fallback", "")
 
     def read(
         self,

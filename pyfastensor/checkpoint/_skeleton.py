@@ -7,13 +7,19 @@ bytes become the record ``data/<key>``. This mirrors ``torch.serialization._save
 pickle bytes match torch's and stock :func:`torch.load` reads our files.
 
 Plain tensors (exactly :class:`torch.Tensor`, strided, on the CPU or CUDA,
-without hooks, Python attributes, conjugate or negative bits, of a
+without backward hooks (an empty dict of them, as a loaded tensor has,
+pickles the same), Python attributes, conjugate or negative bits, of a
 dtype torch pickles through a typed storage) are reduced here to the same
 ``_rebuild_tensor_v2`` call torch's ``Tensor.__reduce_ex__`` builds, without
 its checks for every other kind of tensor; so is the empty ``OrderedDict``
 of its arguments. Together they were half the pickling time of a state
 dict of 10,000 small tensors. Any other object goes through torch's
 own reduction.
+
+The usual checkpoint (dicts, lists, tuples, strings, numbers, ordered
+dicts and plain tensors, pickled with :mod:`pickle` at protocol 2) is
+written without a pickler at all (``_encode.py``): the same bytes, without
+the pickler's call of ``persistent_id`` for every object.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ from typing import Any
 import torch
 from torch._utils import _rebuild_tensor_v2
 from torch.serialization import location_tag, normalize_storage_type
+
+from ._encode import Unsupported, encode
 
 #: Types whose objects are never storages (exact types: a subclass could be anything).
 _NEVER_STORAGES = frozenset({int, float, bool, str, bytes, tuple, list, dict, type(None), torch.Size,
@@ -51,6 +59,11 @@ def pickle_skeleton(obj: Any, pickle_module: Any = pickle, pickle_protocol: int 
         RuntimeError: when two tensors view the same memory as different dtypes
             (torch refuses this too).
     """
+    if pickle_module is pickle and pickle_protocol == 2:
+        try:
+            return _encoded(obj)
+        except Unsupported:
+            pass  # the pickler writes it, from the start
     storages: dict[str, torch.UntypedStorage] = {}
     id_map: dict[int, str] = {}
     storage_dtypes: dict[int, torch.dtype] = {}
@@ -124,9 +137,9 @@ def _plain(t: torch.Tensor) -> bool:
     """Whether torch's ``Tensor.__reduce_ex__`` would reduce ``t`` to ``_rebuild_tensor_v2``
     with no more than :func:`_reduce_plain` gives (see the module's docstring)."""
     return (
-        t.layout == torch.strided and t.device.type in ("cpu", "cuda") and not t.is_quantized
+        t.layout == torch.strided and (t.is_cpu or t.is_cuda) and not t.is_quantized
         and t.dtype not in _V3_DTYPES and not t.is_conj() and not t.is_neg()
-        and t._backward_hooks is None and not t.__dict__ and not torch._C._get_tensor_metadata(t)
+        and not t._backward_hooks and not t.__dict__ and not torch._C._get_tensor_metadata(t)
     )
 
 
@@ -135,3 +148,41 @@ def _reduce_plain(t: torch.Tensor) -> tuple[Any, tuple[Any, ...]]:
     storage = torch.storage.TypedStorage(wrap_storage=t.untyped_storage(), dtype=t.dtype, _internal=True)
     return _rebuild_tensor_v2, (storage, t.storage_offset(), tuple(t.size()), t.stride(), t.requires_grad,
                                 collections.OrderedDict())
+
+
+def _encoded(obj: Any) -> Skeleton:
+    """:func:`pickle_skeleton` through :func:`~pyfastensor.checkpoint._encode.encode`: the same
+    bytes and storages for the objects it writes.
+
+    Raises:
+        Unsupported: ``obj`` holds an object :func:`encode` does not write.
+    """
+    storages: dict[str, torch.UntypedStorage] = {}
+    id_map: dict[int, str] = {}
+    storage_dtypes: dict[int, torch.dtype] = {}
+    locations: dict[torch.device, str] = {}
+    storage_types: dict[torch.dtype, Any] = {}
+
+    def tensor_pid(t: torch.Tensor) -> tuple[Any, ...]:
+        # persistent_id of _reduce_plain's TypedStorage, without building it: a plain
+        # tensor is on the CPU or CUDA (never meta) and has no fake device.
+        storage = t.untyped_storage()
+        dtype = t.dtype
+        storage_type = storage_types.get(dtype)
+        if storage_type is None:
+            typed = torch.storage.TypedStorage(wrap_storage=storage, dtype=dtype, _internal=True)
+            storage_type = storage_types[dtype] = getattr(torch, typed._pickle_storage_type())
+        ptr = storage.data_ptr()
+        if ptr != 0 and storage_dtypes.setdefault(ptr, dtype) != dtype:
+            raise RuntimeError(
+                "Cannot save multiple tensors or storages that view the same data as different types"
+            )
+        key = id_map.setdefault(storage._cdata, str(len(id_map)))
+        device = t.device
+        location = locations.get(device)
+        if location is None:
+            location = locations[device] = location_tag(storage)
+        storages[key] = storage
+        return ("storage", storage_type, key, location, storage.nbytes() // dtype.itemsize)
+
+    return Skeleton(encode(obj, tensor_pid, _plain), storages)

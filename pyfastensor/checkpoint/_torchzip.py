@@ -5,7 +5,8 @@ drop-in (persistent ids, ``map_location``, byte order, the weights-only
 unpickler, storages shared between tensors). It asks its zip reader for
 records by name; :class:`PreloadedZip` answers from memory that one
 parallel, CRC-checked native read filled beforehand: small records as
-bytes, storage records as uint8 tensors allocated once and never copied.
+bytes, storage records as uint8 tensors allocated once and never copied
+again.
 """
 
 from __future__ import annotations
@@ -63,19 +64,22 @@ class PreloadedZip:
 
     def _from_arena(self, arena: PageArena, data: str) -> None:
         """Take the records from the whole file in ``arena`` (read, not yet verified): storages
-        the planner gave their pages (``"pages"``) get them, the others and the other records
-        are copied out."""
-        for e in self.archive.entries:
-            at = arena.addr + e.offset
+        the planner gave their pages (``"pages"``) get them; the other storages get torch's
+        memory, which :meth:`read_storages` fills from the arena; the other records are
+        copied out now."""
+        #: Entry indices of the storages whose pages are theirs in the arena.
+        self._carved: list[int] = []
+        #: ``(entry index, address, nbytes)`` of the storages to copy out of the arena.
+        self._copies: list[tuple[int, int, int]] = []
+        for i, e in enumerate(self.archive.entries):
             if not e.name.startswith(data):
-                self._small[e.name] = ctypes.string_at(at, e.size)
+                self._small[e.name] = ctypes.string_at(arena.addr + e.offset, e.size)
             elif e.memory == "pages":
                 self._tensors[e.name] = arena.take(e.offset, e.size)
+                self._carved.append(i)
             else:
-                t = torch.empty(e.size, dtype=torch.uint8)
-                if e.size:
-                    ctypes.memmove(t.data_ptr(), at, e.size)
-                self._tensors[e.name] = t
+                t = self._tensors[e.name] = torch.empty(e.size, dtype=torch.uint8)
+                self._copies.append((i, t.data_ptr(), e.size))
 
     def _verify_arena(self, indices: list[int], counter: ctypes.c_int64 | None) -> None:
         """Check the CRC-32s of records in the arena (the bytes every copy was made from)."""
@@ -102,8 +106,12 @@ class PreloadedZip:
         (with an arena: check them, the file having been read whole)."""
         idx = self.archive.index
         if self.arena is not None:
+            # The Go core copies the others out of the arena in parallel, each checked
+            # from the page sums taken as the file landed.
+            if self._copies:
+                self.archive.read(self._copies, verify=verify, counter=counter)
             if verify:
-                self._verify_arena(self.storage_indices, counter)
+                self._verify_arena(self._carved, counter)
             elif counter is not None:
                 counter.value = self.data_bytes
             return

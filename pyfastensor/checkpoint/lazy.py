@@ -61,10 +61,9 @@ class CheckpointReader:
     ) -> None:
         self.path = os.fspath(path)
         self._archive = Archive(self.path)
-        names = [e.name for e in self._archive.entries]
-        if not names or "/" not in names[0]:
+        prefix = self._archive.prefix
+        if not prefix:
             raise ValueError(f"{self.path} is not a torch zip checkpoint")
-        prefix = names[0].split("/", 1)[0] + "/"
         if self._archive.index.get(prefix + "byteorder") is not None:
             order = self._archive.read_bytes(prefix + "byteorder").decode()
             if order != sys.byteorder:

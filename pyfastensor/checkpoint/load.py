@@ -61,10 +61,10 @@ def load(
     (16 MiB and up) that is mostly not cached is read whole, in large
     O_DIRECT requests, into one page-aligned area (huge pages where the
     kernel allows), its CRC-32s summed as it lands, then parsed and
-    checked from memory (for files whose records average 64 KiB and
+    checked from memory (for files whose records average 16 KiB and
     up; smaller ones are read record by record); each storage of
     64 KiB and up keeps its own pages of that area (freed with it), the
-    smaller ones are copied out. Otherwise storages of 1 MiB and more get
+    smaller ones are copied out while the object is unpickled. Otherwise storages of 1 MiB and more get
     page-aligned memory of their own (huge pages where the kernel allows),
     which O_DIRECT fills without a copy and a copy out of the page cache
     faults in 2 MiB at a time. Like those of ``torch.load(..., mmap=True)``,
@@ -265,13 +265,9 @@ def _load_archive(
     progress: bool | None, pickle_load_args: dict[str, Any], *, mmap: bool = False,
 ) -> Any:
     with opened as archive:
-        names = [e.name for e in archive.entries]
-        prefix = names[0].split("/", 1)[0] + "/" if names else ""
-        if (
-            not names or "/" not in names[0] or f"{prefix}constants.pkl" in archive.index
-            or any(e.method != 0 for e in archive.entries)
-        ):
-            return to_torch(path)  # TorchScript, compressed, or not torch's layout
+        if archive.fallback:  # TorchScript, compressed, or not torch's layout
+            return to_torch(path)
+        prefix = archive.prefix
         zf = PreloadedZip(archive, prefix, storages=not mmap, arena=arena)
         overall = None
         pending = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import pickle
 import secrets
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
 
 from .._buffers import address_of
 from . import _progress
-from ._native import Records, data_align, write_archive
+from ._native import Records, TorchArchive, data_align, write_archive
 from ._skeleton import Skeleton, pickle_skeleton
 
 #: Name of the directory every record lives under, as torch names it for buffers.
@@ -127,13 +128,50 @@ def write_skeleton(
     skel: Skeleton, path: str, *, disable_byteorder: bool = False, durable: bool = True,
     engine: str | None = None, progress: bool | None = None,
 ) -> None:
-    """Write a pickled skeleton and its storages' bytes as a torch zip archive at ``path``."""
-    records, keep, _, total = skeleton_records(skel, disable_byteorder=disable_byteorder)
+    """Write a pickled skeleton and its storages' bytes as a torch zip archive at ``path``:
+    the Go core lays out torch's records around them (checkpoint/torchzip.go)."""
+    n = len(skel.storages)
+    addrs, sizes = (ctypes.c_void_p * n)(), (ctypes.c_int64 * n)()
+    keep: list[Any] = []
+    total = 0
+    kinds: dict[torch.device, str] = {}  # device -> its type: one lookup per device, not per storage
+    for i, (key, storage) in enumerate(skel.storages.items()):
+        device = storage.device
+        kind = kinds.get(device) or kinds.setdefault(device, device.type)
+        if kind != "cpu":
+            storage = _to_cpu(key, storage, kind)
+            keep.append(storage)
+        nbytes = storage.nbytes()
+        addrs[i] = storage.data_ptr() or None
+        sizes[i] = nbytes
+        total += nbytes
+    archive = TorchArchive(skel.data, None if disable_byteorder else sys.byteorder, _serialization_id(),
+                           list(skel.storages), addrs, sizes)
     _progress.run(
-        lambda counter: write_archive(path, records, durable=durable, engine=engine, counter=counter),
+        lambda counter: write_archive(path, archive, prefix=ARCHIVE, durable=durable, engine=engine,
+                                      counter=counter),
         total, f"save {os.path.basename(path)}", progress,
     )
     keep.clear()  # the native call has returned: the memory may go
+
+
+def _to_cpu(key: str, storage: torch.UntypedStorage, kind: str) -> torch.UntypedStorage:
+    """A copy on the CPU of a storage on another device, as torch.save stages it.
+
+    Raises:
+        ValueError: the storage is on the meta device.
+    """
+    if kind == "meta":
+        raise ValueError(
+            f"storage {key} is on the meta device and has no data to save; use "
+            "torch.serialization.skip_data() with torch.save to write metadata only"
+        )
+    return storage.cpu()
+
+
+def _serialization_id() -> str:
+    """A ``.data/serialization_id`` as torch.save makes one: 40 random decimal digits."""
+    return "".join(str(secrets.randbelow(10)) for _ in range(40))
 
 
 def skeleton_records(
@@ -174,15 +212,9 @@ def skeleton_records(
         device = storage.device
         kind = kinds.get(device) or kinds.setdefault(device, device.type)
         if kind != "cpu":
-            if kind == "meta":
-                raise ValueError(
-                    f"storage {key} is on the meta device and has no data to save; use "
-                    "torch.serialization.skip_data() with torch.save to write metadata only"
-                )
-            storage = storage.cpu()  # device-to-host staging, as torch.save does
+            storage = _to_cpu(key, storage, kind)  # device-to-host staging, as torch.save does
         keep.append(storage)
         records.add(f"{ARCHIVE}/data/{key}", storage.data_ptr(), n, align)
     meta("version", b"3\n")
-    serialization_id = "".join(str(secrets.randbelow(10)) for _ in range(40))
-    meta(".data/serialization_id", serialization_id.encode())
+    meta(".data/serialization_id", _serialization_id().encode())
     return records, keep, index, total

@@ -1,0 +1,152 @@
+"""The usual checkpoint's pickle, written without a pickler (checkpoint/_encode.py), is torch.save's, byte for byte."""
+
+from __future__ import annotations
+
+import collections
+import io
+import math
+import zipfile
+
+import pytest
+import torch
+from test_checkpoint import training_state
+
+import pyfastensor
+from pyfastensor.checkpoint._encode import Unsupported
+from pyfastensor.checkpoint._skeleton import _encoded, pickle_skeleton
+
+
+def torch_pickle(obj: object) -> bytes:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    with zipfile.ZipFile(buf) as z:
+        return z.read(next(n for n in z.namelist() if n.endswith("/data.pkl")))
+
+
+def tensors(n: int, shape: tuple[int, ...] = (3,)) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(n)
+    return [torch.randn(shape, generator=g) for _ in range(n)]
+
+
+def with_metadata() -> collections.OrderedDict:
+    sd = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.LayerNorm(2)).state_dict()
+    assert sd._metadata  # an ordered dict with state: reduced with BUILD
+    return sd
+
+
+def shared() -> dict:
+    base = torch.arange(24, dtype=torch.float32)
+    t = torch.ones(2)
+    same_list, same_tuple = [1, 2], (3, "x", None, 4.5)
+    return {"base": base, "view": base[4:10].view(2, 3), "t": base.view(4, 6).t(), "again": t, "twice": t,
+            "lists": [same_list, same_list], "tuples": (same_tuple, same_tuple), "scalar": torch.tensor(2.0),
+            "empty": torch.zeros(0, 3), "grad": torch.ones(2, requires_grad=True), "strided": base[::3]}
+
+
+def numbers() -> list:
+    ints = [0, 1, 255, 256, 65535, 65536, -1, -256, -(2**31), 2**31 - 1, 2**31, -(2**31) - 1, 2**63, -(2**63),
+            2**64 - 1, 2**2100, -(2**2100), -128, -129, -(2**15), -(2**23) - 1]
+    return ints + [0.0, -0.0, 1.5, math.inf, -math.inf, math.nan, 1e308, True, False, None]
+
+
+def dtypes() -> dict:
+    return {str(d): torch.ones(4, dtype=d) for d in (torch.float16, torch.bfloat16, torch.float64, torch.int64,
+                                                    torch.int8, torch.uint8, torch.bool, torch.complex64)}
+
+
+def _saved(obj: object) -> io.BytesIO:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    buf.seek(0)
+    return buf
+
+
+CASES = {
+    "training_state": training_state,
+    "with_metadata": with_metadata,
+    "shared": shared,
+    "numbers": numbers,
+    "dtypes": dtypes,
+    "strings": lambda: {"ключ": torch.ones(1), "emoji 🙂": [""], "surrogate \udc80": ("a", "a"), "": {}},
+    "tuples": lambda: [(), (1,), (1, 2), (1, 2, 3), (1, 2, 3, 4), (((),),), tuple(tensors(5))],
+    "empty_ordered": lambda: {"hooks": collections.OrderedDict(), "od": collections.OrderedDict(a=1)},
+    "loaded": lambda: torch.load(_saved({"a": torch.ones(2), "b": [torch.zeros(3)]})),  # empty _backward_hooks
+    "shapes": lambda: [torch.zeros(()), torch.zeros(2, 3, 4, 5), torch.zeros(1, 1, 1, 1, 1).expand(1, 3, 1, 1, 2)],
+}
+for _n in (0, 1, 2, 999, 1000, 1001, 2000, 2001):
+    CASES[f"dict{_n}"] = lambda n=_n: {f"k{i}": t for i, t in enumerate(tensors(n))}
+    CASES[f"list{_n}"] = lambda n=_n: tensors(n)
+    CASES[f"ordered{_n}"] = lambda n=_n: collections.OrderedDict((i, t) for i, t in enumerate(tensors(n)))
+
+
+@pytest.mark.parametrize("make", CASES.values(), ids=CASES.keys())
+def test_encoded_pickle_is_torchs(make):
+    obj = make()
+    skel = _encoded(obj)  # written by the encoder, not handed to the pickler
+    assert skel.data == torch_pickle(obj)
+    assert skel.data == pickle_skeleton(obj, pickle_module=_Pickle).data  # the pickler, hooks and all
+    assert list(skel.storages) == list(pickle_skeleton(obj, pickle_module=_Pickle).storages)
+
+
+def test_recursive_containers_are_encoded():
+    lst: list = [1]
+    lst.append(lst)
+    d: dict = {"w": torch.ones(2)}
+    d["self"] = d
+    obj = {"list": lst, "dict": d}
+    assert _encoded(obj).data == torch_pickle(obj)
+
+
+class _Pickle:
+    """Not the pickle module itself: pickle_skeleton uses the pickler."""
+
+    from pickle import Pickler
+
+
+class Other:
+    pass
+
+
+@pytest.mark.parametrize("obj", [
+    {"p": torch.nn.Parameter(torch.ones(2))}, {"s": {1, 2}}, {"b": b"bytes"}, [Other()],
+    {"conj": torch.randn(2, dtype=torch.complex64).conj()}, {"u16": torch.ones(2, dtype=torch.uint16)},
+    {"sub": collections.defaultdict(list)}, [torch.float32], [1, torch.Size([2])],
+])
+def test_anything_else_goes_to_the_pickler_and_still_matches(tmp_path, obj):
+    with pytest.raises(Unsupported):
+        _encoded(obj)
+    pyfastensor.save(obj, tmp_path / "x.pt")
+    with zipfile.ZipFile(tmp_path / "x.pt") as z:
+        assert z.read("archive/data.pkl") == torch_pickle(obj)
+
+
+def test_two_dtypes_over_one_storage_are_refused_as_torch_refuses():
+    base = torch.zeros(4)
+    obj = {"f": base, "i": base.view(torch.int32)}
+    with pytest.raises(RuntimeError, match="view the same data as different types"):
+        torch_pickle(obj)
+    with pytest.raises(RuntimeError, match="view the same data as different types"):
+        _encoded(obj)
+
+
+@pytest.mark.parametrize("no_byteorder", [False, True])
+def test_saved_records_are_torchs_with_the_cores_alignment(tmp_path, no_byteorder):
+    obj = {"a": torch.ones(3), "b": torch.arange(5), "e": torch.zeros(0)}
+    ours, theirs = tmp_path / "ours.pt", tmp_path / "theirs.pt"
+    pyfastensor.save(obj, ours, _disable_byteorder_record=no_byteorder)
+    torch.save(obj, theirs)
+    raw = ours.read_bytes()
+    with zipfile.ZipFile(ours) as a, zipfile.ZipFile(theirs) as b:
+        want = [n.split("/", 1)[1] for n in b.namelist() if not (no_byteorder and n.endswith("/byteorder"))]
+        # torch's records in torch's order (less the byte order when disabled), under "archive/"
+        assert a.namelist() == ["archive/" + n for n in want]
+        align = int(a.read("archive/.storage_alignment"))
+        assert align == pyfastensor._lib.settings()["alignment"]
+        for info in a.infolist():
+            if "/data/" in info.filename and info.file_size:
+                at = info.header_offset
+                start = at + 30 + int.from_bytes(raw[at + 26:at + 28], "little") + int.from_bytes(raw[at + 28:at + 30],
+                                                                                                  "little")
+                assert start % align == 0, info.filename
+    for k, v in torch.load(ours).items():
+        assert torch.equal(v, obj[k])
