@@ -29,61 +29,6 @@ func progressFunc(p *C.int64_t) func(int64) {
 	return func(n int64) { atomic.AddInt64((*int64)(unsafe.Pointer(p)), n) }
 }
 
-// pft_ckpt_save writes n records as a zip archive at path. names holds the
-// record names separated by '\n'; addrs (addresses), sizes and aligns are
-// arrays of n.
-// The memory of every record is read during the call only. options
-// (options.go): the engine choice (default, one engine for every record,
-// or the dictionaries'), durable, the engine's tuning. progress: NULL, or
-// a counter advanced by data bytes written. out: the stats, JSON.
-//
-//export pft_ckpt_save
-func pft_ckpt_save(path *C.char, n C.int64_t, names *C.char, addrs *unsafe.Pointer, sizes, aligns *C.int64_t,
-	options *C.char, progress *C.int64_t, out **C.char, errOut **C.char) C.int {
-	return call(errOut, func() error {
-		recs, err := records(int(n), names, addrs, sizes, aligns)
-		if err != nil {
-			return err
-		}
-		o, err := writeOptions(options, progress)
-		if err != nil {
-			return err
-		}
-		st, err := checkpoint.Save(C.GoString(path), recs, o)
-		if err != nil {
-			return err
-		}
-		return putJSON(out, st)
-	})
-}
-
-// records turns the C arrays of pft_ckpt_save into records over the
-// caller's memory.
-func records(n int, names *C.char, addrs *unsafe.Pointer, sizes, aligns *C.int64_t) ([]checkpoint.Record, error) {
-	if n < 0 || (n > 0 && (names == nil || addrs == nil || sizes == nil || aligns == nil)) {
-		return nil, fmt.Errorf("%w: %d records with missing arrays", gds.ErrInvalid, n)
-	}
-	if n == 0 {
-		return nil, nil
-	}
-	nameList := strings.Split(C.GoString(names), "\n")
-	if len(nameList) != n {
-		return nil, fmt.Errorf("%w: %d names for %d records", gds.ErrInvalid, len(nameList), n)
-	}
-	as := unsafe.Slice(addrs, n)
-	ss := unsafe.Slice(sizes, n)
-	als := unsafe.Slice(aligns, n)
-	recs := make([]checkpoint.Record, n)
-	for i := range recs {
-		p, err := memory(as[i], C.size_t(ss[i]))
-		if err != nil {
-			return nil, fmt.Errorf("record %q: %w", nameList[i], err)
-		}
-		recs[i] = checkpoint.Record{Name: nameList[i], Data: p, Align: int64(als[i])}
-	}
-	return recs, nil
-}
-
 // pft_ckpt_save_torch writes torch.save's zip archive at path
 // (checkpoint.SaveTorch): records under prefix, the pickle (pklLen bytes
 // at pkl), byteorder (NULL: no byteorder record), the serialization id,

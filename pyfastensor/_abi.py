@@ -9,7 +9,6 @@ against a header built from the Go source.
 PROTOTYPES: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
     "pft_free": ("void", (("void*", "p"),)),
     "pft_handle_count": ("int64_t", ()),
-    "pft_ckpt_save": ("int", (("char*", "path"), ("int64_t", "n"), ("char*", "names"), ("void**", "addrs"), ("int64_t*", "sizes"), ("int64_t*", "aligns"), ("char*", "options"), ("int64_t*", "progress"), ("char**", "out"), ("char**", "errOut"),)),
     "pft_ckpt_save_torch": ("int", (("char*", "path"), ("char*", "prefix"), ("char*", "pkl"), ("int64_t", "pklLen"), ("char*", "byteorder"), ("char*", "serial"), ("int64_t", "n"), ("char*", "keys"), ("void**", "addrs"), ("int64_t*", "sizes"), ("char*", "options"), ("int64_t*", "progress"), ("char**", "out"), ("char**", "errOut"),)),
     "pft_ckpt_open": ("int", (("char*", "path"), ("int", "forLoad"), ("double", "resident"), ("uint64_t*", "handle"), ("char**", "out"), ("char**", "errOut"),)),
     "pft_ckpt_read_whole": ("int", (("char*", "path"), ("void*", "addr"), ("int64_t", "size"), ("char*", "options"), ("int64_t*", "progress"), ("uint64_t*", "handle"), ("char**", "out"), ("char**", "errOut"),)),

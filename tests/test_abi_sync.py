@@ -128,7 +128,7 @@ def test_options_cross_as_one_json_argument():
             # counter and the results (pointers the call writes).
             after = [n for _, n in params[i + 1:]]
             assert set(after) <= {"progress", "handle", "out", "crcOut", "errOut"}, f"{name}: {after}"
-    assert "pft_ckpt_save" in with_options and "pft_store_open" in with_options and "pft_file_open" in with_options
+    assert "pft_ckpt_save_torch" in with_options and "pft_store_open" in with_options and "pft_file_open" in with_options
 
 
 def test_handles_cross_as_integers():
