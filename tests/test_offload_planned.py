@@ -55,7 +55,8 @@ def test_gradients_bit_identical_and_budget_held(tmp_path, model_name, budget_ki
     assert_same_grads(want, got)
     steps.summaries.append(off.summary())
     plan = off.plan_details["plan"]
-    assert plan.capacity == budget and plan.peak_bytes <= budget
+    # The chosen plan may be one made for less memory (it then runs within that).
+    assert plan.capacity <= budget and plan.peak_bytes <= plan.capacity
     tiers = {d["tier"] for d in off.plan_details["decisions"]}
     for s in steps.summaries:
         assert s.resident_peak_bytes <= budget, (s.step, s.resident_peak_bytes, budget)
