@@ -286,20 +286,9 @@ func UnionState(parts []WorkerPart, n int) (State, error) {
 			return bad("a part of kind %q, not a DataLoader worker's (%q)", p.Kind, WorkerPartKind)
 		case p.Version < 1 || p.Version > WorkerPartVersion:
 			return bad("worker %d's part is of version %d (this build reads 1 to %d)", p.Worker, p.Version, WorkerPartVersion)
-		case p.NumWorkers != first.NumWorkers:
-			return bad("parts of loaders of %d and %d workers", first.NumWorkers, p.NumWorkers)
-		case p.Worker < 0 || p.Worker >= p.NumWorkers:
-			return bad("a part of worker %d of %d", p.Worker, p.NumWorkers)
-		case seen[p.Worker]:
-			return bad("two parts of worker %d", p.Worker)
-		case p.Pack != first.Pack || p.IndexCRC != first.IndexCRC:
-			return bad("worker %d's part is of pack %s, worker %d's of %s", first.Worker, first.Pack, p.Worker, p.Pack)
-		case p.ChunksPerGroup != first.ChunksPerGroup:
-			return bad("worker %d's part is of a layout of %d chunks per group, worker %d's of %d",
-				first.Worker, first.ChunksPerGroup, p.Worker, p.ChunksPerGroup)
-		case p.Epoch != first.Epoch || p.Seed != first.Seed:
-			return bad("worker %d's part is of epoch %d (seed %d), worker %d's of epoch %d (seed %d)",
-				first.Worker, first.Epoch, first.Seed, p.Worker, p.Epoch, p.Seed)
+		}
+		if m := partMismatch(first, p, seen); m != "" {
+			return bad("%s", m)
 		}
 		seen[p.Worker] = true
 		b, ok := bitsetOf(p.Delivered, n)
@@ -347,20 +336,11 @@ func (s *Server) restoreTurn(parts []WorkerPart) error {
 			return bad("a part of kind %q, not a DataLoader worker's (%q)", p.Kind, WorkerPartKind)
 		case p.Version != WorkerPartTurnVersion:
 			return bad("worker %d's part is of version %d, worker %d's of %d", first.Worker, first.Version, p.Worker, p.Version)
-		case p.NumWorkers != first.NumWorkers:
-			return bad("parts of loaders of %d and %d workers", first.NumWorkers, p.NumWorkers)
-		case p.Worker < 0 || p.Worker >= p.NumWorkers:
-			return bad("a part of worker %d of %d", p.Worker, p.NumWorkers)
-		case seen[p.Worker]:
-			return bad("two parts of worker %d", p.Worker)
-		case p.Pack != first.Pack || p.IndexCRC != first.IndexCRC:
-			return bad("worker %d's part is of pack %s, worker %d's of %s", first.Worker, first.Pack, p.Worker, p.Pack)
-		case p.ChunksPerGroup != first.ChunksPerGroup:
-			return bad("worker %d's part is of a layout of %d chunks per group, worker %d's of %d",
-				first.Worker, first.ChunksPerGroup, p.Worker, p.ChunksPerGroup)
-		case p.Epoch != first.Epoch || p.Seed != first.Seed:
-			return bad("worker %d's part is of epoch %d (seed %d), worker %d's of epoch %d (seed %d)",
-				first.Worker, first.Epoch, first.Seed, p.Worker, p.Epoch, p.Seed)
+		}
+		if m := partMismatch(first, *p, seen); m != "" {
+			return bad("%s", m)
+		}
+		switch {
 		case p.Batch > 0 && p.State == nil:
 			return bad("worker %d's part of batch %d holds no state", p.Worker, p.Batch-1)
 		case p.State != nil && (p.State.Epoch != p.Epoch || p.State.Seed != p.Seed):
@@ -401,4 +381,27 @@ func (s *Server) restoreTurn(parts []WorkerPart) error {
 	defer s.mu.Unlock()
 	s.turns.reset(batches, rot, workers)
 	return nil
+}
+
+// partMismatch says how worker part p differs from first where all of a
+// loader's parts must agree (loader, pack, layout, epoch), or that its
+// worker is out of range or seen before; "" when none of that.
+func partMismatch(first, p WorkerPart, seen []bool) string {
+	switch {
+	case p.NumWorkers != first.NumWorkers:
+		return fmt.Sprintf("parts of loaders of %d and %d workers", first.NumWorkers, p.NumWorkers)
+	case p.Worker < 0 || p.Worker >= p.NumWorkers:
+		return fmt.Sprintf("a part of worker %d of %d", p.Worker, p.NumWorkers)
+	case seen[p.Worker]:
+		return fmt.Sprintf("two parts of worker %d", p.Worker)
+	case p.Pack != first.Pack || p.IndexCRC != first.IndexCRC:
+		return fmt.Sprintf("worker %d's part is of pack %s, worker %d's of %s", first.Worker, first.Pack, p.Worker, p.Pack)
+	case p.ChunksPerGroup != first.ChunksPerGroup:
+		return fmt.Sprintf("worker %d's part is of a layout of %d chunks per group, worker %d's of %d",
+			first.Worker, first.ChunksPerGroup, p.Worker, p.ChunksPerGroup)
+	case p.Epoch != first.Epoch || p.Seed != first.Seed:
+		return fmt.Sprintf("worker %d's part is of epoch %d (seed %d), worker %d's of epoch %d (seed %d)",
+			first.Worker, first.Epoch, first.Seed, p.Worker, p.Epoch, p.Seed)
+	}
+	return ""
 }
