@@ -83,6 +83,9 @@ func load(f *os.File, path string, o LoadOptions) (*Archive, error) {
 		return nil, fmt.Errorf("checkpoint: stat %s: %w", path, err)
 	}
 	size := st.Size()
+	if !st.Mode().IsRegular() { // a directory, a pipe: torch.load says what it makes of it
+		return &Archive{Path: path, Size: size, Fd: -1, Fallback: "not a regular file"}, nil
+	}
 	p := &parser{f: f, path: path, size: size}
 	if reason, err := p.notZip(); err != nil || reason != "" {
 		return &Archive{Path: path, Size: size, Fd: -1, Fallback: reason}, err

@@ -27,16 +27,16 @@ func counting(t *testing.T, eocd int64) (opens, endReads *int) {
 	return opens, endReads
 }
 
-// eocdOf returns the offset of the file's end record.
-func eocdOf(t *testing.T, path string) int64 {
+// endsOf returns what the file's end records say.
+func endsOf(t *testing.T, path string) *ends {
 	f, err := os.Open(path)
 	require.NoError(t, err)
 	defer f.Close()
 	st, err := f.Stat()
 	require.NoError(t, err)
-	off, _, err := (&parser{f: f, path: path, size: st.Size()}).findEnd()
+	e, err := (&parser{f: f, path: path, size: st.Size()}).findEnds()
 	require.NoError(t, err)
-	return off
+	return e
 }
 
 // A load opens the file once and reads its end records once, whether it
@@ -48,7 +48,9 @@ func TestLoadOpensOnceAndReadsTheEndRecordsOnce(t *testing.T) {
 		recs = append(recs, Record{Name: fmt.Sprintf("archive/data/s%d", i), Data: testutil.Pattern(100, uint64(i)), Align: DataAlign})
 	}
 	path, _ := saved(t, recs)
-	eocd := eocdOf(t, path)
+	e := endsOf(t, path)
+	require.Greater(t, e.cdSize, int64(endLen+max16), "the directory is read in two parts: from the file, and from the tail")
+	eocd := e.eocd
 	for _, whole := range []int{-1, 1} {
 		t.Run(fmt.Sprint("whole=", whole), func(t *testing.T) {
 			opens, endReads := counting(t, eocd)
@@ -83,7 +85,7 @@ func TestLoadDecidesTheFallback(t *testing.T) {
 	require.NoError(t, os.WriteFile(legacy, []byte("\x80\x02legacy pickle"), 0o644))
 	tiny := filepath.Join(dir, "tiny.pt")
 	require.NoError(t, os.WriteFile(tiny, []byte("PK"), 0o644))
-	for path, want := range map[string]string{legacy: "not a zip archive", tiny: "not a zip archive"} {
+	for path, want := range map[string]string{legacy: "not a zip archive", tiny: "not a zip archive", dir: "not a regular file"} {
 		a, err := Load(path, LoadOptions{})
 		require.NoError(t, err)
 		assert.Contains(t, a.Fallback, want)

@@ -233,6 +233,8 @@ def test_the_native_call_decides_the_fallback_and_python_opens_nothing(tmp_path,
     assert_same(pyfastensor.load(tmp_path / "legacy.pt"), obj)
     with pytest.raises(FileNotFoundError):
         pyfastensor.load(tmp_path / "missing.pt")
+    with pytest.raises(IsADirectoryError):  # torch.load's error
+        pyfastensor.load(tmp_path)
 
 
 def test_file_like_objects(tmp_path):
