@@ -2,14 +2,14 @@ package checkpoint
 
 import (
 	"fmt"
-	"os"
 
 	"github.com/pyfastensor/pyfastensor/gds"
 	"github.com/pyfastensor/pyfastensor/transfer"
 )
 
 // The load planner: every decision of a load is taken here, once, and the
-// Python side carries it out. A load asks PlanLoad first:
+// Python side carries it out. Load (load.go) decides, from the end records
+// it reads once:
 //
 //   - "read whole": a cold file of ours goes into one page-aligned area in
 //     transfer.WholeRequest-byte O_DIRECT requests (ReadWhole), its pages'
@@ -23,8 +23,8 @@ import (
 //     large records, "allocator" for the rest; the engine of each record
 //     follows from the file's residency, measured once.
 //
-// Residency is measured once per load: for the whole file by PlanLoad,
-// and per record only when the file is partly cached.
+// Residency is measured once per load: for the whole file by Load, and
+// per record only when the file is partly cached.
 
 // Where a record's bytes go (Entry.Memory).
 const (
@@ -32,62 +32,6 @@ const (
 	MemoryAligned   = "aligned"   // page-aligned memory of its own, read into in place
 	MemoryPages     = "pages"     // its own pages of the whole-file area
 )
-
-// LoadPlan is how to load a file.
-type LoadPlan struct {
-	// Whole says to read the file whole (ReadWhole) into Size bytes of
-	// page-aligned memory, in Request-byte requests through Engine.
-	Whole   bool   `json:"whole"`
-	Size    int64  `json:"size"`
-	Request int64  `json:"request,omitempty"`
-	Engine  string `json:"engine,omitempty"`
-	// Resident is the file's share in the page cache (0 to 1).
-	Resident float64 `json:"resident"`
-	// Reason says, in words, why the file is or is not read whole.
-	Reason string `json:"reason"`
-}
-
-// PlanLoad decides how to load the file at path: whole (a cold file of
-// ours, transfer.WholeMin and up, whose records average
-// transfer.WholeAverageMin and up, where O_DIRECT works), or record by
-// record. A mapped load (mapped) or one with an engine chosen by the
-// caller (chosen) is always record by record.
-func PlanLoad(path string, mapped, chosen bool) (LoadPlan, error) {
-	st, err := os.Stat(path)
-	if err != nil {
-		return LoadPlan{}, gds.Classify(err)
-	}
-	plan := LoadPlan{Size: st.Size(), Resident: -1}
-	if mapped || chosen {
-		plan.Reason = "mapped, or an engine chosen by the caller: record by record"
-		return plan, nil
-	}
-	if res, err := fileResidency(path, st.Size()); err == nil {
-		plan.Resident = res
-	}
-	dir, err := transfer.DirOf(path)
-	if err != nil {
-		return LoadPlan{}, err
-	}
-	ours, records := endRecordCount(path, st.Size())
-	average := st.Size() / max(records, 1)
-	switch {
-	case !ours:
-		plan.Reason = "not written by pyfastensor (records not page-aligned): record by record"
-	case st.Size() < transfer.WholeMin:
-		plan.Reason = fmt.Sprintf("smaller than %s: record by record", human(transfer.WholeMin))
-	case plan.Resident < 0 || plan.Resident >= transfer.ResidentShare:
-		plan.Reason = "mostly in the page cache (or its residency unknown): record by record"
-	case average < transfer.WholeAverageMin:
-		plan.Reason = fmt.Sprintf("records average under %s: record by record", human(transfer.WholeAverageMin))
-	case !transfer.Probe(dir).Direct:
-		plan.Reason = "no O_DIRECT in its directory: record by record"
-	default:
-		plan.Whole, plan.Request, plan.Engine = true, transfer.WholeRequest, "direct"
-		plan.Reason = fmt.Sprintf("cold file of ours: read whole in %s O_DIRECT requests", human(transfer.WholeRequest))
-	}
-	return plan, nil
-}
 
 // fileResidency returns the share of the file at path, of size bytes, in
 // the page cache: measured whole for a small file, else estimated from
@@ -119,46 +63,6 @@ func fileResidency(path string, size int64) (float64, error) {
 		sum += r
 	}
 	return sum / float64(n), nil
-}
-
-// endRecordCount reports whether the file ends with our writer's comment
-// (its storage records then start on page boundaries) and the record
-// count its zip64 end record announces (0 when not ours or damaged;
-// opening the file says how).
-func endRecordCount(path string, size int64) (ours bool, records int64) {
-	n := int64(endTotalLen + cdCommentLen)
-	if size < n {
-		return false, 0
-	}
-	f, err := os.Open(path)
-	if err != nil {
-		return false, 0
-	}
-	defer f.Close()
-	tail := make([]byte, n)
-	if _, err := f.ReadAt(tail, size-n); err != nil {
-		return false, 0
-	}
-	ours = oursComment(tail[endTotalLen:])
-	if ours && le.Uint32(tail) == sigEnd64 {
-		records = int64(min(le.Uint64(tail[32:]), uint64(size)))
-	}
-	return ours, records
-}
-
-// OpenForLoad opens the archive at path for a record-by-record load and
-// plans each record's memory (planMemory) from the file's residency as
-// PlanLoad measured it (-1: unknown).
-func OpenForLoad(path string, resident float64) (*Archive, error) {
-	a, err := OpenArchive(path)
-	if err != nil {
-		return nil, err
-	}
-	if err := a.planMemory(resident); err != nil {
-		a.Close()
-		return nil, err
-	}
-	return a, nil
 }
 
 // planMemory sets each entry's Memory and keeps each entry's residency for

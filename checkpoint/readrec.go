@@ -25,7 +25,7 @@ type ReadOptions struct {
 	// the file's directory.
 	Chooser transfer.Chooser
 	// Resident is each request's share in the page cache, when a load plan
-	// measured it already (PlanLoad); nil measures it here.
+	// measured it already (Load); nil measures it here.
 	Resident []float64
 	Engine   gds.Options
 	Workers  int

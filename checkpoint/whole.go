@@ -9,9 +9,9 @@ import (
 	"github.com/pyfastensor/pyfastensor/transfer"
 )
 
-// A cold load of one of our archives reads the file whole, in large
-// O_DIRECT requests, into one page-aligned memory area (ReadWhole), then
-// parses it from memory (OpenArchiveMemory): one sequential stream at the
+// A cold load of one of our archives (Load's plan) reads the file whole,
+// in large O_DIRECT requests, into one page-aligned memory area, then
+// parses it from memory: one sequential stream at the
 // disk's bandwidth, instead of a parse that waits for the disk at each run
 // of small records and reads the records one by one. Each request sums its
 // pages' CRC-32s as it lands, while the next ones wait for the disk, so
@@ -22,7 +22,7 @@ import (
 // ReadWhole reads the file at path whole into dst, whose length must be
 // the file's, in parallel requests of o.Engine.TaskSize (default
 // transfer.WholeRequest) through o.Chooser's engine for a file of that
-// size (PlanLoad's decision: direct), and parses it from there
+// size (the load planner's choice: direct), and parses it from there
 // (OpenArchiveMemory). Unless o.NoVerify, each request sums the CRC-32s of
 // its pages as it lands, while later requests still wait for the disk;
 // Verify then checks records in dst from those sums, touching only the
@@ -32,7 +32,7 @@ import (
 // their pages of dst and which are copied out.
 //
 // When the file at path no longer has dst's length (a save replaced it
-// since PlanLoad measured it), ReadWhole opens the file as OpenArchive
+// since its caller measured it), ReadWhole opens the file as OpenArchive
 // does instead, leaving dst alone: the Archive's ReadWhole is false.
 func ReadWhole(path string, dst []byte, o ReadOptions) (a *Archive, err error) {
 	size := int64(len(dst))
@@ -61,6 +61,14 @@ func ReadWhole(path string, dst []byte, o ReadOptions) (a *Archive, err error) {
 			return nil, err
 		}
 	}
+	return readWhole(f, path, src, dst, nil, o)
+}
+
+// readWhole reads f (opened from path, reopened as src), whole into dst
+// and parses it from there: from the end records e when its caller read
+// them already, else from dst's. The Archive it returns holds f.
+func readWhole(f *os.File, path, src string, dst []byte, e *ends, o ReadOptions) (*Archive, error) {
+	size := int64(len(dst))
 	ext := transfer.Extent{Data: dst, Engine: o.Chooser.Engine(transfer.OpRead, size)}
 	var sums *transfer.PageSums
 	if !o.NoVerify {
@@ -68,15 +76,23 @@ func ReadWhole(path string, dst []byte, o ReadOptions) (a *Archive, err error) {
 		ext.Pages = sums
 	}
 	to := o.transferOptions()
-	to.Resident = []float64{0} // PlanLoad measured it: cold
-	if _, _, err = transfer.Read(src, []transfer.Extent{ext}, to); err != nil {
+	to.Resident = []float64{0} // the load planner measured it: cold
+	if _, _, err := transfer.Read(src, []transfer.Extent{ext}, to); err != nil {
 		var ee *transfer.ExtentError
 		if errors.As(err, &ee) && errors.Is(err, gds.ErrEOF) {
 			return nil, corrupt(path, "", ee.Off, "file ends before the bytes expected here (shrunk while read?)")
 		}
 		return nil, fmt.Errorf("checkpoint: read %s whole: %w", path, err)
 	}
-	if a, err = OpenArchiveMemory(path, dst); err != nil {
+	p := inMemoryParser(path, dst)
+	var a *Archive
+	var err error
+	if e != nil {
+		a, err = p.parseFrom(e)
+	} else {
+		a, err = p.parse()
+	}
+	if err != nil {
 		return nil, err
 	}
 	a.ReadWhole, a.pin, a.Fd, a.whole, a.mem = true, f, int(f.Fd()), sums, dst

@@ -1,7 +1,6 @@
 package checkpoint
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -49,9 +48,16 @@ type Archive struct {
 	// layout); "" when it is read here.
 	Fallback string `json:"fallback,omitempty"`
 
-	// ReadWhole says whether ReadWhole read the file whole into memory
-	// (false when the file's size had changed since its caller measured it).
+	// ReadWhole says whether the file was read whole into memory (Load's
+	// plan, or ReadWhole; false when the file's size had changed since
+	// ReadWhole's caller measured it).
 	ReadWhole bool `json:"read_whole"`
+	// Plan is how Load planned the load (zero when not opened by Load).
+	Plan LoadPlan `json:"plan"`
+	// Arena is the address of the mapping Load read the file whole into
+	// (0: none): the file's Size bytes, rounded up to pages. The caller
+	// owns it from then on (it unmaps it, after Close).
+	Arena uintptr `json:"arena"`
 	// Fd is the descriptor of the file parsed, open until Close (-1 when
 	// none is held): the caller maps or reopens the same inode through it.
 	Fd int `json:"fd"`
@@ -153,8 +159,7 @@ func openPinned(f *os.File, path string, size int64) (*Archive, error) {
 // requests, before parsing it): the same checks, with no read of the file.
 // data is only read during the call; errors name path.
 func OpenArchiveMemory(path string, data []byte) (*Archive, error) {
-	p := &parser{f: bytes.NewReader(data), path: path, size: int64(len(data)), inMemory: true}
-	a, err := p.parse()
+	a, err := inMemoryParser(path, data).parse()
 	if a != nil {
 		a.Fd = -1
 	}
@@ -166,6 +171,27 @@ type parser struct {
 	path     string
 	size     int64
 	inMemory bool // f is the file's bytes in memory: no page cache to consult
+	// tail is the end of the file from tailOff, read once (readTail):
+	// reads it covers are served from it, so that the end records are
+	// read from the file once however often the parse looks at them.
+	tail    []byte
+	tailOff int64
+}
+
+// traceRead, when set (tests), sees every read a parser makes of a file
+// (not of memory): its offset and length.
+var traceRead func(off, n int64)
+
+// readTail reads the last endLen+max16 bytes of the file (all of it when
+// smaller): the end records, whatever the comment's length.
+func (p *parser) readTail() error {
+	span := min(p.size, endLen+max16)
+	b, err := p.read(p.size-span, span, "", "end of file")
+	if err != nil {
+		return err
+	}
+	p.tail, p.tailOff = b, p.size-span
+	return nil
 }
 
 // read returns n bytes at off, or a corruption error naming record when
@@ -179,13 +205,29 @@ func (p *parser) readInto(buf []byte, off, n int64, record, what string) ([]byte
 	if off < 0 || n < 0 || n > p.size-off { // not off+n: it may overflow
 		return nil, corrupt(p.path, record, off, "%s (%d bytes) lies past the end of the file (%d bytes)", what, n, p.size)
 	}
+	if p.tail != nil && off >= p.tailOff && buf == nil {
+		return p.tail[off-p.tailOff : off-p.tailOff+n], nil
+	}
 	b := buf[:0]
 	if int64(cap(b)) >= n {
 		b = b[:n]
 	} else {
 		b = make([]byte, n)
 	}
-	if _, err := p.f.ReadAt(b, off); err != nil {
+	// The part of the range the tail holds is copied from it, not read again.
+	head := b
+	if p.tail != nil && off+n > p.tailOff {
+		skip := max(p.tailOff-off, 0)
+		head = b[:skip]
+		copy(b[skip:], p.tail[off+skip-p.tailOff:])
+	}
+	if len(head) == 0 {
+		return b, nil
+	}
+	if !p.inMemory && traceRead != nil {
+		traceRead(off, int64(len(head)))
+	}
+	if _, err := p.f.ReadAt(head, off); err != nil {
 		if errors.Is(err, io.EOF) {
 			return nil, corrupt(p.path, record, off, "%s: file ends early", what)
 		}
@@ -194,7 +236,29 @@ func (p *parser) readInto(buf []byte, off, n int64, record, what string) ([]byte
 	return b, nil
 }
 
+// ends is what the end records say: where the central directory lies and
+// how many entries it holds, and the end record's comment.
+type ends struct {
+	eocd          int64 // offset of the end record
+	n             int64 // entries
+	cdOff, cdSize int64
+	comment       []byte
+}
+
+// ours reports whether the comment is our writer's (oursComment).
+func (e *ends) ours() bool { return oursComment(e.comment) }
+
 func (p *parser) parse() (*Archive, error) {
+	e, err := p.findEnds()
+	if err != nil {
+		return nil, err
+	}
+	return p.parseFrom(e)
+}
+
+// findEnds reads and checks the end record and, when there is one, the
+// zip64 end record and its locator.
+func (p *parser) findEnds() (*ends, error) {
 	eocd, tail, err := p.findEnd()
 	if err != nil {
 		return nil, err
@@ -228,18 +292,24 @@ func (p *parser) parse() (*Archive, error) {
 	if n < 0 || n > cdSize/centralLen { // not n*centralLen: a zip64 count may overflow it
 		return nil, corrupt(p.path, "", cdOff, "central directory of %d bytes cannot hold %d entries", cdSize, n)
 	}
-	cd, err := p.read(cdOff, cdSize, "", "central directory")
-	if err != nil {
-		return nil, err
-	}
+	return &ends{eocd: eocd, n: n, cdOff: cdOff, cdSize: cdSize, comment: comment}, nil
+}
+
+// parseFrom parses the central directory the end records e describe, and
+// checks every record's local header against it.
+func (p *parser) parseFrom(e *ends) (*Archive, error) {
+	n, cdOff, cdSize, comment := e.n, e.cdOff, e.cdSize, e.comment
 	a := &Archive{Path: p.path, Size: p.size}
+	var cd []byte
 	if oursComment(comment) {
 		a.Ours = true
 		sum := comment[len(cdCommentPrefix):]
-		all, err := p.read(cdOff, eocd+endLen-cdOff, "", "central directory")
+		// One read for the directory and the checksum over it and the end records.
+		all, err := p.read(cdOff, e.eocd+endLen-cdOff, "", "central directory")
 		if err != nil {
 			return nil, err
 		}
+		cd = all[:cdSize]
 		if string(comment[:len(cdCommentPrefix)]) != cdCommentPrefix || string(sum) != fmt.Sprintf("%08x", transfer.Checksum(all)) {
 			// Find the entry that differs, if the field-by-field checks
 			// below can; else report the directory as a whole.
@@ -248,7 +318,13 @@ func (p *parser) parse() (*Archive, error) {
 			}
 			return nil, corrupt(p.path, "", cdOff, "central directory checksum mismatch (stored %q)", sum)
 		}
+	} else {
+		var err error
+		if cd, err = p.read(cdOff, cdSize, "", "central directory"); err != nil {
+			return nil, err
+		}
 	}
+	var err error
 	a.Entries, err = p.entries(cd, cdOff, n, a.Ours)
 	if err != nil {
 		return nil, err
@@ -311,14 +387,15 @@ func oursComment(c []byte) bool {
 // reaches exactly the end of the file. It returns its offset and the bytes
 // from it to the end of the file.
 func (p *parser) findEnd() (int64, []byte, error) {
-	span := min(p.size, endLen+max16)
-	tail, err := p.read(p.size-span, span, "", "end of file")
-	if err != nil {
-		return 0, nil, err
+	if p.tail == nil {
+		if err := p.readTail(); err != nil {
+			return 0, nil, err
+		}
 	}
+	tail := p.tail
 	for i := len(tail) - endLen; i >= 0; i-- {
 		if le.Uint32(tail[i:]) == sigEnd && i+endLen+int(le.Uint16(tail[i+20:])) == len(tail) {
-			return p.size - span + int64(i), tail[i:], nil
+			return p.tailOff + int64(i), tail[i:], nil
 		}
 	}
 	return 0, nil, p.truncated()

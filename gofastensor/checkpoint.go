@@ -94,21 +94,12 @@ func torchStorages(n int, keys *C.char, addrs *unsafe.Pointer, sizes *C.int64_t)
 
 // pft_ckpt_open parses and validates the archive at path; out receives
 // its description (checkpoint.Archive) as JSON and handle a handle for
-// pft_ckpt_read. With forLoad non-zero, each entry's memory is planned for
-// a load (checkpoint.OpenForLoad) from the file's residency as
-// pft_ckpt_plan_load measured it (resident; negative when unknown).
+// pft_ckpt_read.
 //
 //export pft_ckpt_open
-func pft_ckpt_open(path *C.char, forLoad C.int, resident C.double, handle *C.uint64_t, out **C.char,
-	errOut **C.char) C.int {
+func pft_ckpt_open(path *C.char, handle *C.uint64_t, out **C.char, errOut **C.char) C.int {
 	return call(errOut, func() error {
-		var a *checkpoint.Archive
-		var err error
-		if forLoad != 0 {
-			a, err = checkpoint.OpenForLoad(C.GoString(path), float64(resident))
-		} else {
-			a, err = checkpoint.OpenArchive(C.GoString(path))
-		}
+		a, err := checkpoint.OpenArchive(C.GoString(path))
 		if err != nil {
 			return err
 		}
@@ -120,31 +111,32 @@ func pft_ckpt_open(path *C.char, forLoad C.int, resident C.double, handle *C.uin
 	})
 }
 
-// pft_ckpt_read_whole reads the file at path whole into the caller's
-// memory (size bytes at addr, the file's length) through the options'
-// engine choice, and parses it from there; out and handle as for
-// pft_ckpt_open. With the options' verify the records' CRC-32s are summed as
-// the file lands, and pft_ckpt_verify over that memory uses those sums:
-// the memory must stay as read, and mapped, while the handle is open
-// (checkpoint.ReadWhole).
+// pft_ckpt_load opens the file at path for a load (checkpoint.Load), with
+// one open and one read of its end records: out receives its description
+// (checkpoint.Archive: the fallback to torch.load and its reason, the
+// entries with their planned memory, the plan, and the address of the
+// mapping a cold file was read whole into, which the caller then owns)
+// and handle a handle for pft_ckpt_read. parseOnly: the caller reads the
+// records its own way (a mapped load, or one to a device). options
+// (options.go): verify, the engine choice (one named rules out a whole
+// read), the engine's tuning. progress: NULL, or a counter advanced by the
+// bytes of a whole read.
 //
-//export pft_ckpt_read_whole
-func pft_ckpt_read_whole(path *C.char, addr unsafe.Pointer, size C.int64_t, options *C.char, progress *C.int64_t,
-	handle *C.uint64_t, out **C.char, errOut **C.char) C.int {
+//export pft_ckpt_load
+func pft_ckpt_load(path *C.char, parseOnly C.int, options *C.char, progress *C.int64_t, handle *C.uint64_t,
+	out **C.char, errOut **C.char) C.int {
 	return call(errOut, func() error {
 		o, err := readOptions(options, progress)
 		if err != nil {
 			return err
 		}
-		dst, err := memory(addr, C.size_t(size))
-		if err != nil {
-			return err
-		}
-		a, err := checkpoint.ReadWhole(C.GoString(path), dst, o)
+		a, err := checkpoint.Load(C.GoString(path), checkpoint.LoadOptions{ParseOnly: parseOnly != 0, Read: o})
 		if err != nil {
 			return err
 		}
 		if err := putJSON(out, a); err != nil {
+			a.Close()
+			a.DropArena()
 			return err
 		}
 		*handle = newHandle(a)
@@ -152,24 +144,9 @@ func pft_ckpt_read_whole(path *C.char, addr unsafe.Pointer, size C.int64_t, opti
 	})
 }
 
-// pft_ckpt_plan_load decides how to load the file at path
-// (checkpoint.PlanLoad): whole or record by record, and why, as JSON.
-// mapped: a load with mmap=True; chosen: an engine named by the caller.
-//
-//export pft_ckpt_plan_load
-func pft_ckpt_plan_load(path *C.char, mapped, chosen C.int, out **C.char, errOut **C.char) C.int {
-	return call(errOut, func() error {
-		plan, err := checkpoint.PlanLoad(C.GoString(path), mapped != 0, chosen != 0)
-		if err != nil {
-			return err
-		}
-		return putJSON(out, plan)
-	})
-}
-
 // pft_ckpt_resident returns, as a JSON list, the share of each record's
 // data in the page cache (checkpoint.Archive.Resident), for inspection:
-// a load takes its residency from pft_ckpt_plan_load and pft_ckpt_open.
+// a load takes its residency from pft_ckpt_load.
 //
 //export pft_ckpt_resident
 func pft_ckpt_resident(h C.uint64_t, out **C.char, errOut **C.char) C.int {

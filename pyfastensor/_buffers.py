@@ -302,6 +302,19 @@ class PageArena:
         self._given: list[tuple[int, int]] = []  # page runs handed out, [lo, hi) offsets, sorted
         self._closed = False
 
+    @classmethod
+    def adopt(cls, addr: int, nbytes: int) -> PageArena:
+        """The arena over an anonymous mapping made elsewhere (the Go core reads a cold file
+        whole into one): ``nbytes`` at ``addr``, rounded up to pages, owned from now on."""
+        self = cls.__new__(cls)
+        self.nbytes = nbytes
+        self.size = max(_PAGE, -(-nbytes // _PAGE) * _PAGE)
+        self.addr = addr
+        self._given = []
+        self._closed = False
+        FREED.trim(self.size)  # as a mapping of our own would, the kept runs give way to it
+        return self
+
     def take(self, offset: int, nbytes: int) -> Any:
         """A uint8 tensor of ``nbytes`` at ``offset`` (a page boundary) that owns its pages from now on."""
         import torch

@@ -202,6 +202,41 @@ def test_legacy_format_is_handed_to_torch(tmp_path):
     assert_same(pyfastensor.load(tmp_path / "legacy2.pt"), torch.load(tmp_path / "legacy.pt"))
 
 
+def test_the_native_call_decides_the_fallback_and_python_opens_nothing(tmp_path, monkeypatch):
+    from pyfastensor.checkpoint._native import Archive
+
+    obj = training_state()
+    torch.save(obj, tmp_path / "legacy.pt", _use_new_zipfile_serialization=False)
+    (tmp_path / "empty.pt").write_bytes(b"")
+    for name in ("legacy.pt", "empty.pt"):
+        with Archive.load(tmp_path / name) as a:
+            assert a.fallback.startswith("not a zip archive") and a.entries == [] and a.arena is None
+    scripted = torch.jit.script(torch.nn.Linear(2, 2))
+    torch.jit.save(scripted, tmp_path / "script.pt")
+    with Archive.load(tmp_path / "script.pt") as a:
+        assert "TorchScript" in a.fallback or "compressed" in a.fallback
+    pyfastensor.save(obj, tmp_path / "ours.pt")
+    with Archive.load(tmp_path / "ours.pt") as a:
+        assert a.fallback == "" and a.prefix == "archive/" and a.plan["reason"]
+
+    # The loads open their files in the native call only (torch.load opens the legacy one).
+    opened: list[str] = []
+    real_open = open
+
+    def spy(file, *args, **kwargs):
+        opened.append(os.fspath(file) if isinstance(file, (str, os.PathLike)) else "")
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", spy)
+    assert_same(pyfastensor.load(tmp_path / "ours.pt"), obj)
+    assert str(tmp_path / "ours.pt") not in opened
+    assert_same(pyfastensor.load(tmp_path / "legacy.pt"), obj)
+    with pytest.raises(FileNotFoundError):
+        pyfastensor.load(tmp_path / "missing.pt")
+    with pytest.raises(IsADirectoryError):  # torch.load's error
+        pyfastensor.load(tmp_path)
+
+
 def test_file_like_objects(tmp_path):
     obj = training_state()
     buf = io.BytesIO()

@@ -190,16 +190,22 @@ def test_mapped_load_maps_the_file_it_opened_while_a_save_replaces_it(tmp_path, 
     assert_same(got, old)
 
 
-def test_whole_file_read_after_a_replacing_save_loads_the_new_file(tmp_path, monkeypatch, go_settings):
-    load_mod = sys.modules["pyfastensor.checkpoint.load"]
+def test_whole_file_read_loads_the_file_it_opened(tmp_path, monkeypatch, go_settings):
+    """The load's one native call opens the file once, then plans and reads it whole from
+    that descriptor: a save landing right after the call (as its memory is handed over)
+    leaves the load with the file it opened."""
+    from pyfastensor._buffers import PageArena
+
     go_settings(whole_min=0, whole_average_min=0)
     path = tmp_path / "ck.pt"
     old, new = old_and_new()
     pyfastensor.save(old, path)
     evict(path)
-    calls = _replacing(monkeypatch, load_mod, "PageArena", path, new)  # measured, then replaced
+    calls = _replacing(monkeypatch, PageArena, "adopt", path, new)  # read whole, then replaced
+    assert_same(pyfastensor.load(path, progress=False), old)
+    assert calls, "the file was read whole"
+    evict(path)
     assert_same(pyfastensor.load(path, progress=False), new)
-    assert calls
 
 
 # The full-disk and read-only cases above on any machine: the same saves, with the fault

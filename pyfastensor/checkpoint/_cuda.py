@@ -169,8 +169,8 @@ def load(
     None) and ``progress`` are :func:`pyfastensor.load`'s.
     """
     b = backend or _device.backend()
-    with Archive(path) as archive:
-        if archive.fallback:  # TorchScript, compressed, or not torch's layout
+    with Archive.load(path, parse_only=True) as archive:
+        if archive.fallback:  # not a zip, TorchScript, compressed, or not torch's layout
             return to_torch(path)
         prefix = archive.prefix
         zf = _DeviceZip(archive, prefix)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from .. import _lib
+from .._buffers import PageArena
 
 
 def data_align() -> int:
@@ -195,36 +196,15 @@ def same_file(fd: int, path: str) -> str:
     return name if fd >= 0 and os.path.exists(name) else path
 
 
-def plan_load(path: str, *, mapped: bool, chosen: bool) -> dict[str, Any]:
-    """How to load the file at ``path``, as the Go core's load planner decides
-    (checkpoint/loadplan.go): ``{"whole", "size", "request", "resident", "reason"}``.
-    ``whole`` says to read it whole into ``size`` bytes of page-aligned memory
-    (:class:`Archive` with ``whole=``); otherwise it is read record by record
-    (:class:`Archive` with ``for_load=True`` and ``resident``)."""
-    return _lib.call_json("pft_ckpt_plan_load", _lib.cstr(path), int(mapped), int(chosen))
-
-
 class Archive(_lib.Handle):
     """An archive opened by the Go core, its central directory validated.
 
     The file stays open until :meth:`close`: reads go to the file that was
-    parsed, even after a save has replaced it at ``path``.
+    parsed, even after a save has replaced it at ``path``. :meth:`load` opens
+    one for a load, deciding how (``checkpoint/load.go``).
 
     Args:
         path: the zip file.
-        whole: ``(address, nbytes)`` of memory to read the whole file into
-            (``nbytes`` its length), in large requests through ``engine``, and
-            parse from there. With ``verify`` the records' CRC-32s are summed
-            as the file lands, and :meth:`verify` over that memory uses those
-            sums: it must stay as read, and mapped, until :meth:`close`. A file
-            whose length is no longer ``nbytes`` (replaced by a save since it
-            was measured) is opened as without ``whole`` (:attr:`read_whole`).
-        verify: see ``whole``.
-        engine: see ``whole``.
-        counter: bytes of the whole file read so far, for a progress bar.
-        for_load: plan each entry's memory for a load (:attr:`Entry.memory`), from
-            ``resident`` (the file's page-cache share as :func:`plan_load` measured
-            it; negative when unknown). A ``whole`` read always plans it.
 
     Raises:
         CorruptFileError: when the central directory, a local header or a data
@@ -233,26 +213,58 @@ class Archive(_lib.Handle):
 
     _close_fn = "pft_ckpt_close"
 
-    def __init__(
-        self, path: str | os.PathLike[str], whole: tuple[int, int] | None = None, *, verify: bool = True,
-        engine: str | None = None, counter: ctypes.c_int64 | None = None, for_load: bool = False,
-        resident: float = -1.0,
-    ) -> None:
+    def __init__(self, path: str | os.PathLike[str]) -> None:
         super().__init__()
         self.path = os.fspath(path)
         handle = _lib.u64()
-        if whole is None:
-            desc = _lib.call_json("pft_ckpt_open", _lib.cstr(self.path), int(for_load), resident,
-                                  ctypes.byref(handle))
-        else:
-            desc = _lib.call_json("pft_ckpt_read_whole", _lib.cstr(self.path), whole[0], whole[1],
-                                  _lib.options(engine, verify=verify),
-                                  ctypes.byref(counter) if counter is not None else None,
-                                  ctypes.byref(handle))
+        desc = _lib.call_json("pft_ckpt_open", _lib.cstr(self.path), ctypes.byref(handle))
         self._handle = handle.value
+        self._describe(desc)
+
+    @classmethod
+    def load(
+        cls, path: str | os.PathLike[str], *, parse_only: bool = False, verify: bool = True,
+        engine: Any = None, counter: ctypes.c_int64 | None = None,
+    ) -> Archive:
+        """Open the file at ``path`` for a load, in one native call (``checkpoint.Load``): one
+        open, one read of the end records. :attr:`fallback` says why :func:`torch.load` must
+        take the file instead (nothing else was read then). Otherwise :attr:`plan` says how
+        the load goes: a cold file of ours is read whole, through ``engine``'s default, into
+        :attr:`arena` (its records' CRC-32s summed as it lands, with ``verify``; ``counter``
+        counts its bytes) and parsed from there; other files are parsed in place, each
+        entry's :attr:`Entry.memory` planned.
+
+        Args:
+            path: the file.
+            parse_only: the caller reads the records its own way (a mapped load, one to a
+                device): parsed in place, no memory planned, never read whole.
+            verify: see above.
+            engine: an engine name or dictionaries chosen by the caller (never read whole).
+            counter: see above.
+
+        Raises:
+            CorruptFileError: as :class:`Archive`.
+            FileNotFoundError: no file at ``path``.
+        """
+        self = cls.__new__(cls)
+        _lib.Handle.__init__(self)
+        self.path = os.fspath(path)
+        handle = _lib.u64()
+        desc = _lib.call_json("pft_ckpt_load", _lib.cstr(self.path), int(parse_only),
+                              _lib.options(engine, verify=verify),
+                              ctypes.byref(counter) if counter is not None else None, ctypes.byref(handle))
+        self._handle = handle.value
+        self._describe(desc)
+        return self
+
+    def _describe(self, desc: dict[str, Any]) -> None:
         self.size: int = desc["file_size"]
-        #: Whether ``whole`` was read (False: the file no longer had ``nbytes``, and was opened as it is).
+        #: Whether the file was read whole into :attr:`arena`.
         self.read_whole: bool = desc.get("read_whole", False)
+        #: How :meth:`load` planned the load: ``{"whole", "request", "engine", "resident", "reason"}``.
+        self.plan: dict[str, Any] = desc.get("plan") or {}
+        #: The memory :meth:`load` read the file whole into, owned here: closed after the archive.
+        self.arena: PageArena | None = PageArena.adopt(desc["arena"], self.size) if desc.get("arena") else None
         #: A name that opens the file parsed, while the archive is open (:func:`same_file`).
         self.source = same_file(desc.get("fd", -1), self.path)
         self.entries: list[Entry] = [
@@ -262,9 +274,17 @@ class Archive(_lib.Handle):
         self.index: dict[str, int] = {e.name: i for i, e in enumerate(self.entries)}
         #: The directory of torch's records, with its slash (``"archive/"``).
         self.prefix: str = desc.get("prefix", "")
-        #: Why a load hands the file to :func:`torch.load` (a TorchScript archive, compressed
-        #: records, not torch's layout), as the Go core found when parsing it; ``""``: read here.
+        #: Why a load hands the file to :func:`torch.load` (not a zip archive, a TorchScript
+        #: archive, compressed records, not torch's layout), as the Go core found when parsing
+        #: it; ``""``: read here.
         self.fallback: str = desc.get("fallback", "")
+
+    def close(self) -> None:
+        """Release the native archive, then the pages of :attr:`arena` no tensor took (idempotent)."""
+        super().close()
+        arena = getattr(self, "arena", None)
+        if arena is not None:
+            arena.close()
 
     def read(
         self,

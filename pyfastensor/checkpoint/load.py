@@ -18,10 +18,9 @@ import torch
 if TYPE_CHECKING:
     from ..dictionary import Dictionaries
 
-from .._buffers import PageArena
 from ..errors import CorruptFileError
 from . import _cuda, _progress
-from ._native import Archive, plan_load
+from ._native import Archive
 from ._torchzip import PreloadedZip, key_paths
 from ._unpickle import load_cpu, refused, unpickle
 
@@ -152,9 +151,6 @@ def load(
         path = os.fspath(f)
         if path.endswith(".safetensors"):
             return to_torch(f)
-        with open(path, "rb") as fh:
-            if fh.read(4) != _ZIP_MAGIC:
-                return to_torch(f)
         return _load_path(path, to_torch, map_location, pickle_module, weights_only,
                           verify, engine, progress, pickle_load_args, mmap=mmap)
     if mmap:
@@ -209,66 +205,38 @@ def _load_path(
     # keeps all of them: the collector's passes over the process's heap in
     # the meantime find nothing to free (about 15% of a 10,000-tensor load).
     with _gc_paused():
-        # The Go core decides how to read the file (checkpoint/loadplan.go);
-        # this carries the decision out.
-        plan = plan_load(path, mapped=mmap, chosen=engine is not None)
-        arena, archive = _read_whole(path, plan, verify, progress) if plan["whole"] else (None, None)
-        if archive is None:
-            # A mapped load takes every storage from the mapping: where each record
-            # would be read to (Entry.memory, from the records' residency, which
-            # costs a cachestat per record: 5 ms on GPT-2) is of no use to it.
-            archive = Archive(path, for_load=not mmap, resident=plan["resident"])
-        try:  # the archive closes first, when the load is over; then the arena it was read into
-            return _load_archive(path, archive, arena, to_torch, map_location, pickle_module, weights_only,
-                                 verify, engine, progress, pickle_load_args, mmap=mmap)
-        finally:
-            if arena is not None:
-                arena.close()
+        # One native call opens the file, decides whether torch.load takes it
+        # and how to read it, and reads a cold file of ours whole
+        # (checkpoint/load.go); this carries the decision out.
+        archive = _open(path, mmap, verify, engine, progress)
+        return _load_archive(path, archive, to_torch, map_location, pickle_module, weights_only,
+                             verify, engine, progress, pickle_load_args, mmap=mmap)
 
 
-def _read_whole(
-    path: str, plan: dict[str, Any], verify: bool, progress: bool | None,
-) -> tuple[PageArena | None, Archive | None]:
-    """Read the file whole into a :class:`PageArena`, as ``plan`` says, and open it from there:
-    ``(arena, archive)``; ``(None, None)`` when no memory could be had, and ``(None, archive)``
-    when a save replaced the file after it was planned (``archive`` is then the new file,
-    opened as it is).
+def _open(path: str, mmap: bool, verify: bool, engine: str | Dictionaries | None, progress: bool | None) -> Archive:
+    """:meth:`Archive.load` of ``path``, with a bar while a large cold file is read whole.
 
-    One sequential stream at the disk's bandwidth, in ``plan["request"]``-byte
-    O_DIRECT requests, where parsing the file first waits for the disk at every
-    run of small records. Each request sums its pages' CRC-32s as it lands, and
-    records are verified from those sums (checkpoint/whole.go). Records the
-    planner gave their pages (:attr:`Entry.memory` ``"pages"``) become their
-    tensors' (:class:`PreloadedZip`), so nothing is copied twice.
+    A mapped load takes every storage from the mapping: where each record
+    would be read to is of no use to it (``parse_only``).
     """
-    try:
-        arena = PageArena(plan["size"])
-    except OSError:
-        return None, None
-    try:
-        archive = _progress.run(
-            lambda counter: Archive(path, (arena.addr, arena.nbytes), verify=verify, engine=plan["engine"],
-                                    counter=counter),
-            plan["size"], f"read {os.path.basename(path)}", progress)
-    except BaseException:
-        arena.close()
-        raise
-    if not archive.read_whole:
-        arena.close()
-        return None, archive
-    return arena, archive
+    if not _progress.enabled(progress):
+        return Archive.load(path, parse_only=mmap, verify=verify, engine=engine)
+    total = os.stat(path).st_size  # the bar's length only: the file is opened once, by the call
+    return _progress.run(
+        lambda counter: Archive.load(path, parse_only=mmap, verify=verify, engine=engine, counter=counter),
+        total, f"read {os.path.basename(path)}", progress)
 
 
 def _load_archive(
-    path: str, opened: Archive, arena: PageArena | None, to_torch: Callable[[FileLike], Any],
+    path: str, opened: Archive, to_torch: Callable[[FileLike], Any],
     map_location: MapLocation, pickle_module: Any, weights_only: bool, verify: bool, engine: str | None,
     progress: bool | None, pickle_load_args: dict[str, Any], *, mmap: bool = False,
 ) -> Any:
-    with opened as archive:
-        if archive.fallback:  # TorchScript, compressed, or not torch's layout
+    with opened as archive:  # closed, then its arena's pages no tensor took, when the load is over
+        if archive.fallback:  # not a zip, TorchScript, compressed, or not torch's layout
             return to_torch(path)
         prefix = archive.prefix
-        zf = PreloadedZip(archive, prefix, storages=not mmap, arena=arena)
+        zf = PreloadedZip(archive, prefix, storages=not mmap, arena=archive.arena)
         overall = None
         pending = None
         try:
