@@ -15,12 +15,12 @@ import (
 	"github.com/pyfastensor/pyfastensor/gds"
 	"github.com/pyfastensor/pyfastensor/loader"
 	"github.com/pyfastensor/pyfastensor/loader/dist"
-	"github.com/pyfastensor/pyfastensor/loader/session"
+	"github.com/pyfastensor/pyfastensor/loader/frontend"
 )
 
 // The training-data loader (loader/, Brand) behind pyfastensor.data: pack
 // and verify a directory, and a server over an opened pack as a handle (a
-// session.Loader: each export below converts its C arguments, calls one
+// frontend.Loader: each export below converts its C arguments, calls one
 // of its methods and converts the result back).
 //
 // A batch crosses in two calls. pft_loader_get serves the requests (one
@@ -89,7 +89,7 @@ func pft_loader_pack(spec, dir *C.char, progress *C.int64_t, out **C.char, errOu
 //export pft_loader_verify
 func pft_loader_verify(dir *C.char, progress *C.int64_t, out **C.char, errOut **C.char) C.int {
 	return call(errOut, func() error {
-		s, err := session.Verify(C.GoString(dir), progressPair(progress))
+		s, err := frontend.Verify(C.GoString(dir), progressPair(progress))
 		if err != nil {
 			return err
 		}
@@ -113,7 +113,7 @@ func pft_loader_open(dir, options *C.char, handle *C.uint64_t, out **C.char, err
 		if err := parseJSON(options, &o); err != nil {
 			return err
 		}
-		l, s, err := session.Open(C.GoString(dir), o)
+		l, s, err := frontend.Open(C.GoString(dir), o)
 		if err != nil {
 			return err
 		}
@@ -132,7 +132,7 @@ func pft_loader_open(dir, options *C.char, handle *C.uint64_t, out **C.char, err
 //export pft_loader_set_epoch
 func pft_loader_set_epoch(h C.uint64_t, e C.uint64_t, errOut **C.char) C.int {
 	return call(errOut, func() error {
-		l, err := lookup[*session.Loader](h)
+		l, err := lookup[*frontend.Loader](h)
 		if err != nil {
 			return err
 		}
@@ -154,7 +154,7 @@ const loaderMetaFields = loader.LocalMetaFields
 func pft_loader_get(h C.uint64_t, n C.int64_t, indices *C.int64_t, meta *C.int64_t, ticket *C.uint64_t,
 	errOut **C.char) C.int {
 	return call(errOut, func() error {
-		l, err := lookup[*session.Loader](h)
+		l, err := lookup[*frontend.Loader](h)
 		if err != nil {
 			return err
 		}
@@ -188,7 +188,7 @@ func pft_loader_get(h C.uint64_t, n C.int64_t, indices *C.int64_t, meta *C.int64
 //export pft_loader_take
 func pft_loader_take(h C.uint64_t, ticket C.uint64_t, n C.int64_t, addrs *unsafe.Pointer, errOut **C.char) C.int {
 	return call(errOut, func() error {
-		l, err := lookup[*session.Loader](h)
+		l, err := lookup[*frontend.Loader](h)
 		if err != nil {
 			return err
 		}
@@ -209,7 +209,7 @@ func pft_loader_take(h C.uint64_t, ticket C.uint64_t, n C.int64_t, addrs *unsafe
 //export pft_loader_listen
 func pft_loader_listen(h C.uint64_t, addr *C.char, errOut **C.char) C.int {
 	return call(errOut, func() error {
-		l, err := lookup[*session.Loader](h)
+		l, err := lookup[*frontend.Loader](h)
 		if err != nil {
 			return err
 		}
@@ -223,7 +223,7 @@ func pft_loader_listen(h C.uint64_t, addr *C.char, errOut **C.char) C.int {
 //export pft_loader_state
 func pft_loader_state(h C.uint64_t, out **C.char, errOut **C.char) C.int {
 	return call(errOut, func() error {
-		l, err := lookup[*session.Loader](h)
+		l, err := lookup[*frontend.Loader](h)
 		if err != nil {
 			return err
 		}
@@ -242,7 +242,7 @@ func pft_loader_state(h C.uint64_t, out **C.char, errOut **C.char) C.int {
 //export pft_loader_restore
 func pft_loader_restore(h C.uint64_t, state *C.char, errOut **C.char) C.int {
 	return call(errOut, func() error {
-		l, err := lookup[*session.Loader](h)
+		l, err := lookup[*frontend.Loader](h)
 		if err != nil {
 			return err
 		}
@@ -259,7 +259,7 @@ func pft_loader_restore(h C.uint64_t, state *C.char, errOut **C.char) C.int {
 //export pft_loader_stats
 func pft_loader_stats(h C.uint64_t, out **C.char, errOut **C.char) C.int {
 	return call(errOut, func() error {
-		l, err := lookup[*session.Loader](h)
+		l, err := lookup[*frontend.Loader](h)
 		if err != nil {
 			return err
 		}
@@ -273,7 +273,7 @@ func pft_loader_stats(h C.uint64_t, out **C.char, errOut **C.char) C.int {
 //export pft_loader_close
 func pft_loader_close(h C.uint64_t, errOut **C.char) C.int {
 	return call(errOut, func() error {
-		l, err := release[*session.Loader](h)
+		l, err := release[*frontend.Loader](h)
 		if err != nil {
 			return err
 		}
@@ -297,7 +297,7 @@ type distOptions struct {
 //export pft_loader_dist_listen
 func pft_loader_dist_listen(h C.uint64_t, addr, options *C.char, out **C.char, errOut **C.char) C.int {
 	return call(errOut, func() error {
-		l, err := lookup[*session.Loader](h)
+		l, err := lookup[*frontend.Loader](h)
 		if err != nil {
 			return err
 		}
@@ -327,7 +327,7 @@ func pft_loader_dist_listen(h C.uint64_t, addr, options *C.char, out **C.char, e
 //export pft_loader_dist_connect
 func pft_loader_dist_connect(h C.uint64_t, addrs *C.char, errOut **C.char) C.int {
 	return call(errOut, func() error {
-		l, err := lookup[*session.Loader](h)
+		l, err := lookup[*frontend.Loader](h)
 		if err != nil {
 			return err
 		}
@@ -349,7 +349,7 @@ func pft_loader_dist_connect(h C.uint64_t, addrs *C.char, errOut **C.char) C.int
 //export pft_loader_dist_sequence
 func pft_loader_dist_sequence(h C.uint64_t, epoch C.uint64_t, n C.int64_t, positions *C.int64_t, errOut **C.char) C.int {
 	return call(errOut, func() error {
-		l, err := lookup[*session.Loader](h)
+		l, err := lookup[*frontend.Loader](h)
 		if err != nil {
 			return err
 		}
@@ -370,7 +370,7 @@ func pft_loader_dist_sequence(h C.uint64_t, epoch C.uint64_t, n C.int64_t, posit
 //export pft_loader_dist_drop
 func pft_loader_dist_drop(h C.uint64_t, errOut **C.char) C.int {
 	return call(errOut, func() error {
-		l, err := lookup[*session.Loader](h)
+		l, err := lookup[*frontend.Loader](h)
 		if err != nil {
 			return err
 		}

@@ -6,7 +6,7 @@ with ``-tags pftdebug``) run against a library built here, and
 ``tests/test_abi_sync.py`` compares the prototype table with the header of a
 fresh build. Each build goes to a directory under the system's temporary one
 named after a hash of the Go source, the tags and the Go version, so a
-second session with the same source reuses it.
+second pytest run with the same source reuses it.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-// Package session is a training-data loader as the C boundary holds it
+// Package frontend is a training-data loader as the C boundary holds it
 // behind one handle: a server of an opened pack (loader.Server), the
 // batches it delivered and the caller has not yet taken (by ticket), the
 // endpoint its DataLoader workers connect to (loader.Local), and, once it
@@ -15,7 +15,7 @@
 // call. A ticket's bytes are outside the server's budget (they are the
 // caller's, delivered); the caller takes every ticket it gets, or gives
 // it back (GiveBack: loader.Server.Return).
-package session
+package frontend
 
 import (
 	"fmt"

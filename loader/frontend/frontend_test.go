@@ -1,4 +1,4 @@
-package session
+package frontend
 
 import (
 	"encoding/json"

@@ -1,4 +1,4 @@
-package session
+package frontend
 
 import "github.com/pyfastensor/pyfastensor/loader"
 
