@@ -44,14 +44,7 @@ func (f *cufileFile) ReadAt(p []byte, off int64) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	want := p
-	if avail := size - off; avail < int64(len(p)) {
-		want = p[:max(avail, 0)]
-	}
-	n, err := f.transfer(false, want, off)
-	if err == nil && len(want) < len(p) {
-		err = ErrEOF
-	}
+	n, err := readClamped(p, off, size, func(want []byte) (int, error) { return f.transfer(false, want, off) })
 	if err != nil {
 		return n, opErr("cufile", "read", f.path, off, len(p), n, err)
 	}

@@ -167,14 +167,7 @@ func (f *directFile) ReadAt(p []byte, off int64) (int, error) {
 	f.sizeMu.Lock()
 	size := f.size
 	f.sizeMu.Unlock()
-	want := p
-	if avail := size - off; avail < int64(len(p)) {
-		want = p[:max(avail, 0)]
-	}
-	n, err := f.transfer(false, want, off)
-	if err == nil && len(want) < len(p) {
-		err = ErrEOF
-	}
+	n, err := readClamped(p, off, size, func(want []byte) (int, error) { return f.transfer(false, want, off) })
 	if errors.Is(err, io.EOF) {
 		err = ErrEOF
 	}

@@ -130,3 +130,18 @@ func checkRange(p []byte, off int64) error {
 	}
 	return nil
 }
+
+// readClamped reads p at off from a file of size bytes through read, which
+// is given only the bytes before the end: a p that runs past the end reads
+// those and returns their count with ErrEOF.
+func readClamped(p []byte, off, size int64, read func(want []byte) (int, error)) (int, error) {
+	want := p
+	if avail := size - off; avail < int64(len(p)) {
+		want = p[:max(avail, 0)]
+	}
+	n, err := read(want)
+	if err == nil && len(want) < len(p) {
+		err = ErrEOF
+	}
+	return n, err
+}

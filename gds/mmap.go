@@ -68,16 +68,11 @@ func (f *mmapFile) ReadAt(p []byte, off int64) (int, error) {
 	if err := checkRange(p, off); err != nil {
 		return 0, opErr("mmap", "read", f.path, off, len(p), 0, err)
 	}
-	want := p
-	if avail := f.size - off; avail < int64(len(p)) {
-		want = p[:max(avail, 0)]
-	}
-	n, err := splitRun(len(want), f.opts.TaskSize, f.opts.Threads, func(lo, hi int) (int, error) {
-		return f.copyOut(want[lo:hi], off+int64(lo))
+	n, err := readClamped(p, off, f.size, func(want []byte) (int, error) {
+		return splitRun(len(want), f.opts.TaskSize, f.opts.Threads, func(lo, hi int) (int, error) {
+			return f.copyOut(want[lo:hi], off+int64(lo))
+		})
 	})
-	if err == nil && len(want) < len(p) {
-		err = ErrEOF
-	}
 	if err != nil {
 		return n, opErr("mmap", "read", f.path, off, len(p), n, err)
 	}

@@ -307,13 +307,7 @@ func UnionState(parts []WorkerPart, n int) (State, error) {
 			count++
 		}
 	}
-	var missing []int
-	for w, ok := range seen {
-		if !ok {
-			missing = append(missing, w)
-		}
-	}
-	if len(missing) > 0 {
+	if missing := unseen(seen); len(missing) > 0 {
 		return bad("no part of worker(s) %v of %d", missing, first.NumWorkers)
 	}
 	bits := union.bytes(n)
@@ -354,13 +348,7 @@ func (s *Server) restoreTurn(parts []WorkerPart) error {
 			last = p
 		}
 	}
-	var missing []int
-	for w, ok := range seen {
-		if !ok {
-			missing = append(missing, w)
-		}
-	}
-	if len(missing) > 0 {
+	if missing := unseen(seen); len(missing) > 0 {
 		return bad("no part of worker(s) %v of %d", missing, first.NumWorkers)
 	}
 	n, workers := s.lay.Samples, first.NumWorkers
@@ -404,4 +392,15 @@ func partMismatch(first, p WorkerPart, seen []bool) string {
 			first.Worker, first.Epoch, first.Seed, p.Worker, p.Epoch, p.Seed)
 	}
 	return ""
+}
+
+// unseen lists the workers whose part is missing from seen.
+func unseen(seen []bool) []int {
+	var missing []int
+	for w, ok := range seen {
+		if !ok {
+			missing = append(missing, w)
+		}
+	}
+	return missing
 }
