@@ -32,9 +32,6 @@ from ._skeleton import Skeleton
 from ._staged import StagedSave
 from .save import skeleton_records, write_skeleton
 
-#: Copies in the slab start on page boundaries (direct I/O writes them in place).
-_ALIGN = 4096
-
 
 def _on_device(storage: torch.UntypedStorage) -> bool:
     """Whether a storage is staged through pinned memory (tests stage CPU ones through a fake)."""
@@ -128,7 +125,9 @@ def snapshot(skel: Skeleton, path: str, *, durable: bool = True, engine: str | N
 
 
 def _padded(n: int) -> int:
-    return -(-n // _ALIGN) * _ALIGN
+    """``n`` in whole pages: each copy in the slab starts on a page (direct I/O writes it in place)."""
+    align = _device.memory_alignment()
+    return -(-n // align) * align
 
 
 def _bytes_of(storage: torch.UntypedStorage) -> torch.Tensor:
@@ -183,7 +182,7 @@ def _in_waves(b: _device.Backend, buf: torch.Tensor, device: list[tuple[str, tor
         staged[index[k]] = True
     snap.staged = StagedSave(snap.path, records, staged, durable=snap.durable, engine=snap.engine)
     sides = _side_streams(b, device)
-    ring = _device.Ring(buf, config.PINNED_RING_SLOTS, align=_ALIGN)
+    ring = _device.Ring(buf, config.PINNED_RING_SLOTS)
     pieces = 0
     for key, s in device:
         src = _bytes_of(s)
