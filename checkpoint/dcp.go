@@ -336,7 +336,7 @@ func allocScratch(spans []dcpSpan) {
 	}
 	var buf []byte
 	if total > 0 {
-		buf = gds.AlignedBuf(int(total), int(transfer.Page))
+		buf = gds.AlignedBuf(int(total), gds.DirectAlign)
 	}
 	var at int64
 	for i := range spans {

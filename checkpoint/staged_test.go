@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/pyfastensor/pyfastensor/gds"
@@ -97,4 +98,55 @@ func TestStagedSaveRefusesMisuse(t *testing.T) {
 	assert.Empty(t, entries, "the temporary file is removed")
 	s.Abort() // idempotent
 	assert.ErrorIs(t, s.WritePart(1, 5, []byte("x")), gds.ErrInvalid, "no part after an abort")
+}
+
+// A torch archive staged storage by storage (some staged, some from
+// memory) is the file SaveTorch writes: the same layout, the storages on
+// DataAlign, decided here for both.
+func TestTorchStagedIsByteIdenticalToSaveTorch(t *testing.T) {
+	dir := t.TempDir()
+	arch := TorchArchive{Prefix: "archive", Pickle: []byte("pickle"), ByteOrder: "little", SerializationID: "42",
+		Storages: []TorchStorage{{Key: "0", Data: bytes.Repeat([]byte("a"), 5000)}, {Key: "1", Data: []byte("tiny")},
+			{Key: "2", Data: bytes.Repeat([]byte("b"), 9000)}}}
+	want := filepath.Join(dir, "save.pt")
+	_, err := SaveTorch(want, arch, WriteOptions{})
+	require.NoError(t, err)
+
+	staged := []bool{true, false, true}
+	in := arch
+	in.Storages = make([]TorchStorage, len(arch.Storages))
+	sizes := make([]int64, len(arch.Storages))
+	for k, s := range arch.Storages {
+		in.Storages[k], sizes[k] = s, -1
+		if staged[k] {
+			in.Storages[k].Data, sizes[k] = nil, int64(len(s.Data))
+		}
+	}
+	got := filepath.Join(dir, "staged.pt")
+	s, err := BeginTorchStaged(got, in, staged, sizes, WriteOptions{})
+	require.NoError(t, err)
+	assert.ErrorIs(t, s.WriteStorage(3, 0, []byte("x")), gds.ErrInvalid, "no storage 3")
+	assert.ErrorIs(t, s.WriteStorage(1, 0, []byte("x")), gds.ErrInvalid, "storage 1 is not staged")
+	for k, st := range arch.Storages {
+		if staged[k] {
+			require.NoError(t, s.WriteStorage(k, 0, st.Data[:1000]))
+			require.NoError(t, s.WriteStorage(k, 1000, st.Data[1000:]))
+		}
+	}
+	_, err = s.Commit()
+	require.NoError(t, err)
+	a, err := os.ReadFile(want)
+	require.NoError(t, err)
+	b, err := os.ReadFile(got)
+	require.NoError(t, err)
+	assert.True(t, bytes.Equal(a, b), "staged file differs from SaveTorch's")
+
+	ar, err := OpenArchive(got)
+	require.NoError(t, err)
+	defer ar.Close()
+	for _, e := range ar.Entries {
+		if strings.HasPrefix(e.Name, "archive/data/") {
+			assert.Zero(t, e.DataOff%DataAlign, e.Name)
+		}
+	}
 }

@@ -36,11 +36,18 @@ type TorchStorage struct {
 // .format_version, .storage_alignment, byteorder, the storages (aligned to
 // DataAlign), version, .data/serialization_id.
 func TorchRecords(t TorchArchive) ([]Record, error) {
+	recs, _, err := torchRecords(t)
+	return recs, err
+}
+
+// torchRecords is TorchRecords, with the index of the first storage record
+// (the storages' records follow one another).
+func torchRecords(t TorchArchive) (recs []Record, first int, err error) {
 	if t.Prefix == "" {
-		return nil, fmt.Errorf("%w: torch archive without a record prefix", gds.ErrInvalid)
+		return nil, 0, fmt.Errorf("%w: torch archive without a record prefix", gds.ErrInvalid)
 	}
 	p := t.Prefix + "/"
-	recs := make([]Record, 0, len(t.Storages)+6)
+	recs = make([]Record, 0, len(t.Storages)+6)
 	recs = append(recs,
 		Record{Name: p + "data.pkl", Data: t.Pickle},
 		Record{Name: p + ".format_version", Data: []byte("1")},
@@ -48,12 +55,13 @@ func TorchRecords(t TorchArchive) ([]Record, error) {
 	if t.ByteOrder != "" {
 		recs = append(recs, Record{Name: p + "byteorder", Data: []byte(t.ByteOrder)})
 	}
+	first = len(recs)
 	for _, s := range t.Storages {
 		recs = append(recs, Record{Name: p + "data/" + s.Key, Data: s.Data, Align: DataAlign})
 	}
 	return append(recs,
 		Record{Name: p + "version", Data: []byte("3\n")},
-		Record{Name: p + ".data/serialization_id", Data: []byte(t.SerializationID)}), nil
+		Record{Name: p + ".data/serialization_id", Data: []byte(t.SerializationID)}), first, nil
 }
 
 // SaveTorch writes t as torch.save's zip archive at path (TorchRecords),
@@ -64,4 +72,45 @@ func SaveTorch(path string, t TorchArchive, o WriteOptions) (Stats, error) {
 		return Stats{}, err
 	}
 	return Save(path, recs, o)
+}
+
+// TorchStaged is a staged save (Staged) of a torch archive, laid out as
+// SaveTorch lays it out; its storages' parts are written by their place in
+// TorchArchive.Storages (WriteStorage).
+type TorchStaged struct {
+	*Staged
+	first, n int // record index of the first storage; storages
+}
+
+// BeginTorchStaged begins a staged save of t at path (BeginStaged). A
+// storage with staged[k] set has sizes[k] bytes, written later by
+// WriteStorage (its Data must be nil); every other storage's Data, and the
+// pickle, are read at Commit, so the caller keeps them alive and unchanged
+// until Commit or Abort returns.
+func BeginTorchStaged(path string, t TorchArchive, staged []bool, sizes []int64, o WriteOptions) (*TorchStaged, error) {
+	if len(staged) != len(t.Storages) || len(sizes) != len(t.Storages) {
+		return nil, fmt.Errorf("%w: %d storages, %d staged flags, %d sizes", gds.ErrInvalid, len(t.Storages), len(staged), len(sizes))
+	}
+	recs, first, err := torchRecords(t)
+	if err != nil {
+		return nil, err
+	}
+	flags, lens := make([]bool, len(recs)), make([]int64, len(recs))
+	for k := range t.Storages {
+		flags[first+k], lens[first+k] = staged[k], sizes[k]
+	}
+	s, err := BeginStaged(path, recs, flags, lens, o)
+	if err != nil {
+		return nil, err
+	}
+	return &TorchStaged{Staged: s, first: first, n: len(t.Storages)}, nil
+}
+
+// WriteStorage writes p as the bytes of staged storage k from offset off
+// of its data (WritePart).
+func (s *TorchStaged) WriteStorage(k int, off int64, p []byte) error {
+	if k < 0 || k >= s.n {
+		return fmt.Errorf("%w: checkpoint: staged save %s: storage %d of %d", gds.ErrInvalid, s.path, k, s.n)
+	}
+	return s.WritePart(s.first+k, off, p)
 }

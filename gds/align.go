@@ -15,6 +15,15 @@ import (
 // prefix and suffix each touch one disk block that also holds bytes outside
 // the transfer: they are read-modify-written under a per-block lock.
 
+// DirectAlign is the memory and block alignment at which O_DIRECT and
+// GPUDirect Storage move bytes in place: the page size, and the logical
+// block size of every disk we meet. Memory allocated here for direct
+// transfers (AlignedBuf's callers, the huge-page buffers' fallback) starts
+// on it, and the file layouts' record alignment (transfer.Alignment) is
+// it. A file whose filesystem reports its own direct-I/O alignment
+// (statx) is moved at that one (dioAlign).
+const DirectAlign = 4096
+
 // alignDown rounds x down to a multiple of a (a power of two).
 func alignDown(x, a int64) int64 { return x &^ (a - 1) }
 

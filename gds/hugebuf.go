@@ -42,7 +42,7 @@ var hugePool = struct {
 // getHuge returns an n-byte buffer aligned to 2 MiB (a multiple of every
 // O_DIRECT alignment), reused when one of that size is idle, else newly
 // mapped. When mapping fails (no address space, a seccomp filter), it
-// falls back to the Go heap with 4 KiB alignment.
+// falls back to the Go heap aligned to DirectAlign.
 func getHuge(n int) *hugeBuf {
 	hugePool.mu.Lock()
 	if l := hugePool.idle[n]; len(l) > 0 {
@@ -55,7 +55,7 @@ func getHuge(n int) *hugeBuf {
 	hugePool.mu.Unlock()
 	raw, err := unix.Mmap(-1, 0, n+hugePage, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	if err != nil {
-		return &hugeBuf{b: alignedBuf(n, 4096)}
+		return &hugeBuf{b: alignedBuf(n, DirectAlign)}
 	}
 	lo := int(alignUp(int64(addrOf(raw)), hugePage) - int64(addrOf(raw)))
 	b := raw[lo : lo+n : lo+n]
@@ -95,7 +95,7 @@ func Borrow(n int) (b []byte, giveBack func()) {
 // disk's segment limit), and the function that unmaps it. Not pooled: the
 // memory is the caller's only while it holds it (the loader's chunk reads,
 // which must stay within their budget). Where mapping fails it is Go heap
-// memory aligned to 4 KiB, and free does nothing.
+// memory aligned to DirectAlign, and free does nothing.
 func MapHuge(n int) (b []byte, free func()) {
 	if n == 0 {
 		return []byte{}, func() {}
@@ -103,7 +103,7 @@ func MapHuge(n int) (b []byte, free func()) {
 	size := int(alignUp(int64(n), hugePage))
 	raw, err := unix.Mmap(-1, 0, size+hugePage, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	if err != nil {
-		return alignedBuf(n, 4096), func() {}
+		return alignedBuf(n, DirectAlign), func() {}
 	}
 	lo := int(alignUp(int64(addrOf(raw)), hugePage) - int64(addrOf(raw)))
 	b = raw[lo : lo+n : lo+n]

@@ -52,7 +52,7 @@ func pft_ckpt_save_torch(path, prefix, pkl *C.char, pklLen C.int64_t, byteorder,
 		if t.Pickle, err = memory(unsafe.Pointer(pkl), C.size_t(pklLen)); err != nil {
 			return fmt.Errorf("data.pkl: %w", err)
 		}
-		if t.Storages, err = torchStorages(int(n), keys, addrs, sizes); err != nil {
+		if t.Storages, err = torchStorages(int(n), keys, addrs, sizes, nil); err != nil {
 			return err
 		}
 		o, err := writeOptions(options, progress)
@@ -68,8 +68,9 @@ func pft_ckpt_save_torch(path, prefix, pkl *C.char, pklLen C.int64_t, byteorder,
 }
 
 // torchStorages turns pft_ckpt_save_torch's C arrays into storages over
-// the caller's memory.
-func torchStorages(n int, keys *C.char, addrs *unsafe.Pointer, sizes *C.int64_t) ([]checkpoint.TorchStorage, error) {
+// the caller's memory; a storage marked in staged (nil: none) gets no
+// memory (its bytes come later, pft_ckpt_stage_write).
+func torchStorages(n int, keys *C.char, addrs *unsafe.Pointer, sizes *C.int64_t, staged []bool) ([]checkpoint.TorchStorage, error) {
 	if n < 0 || (n > 0 && (keys == nil || addrs == nil || sizes == nil)) {
 		return nil, fmt.Errorf("%w: %d storages with missing arrays", gds.ErrInvalid, n)
 	}
@@ -83,6 +84,10 @@ func torchStorages(n int, keys *C.char, addrs *unsafe.Pointer, sizes *C.int64_t)
 	as, ss := unsafe.Slice(addrs, n), unsafe.Slice(sizes, n)
 	out := make([]checkpoint.TorchStorage, n)
 	for i := range out {
+		if staged != nil && staged[i] {
+			out[i] = checkpoint.TorchStorage{Key: keyList[i]}
+			continue
+		}
 		p, err := memory(as[i], C.size_t(ss[i]))
 		if err != nil {
 			return nil, fmt.Errorf("storage %q: %w", keyList[i], err)

@@ -8,60 +8,62 @@ import "C"
 
 import (
 	"fmt"
-	"strings"
 	"unsafe"
 
 	"github.com/pyfastensor/pyfastensor/checkpoint"
 	"github.com/pyfastensor/pyfastensor/gds"
 )
 
-// Staged saves (checkpoint.Staged): begin with the records laid out, write
-// the staged records' data in parts, commit or abort. A save larger than
+// Staged saves (checkpoint.TorchStaged): begin with torch's archive laid
+// out, write the staged storages' data in parts, commit or abort. A save larger than
 // the memory it is staged through (a CUDA state through a bounded pinned
 // buffer) goes this way.
 
-// pft_ckpt_stage_begin lays out n records for a staged save at path and
-// creates its temporary file; handle receives the save's handle. names
-// holds the record names separated by '\n'; staged[i] non-zero marks a
-// record whose sizes[i] bytes come later (pft_ckpt_stage_write; addrs[i]
-// is then ignored); every other record's memory (addrs[i], sizes[i]) is
-// read at pft_ckpt_stage_commit, so the caller keeps it alive until the
-// commit or abort returns. Options as for pft_ckpt_save_torch.
+// pft_ckpt_stage_begin lays out torch.save's zip archive for a staged save
+// at path, as pft_ckpt_save_torch lays it out (the records, their order
+// and the storages' alignment decided here), and creates its temporary
+// file; handle receives the save's handle. prefix, pkl, byteorder, serial,
+// keys, addrs and sizes are pft_ckpt_save_torch's; staged[k] non-zero marks
+// a storage whose sizes[k] bytes come later (pft_ckpt_stage_write; addrs[k]
+// is then ignored). The pickle and every other storage's memory are read at
+// pft_ckpt_stage_commit, so the caller keeps them alive until the commit or
+// abort returns. Options as for pft_ckpt_save_torch.
 //
 //export pft_ckpt_stage_begin
-func pft_ckpt_stage_begin(path *C.char, n C.int64_t, names *C.char, addrs *unsafe.Pointer, sizes, aligns *C.int64_t,
-	staged *C.int, options *C.char, handle *C.uint64_t, errOut **C.char) C.int {
+func pft_ckpt_stage_begin(path, prefix, pkl *C.char, pklLen C.int64_t, byteorder, serial *C.char,
+	n C.int64_t, keys *C.char, addrs *unsafe.Pointer, sizes *C.int64_t, staged *C.int, options *C.char,
+	handle *C.uint64_t, errOut **C.char) C.int {
 	return call(errOut, func() error {
 		count := int(n)
-		if count < 0 || (count > 0 && (names == nil || addrs == nil || sizes == nil || aligns == nil || staged == nil)) {
-			return fmt.Errorf("%w: %d records with missing arrays", gds.ErrInvalid, count)
+		if count > 0 && staged == nil {
+			return fmt.Errorf("%w: %d storages without their staged flags", gds.ErrInvalid, count)
+		}
+		flags, lens := make([]bool, max(count, 0)), make([]int64, max(count, 0))
+		if count > 0 {
+			st, ss := unsafe.Slice(staged, count), unsafe.Slice(sizes, count)
+			for k := range flags {
+				flags[k], lens[k] = st[k] != 0, -1
+				if flags[k] && sizes != nil {
+					lens[k] = int64(ss[k])
+				}
+			}
+		}
+		t := checkpoint.TorchArchive{Prefix: C.GoString(prefix), SerializationID: C.GoString(serial)}
+		if byteorder != nil {
+			t.ByteOrder = C.GoString(byteorder)
+		}
+		var err error
+		if t.Pickle, err = memory(unsafe.Pointer(pkl), C.size_t(pklLen)); err != nil {
+			return fmt.Errorf("data.pkl: %w", err)
+		}
+		if t.Storages, err = torchStorages(count, keys, addrs, sizes, flags); err != nil {
+			return err
 		}
 		o, err := writeOptions(options, nil)
 		if err != nil {
 			return err
 		}
-		nameList := strings.Split(C.GoString(names), "\n")
-		if count > 0 && len(nameList) != count {
-			return fmt.Errorf("%w: %d names for %d records", gds.ErrInvalid, len(nameList), count)
-		}
-		recs := make([]checkpoint.Record, count)
-		flags := make([]bool, count)
-		lens := make([]int64, count)
-		if count > 0 {
-			as, ss, als, st := unsafe.Slice(addrs, count), unsafe.Slice(sizes, count), unsafe.Slice(aligns, count), unsafe.Slice(staged, count)
-			for i := range recs {
-				recs[i] = checkpoint.Record{Name: nameList[i], Align: int64(als[i])}
-				flags[i], lens[i] = st[i] != 0, int64(ss[i])
-				if flags[i] {
-					continue
-				}
-				if recs[i].Data, err = memory(as[i], C.size_t(ss[i])); err != nil {
-					return fmt.Errorf("record %q: %w", nameList[i], err)
-				}
-				lens[i] = -1
-			}
-		}
-		s, err := checkpoint.BeginStaged(C.GoString(path), recs, flags, lens, o)
+		s, err := checkpoint.BeginTorchStaged(C.GoString(path), t, flags, lens, o)
 		if err != nil {
 			return err
 		}
@@ -70,15 +72,15 @@ func pft_ckpt_stage_begin(path *C.char, n C.int64_t, names *C.char, addrs *unsaf
 	})
 }
 
-// pft_ckpt_stage_write writes nbytes at addr as the data of staged record
-// index from offset off (parts of a record in order). The memory is read
-// during the call only.
+// pft_ckpt_stage_write writes nbytes at addr as the data of staged storage
+// index (its place in pft_ckpt_stage_begin's keys) from offset off (parts
+// of a storage in order). The memory is read during the call only.
 //
 //export pft_ckpt_stage_write
 func pft_ckpt_stage_write(h C.uint64_t, index C.int64_t, off C.int64_t, addr unsafe.Pointer, nbytes C.int64_t,
 	errOut **C.char) C.int {
 	return call(errOut, func() error {
-		s, err := lookup[*checkpoint.Staged](h)
+		s, err := lookup[*checkpoint.TorchStaged](h)
 		if err != nil {
 			return err
 		}
@@ -86,7 +88,7 @@ func pft_ckpt_stage_write(h C.uint64_t, index C.int64_t, off C.int64_t, addr uns
 		if err != nil {
 			return err
 		}
-		return s.WritePart(int(index), int64(off), p)
+		return s.WriteStorage(int(index), int64(off), p)
 	})
 }
 
@@ -97,7 +99,7 @@ func pft_ckpt_stage_write(h C.uint64_t, index C.int64_t, off C.int64_t, addr uns
 //export pft_ckpt_stage_commit
 func pft_ckpt_stage_commit(h C.uint64_t, out **C.char, errOut **C.char) C.int {
 	return call(errOut, func() error {
-		s, err := release[*checkpoint.Staged](h)
+		s, err := release[*checkpoint.TorchStaged](h)
 		if err != nil {
 			return err
 		}
@@ -115,7 +117,7 @@ func pft_ckpt_stage_commit(h C.uint64_t, out **C.char, errOut **C.char) C.int {
 //export pft_ckpt_stage_abort
 func pft_ckpt_stage_abort(h C.uint64_t, errOut **C.char) C.int {
 	return call(errOut, func() error {
-		s, err := release[*checkpoint.Staged](h)
+		s, err := release[*checkpoint.TorchStaged](h)
 		if err != nil {
 			return err
 		}

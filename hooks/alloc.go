@@ -3,13 +3,15 @@ package hooks
 import (
 	"sort"
 	"sync"
+
+	"github.com/pyfastensor/pyfastensor/transfer"
 )
 
-// Alignment of every slot in the spill file. 4 KiB is the offset and length
-// alignment O_DIRECT needs on every Linux filesystem that supports it, so a
-// slot's first byte always starts a disk block and no two slots share one:
-// a write never has to read-modify-write a neighbour's bytes.
-const slotAlign = 4096
+// Alignment of every slot in the spill file: the records' alignment
+// (transfer.Alignment, the direct-I/O block), so a slot's first byte always
+// starts a disk block and no two slots share one: a write never has to
+// read-modify-write a neighbour's bytes.
+const slotAlign = transfer.Alignment
 
 // extent is a byte range of the spill file: [off, off+size), size a multiple
 // of slotAlign.

@@ -75,7 +75,7 @@ func (p *bufPool) get(n int) ([]byte, func()) {
 	if size >= hugeChunkMin {
 		c.b, c.free = gds.MapHuge(size)
 	} else {
-		c.b = gds.AlignedBuf(size, 4096)
+		c.b = gds.AlignedBuf(size, gds.DirectAlign)
 	}
 	return c.b[:n], func() { p.put(c) }
 }

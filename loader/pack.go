@@ -176,7 +176,7 @@ func (pk *packer) chunk(c int, present bool) (kept bool, err error) {
 		}
 	}
 	fileLen := alignUp(dataLen, transfer.Alignment)
-	buf := gds.AlignedBuf(int(fileLen), transfer.Alignment)
+	buf := gds.AlignedBuf(int(fileLen), gds.DirectAlign)
 	var off int64
 	for k, n := range lengths {
 		src := pk.order[lo+k]
@@ -215,7 +215,7 @@ func sameBytes(path string, want []byte) bool {
 	if err != nil || fi.Size() != int64(len(want)) {
 		return false
 	}
-	got := gds.AlignedBuf(len(want), transfer.Alignment)
+	got := gds.AlignedBuf(len(want), gds.DirectAlign)
 	if _, _, err := transfer.Read(path, []transfer.Extent{{Data: got}}, transfer.Options{}); err != nil {
 		return false
 	}

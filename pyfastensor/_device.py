@@ -28,7 +28,15 @@ from typing import Any, Protocol
 
 import torch
 
-from . import config
+from . import _lib, config
+
+
+def memory_alignment() -> int:
+    """The alignment, in bytes, of host memory that direct I/O moves in place, as the Go core
+    decides it (``gds.DirectAlign``, reported by ``pft_settings`` as ``memory_alignment``):
+    the page size. Records and copies placed in pinned buffers start on it, so O_DIRECT reads
+    and writes them without a bounce copy. Read from the native library on first use."""
+    return int(_lib.settings()["memory_alignment"])
 
 
 class Backend(Protocol):
@@ -181,12 +189,15 @@ class Ring:
         buf: the pinned buffer (a held :class:`PinnedSlab`).
         slots: how many slices.
         align: each slice starts on a multiple of this (O_DIRECT reads land in place).
+            Default: :func:`memory_alignment`.
     """
 
-    def __init__(self, buf: torch.Tensor, slots: int, *, align: int = 4096) -> None:
-        self.slot_bytes = (buf.numel() // slots) // align * align
+    def __init__(self, buf: torch.Tensor, slots: int, *, align: int | None = None) -> None:
+        #: What each slot starts on a multiple of.
+        self.align = align or memory_alignment()
+        self.slot_bytes = (buf.numel() // slots) // self.align * self.align
         if self.slot_bytes <= 0:
-            raise ValueError(f"a pinned buffer of {buf.numel()} bytes cannot hold {slots} slots of {align} bytes")
+            raise ValueError(f"a pinned buffer of {buf.numel()} bytes cannot hold {slots} slots of {self.align} bytes")
         self.slots = [buf[i * self.slot_bytes:(i + 1) * self.slot_bytes] for i in range(slots)]
         self._events: list[Any] = [None] * slots
         self._next = 0

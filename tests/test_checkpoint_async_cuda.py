@@ -125,7 +125,9 @@ def test_a_staged_file_has_the_records_of_a_plain_save(tmp_path: Path, fake: Fak
     pyfastensor.async_save(tensors, tmp_path / "w.pt").result()  # waves
     pyfastensor.save(tensors, tmp_path / "p.pt")
     with zipfile.ZipFile(tmp_path / "w.pt") as a, zipfile.ZipFile(tmp_path / "p.pt") as b:
-        assert [(i.filename, i.file_size) for i in a.infolist()] == [(i.filename, i.file_size) for i in b.infolist()]
+        def layout(z: zipfile.ZipFile) -> list[tuple[str, int, int]]:
+            return [(i.filename, i.header_offset, i.file_size) for i in z.infolist()]
+        assert layout(a) == layout(b), "the same records at the same offsets: the core lays out both"
         assert a.testzip() is None
 
 
@@ -135,3 +137,25 @@ def test_cpu_only_states_do_not_touch_pinned_memory(tmp_path: Path) -> None:
         pyfastensor.async_save({"w": torch.ones(1000)}, tmp_path / "c.pt").result()
     assert f.pinned_calls == [] and f.copies == []
     assert_loads_as(tmp_path / "c.pt", {"w": torch.ones(1000)})
+
+
+def test_copies_in_the_slab_start_on_the_cores_memory_alignment(tmp_path: Path, fake: FakeCuda) -> None:
+    align = pyfastensor._lib.settings()["memory_alignment"]
+    assert _device.memory_alignment() == align
+    with _device.slab(fake, "save").hold() as buf:
+        base = buf.data_ptr()
+    tensors = state(POOL // 2)
+    snap = _snapshot.snapshot(pickle_skeleton(tensors), str(tmp_path / "f.pt"))
+    try:
+        assert snap.waves == 1
+        staged = [s for s in snap.skeleton.storages.values() if s.nbytes() > 64]
+        assert len(staged) > 2 and any(s.nbytes() % align for s in staged), "sizes that need padding"
+        assert all((s.data_ptr() - base) % align == 0 for s in staged)
+    finally:
+        snap.release()
+    snap = _snapshot.snapshot(pickle_skeleton(state(3 * POOL)), str(tmp_path / "g.pt"))
+    try:
+        assert snap.waves > 1 and snap.pending
+        assert all((part.data_ptr() - base) % align == 0 for _, part, _, _ in snap.pending), "ring slots too"
+    finally:
+        snap.release()

@@ -14,6 +14,7 @@ from cuda_fakes import FakeCuda, build_fake_cufile, fake_cufile_env, run_child
 import pyfastensor
 from pyfastensor import _device
 from pyfastensor.checkpoint import _cuda
+from pyfastensor.checkpoint._native import Archive
 from pyfastensor.errors import CorruptFileError, EngineUnavailableError
 
 POOL = 1 << 20  # 4 slots of 256 KiB
@@ -313,3 +314,30 @@ def test_a_failed_cufile_read_falls_back_to_the_pinned_ring(tmp_path: Path, fake
     assert "CU_FILE_INTERNAL_ERROR" in out["reason"]
     out = run_child(path, "cuda", fake_cufile_env(fake_cufile, PYFASTENSOR_CUDA_LOAD="cufile"), fail_read=True)
     assert "CU_FILE_INTERNAL_ERROR" in out["error"], "forced, the failure is the load's"
+
+
+def test_records_sharing_a_ring_slot_start_on_the_cores_memory_alignment(
+    tmp_path: Path, small_pool: None, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    path = tmp_path / "s.pt"
+    pyfastensor.save(state(), path)
+    reads: list[tuple[int, int, int]] = []
+    real = Archive.read
+
+    def spy(self: Archive, rs: Any, **kw: Any) -> Any:
+        reads.extend(rs)
+        return real(self, rs, **kw)
+
+    monkeypatch.setattr(Archive, "read", spy)
+    fake = FakeCuda()
+    with _device.using(fake):
+        got = pyfastensor.load(path, map_location="cuda")
+        with _device.slab(fake).hold() as buf:
+            base = buf.data_ptr()
+    assert_bit_identical(got, torch.load(path, map_location="cpu"))
+    align = pyfastensor._lib.settings()["memory_alignment"]
+    assert _device.memory_alignment() == align
+    offsets = [addr - base for _, addr, _ in reads if base <= addr < base + POOL]  # not the pickle's reads
+    assert len(offsets) > 40
+    assert any(off % (POOL // 4) for off in offsets), "several records share a slot"
+    assert all(off % align == 0 for off in offsets), "each record starts on the core's memory alignment"

@@ -91,3 +91,14 @@ def test_load_to_cuda_without_a_gpu_fails_as_torch_load_does(tmp_path) -> None:
     with pytest.raises(RuntimeError) as ours:
         pyfastensor.load(path, map_location="cuda")
     assert str(ours.value) == str(theirs.value)
+
+
+def test_a_rings_slots_start_on_the_cores_memory_alignment_by_default() -> None:
+    align = _device.memory_alignment()
+    settings = pyfastensor._lib.settings()
+    assert align == settings["memory_alignment"] and settings["alignment"] % align == 0
+    fake = FakeCuda()
+    buf = fake.pinned(3 * align + align // 2)
+    ring = _device.Ring(buf, 3)
+    assert ring.align == align and ring.slot_bytes == align
+    assert [s.data_ptr() - buf.data_ptr() for s in ring.slots] == [0, align, 2 * align]

@@ -13,12 +13,13 @@ import (
 // disk; fio limits about 0.6-0.9 GB/s write and 2.1-4.3 GB/s read).
 
 const (
-	// Alignment is the file offset and memory alignment of every record
-	// that O_DIRECT or GDS may move in place: storage records of our zip
-	// files, tensors of our safetensors files, spill-file slots. 4 KiB is
-	// the logical block size of every disk we meet and the page size, so
-	// aligned records can also be handed to tensors as whole pages.
-	Alignment = 4096
+	// Alignment is the file offset alignment of every record that O_DIRECT
+	// or GDS may move in place: storage records of our zip files, tensors
+	// of our safetensors files, DCP items, data chunks, spill-file slots.
+	// It is the direct-I/O block and memory alignment (gds.DirectAlign, the
+	// page size), so aligned records can also be handed to tensors as
+	// whole pages.
+	Alignment = gds.DirectAlign
 
 	// DirectThreshold is the extent size from which the default chooser
 	// uses O_DIRECT. Below it the page cache's copy costs less than a
@@ -149,6 +150,7 @@ func CachedReadWorkers() int { return max(2, runtime.NumCPU()) }
 func Settings() map[string]any {
 	return map[string]any{
 		"alignment":         Alignment,
+		"memory_alignment":  gds.DirectAlign,
 		"direct_threshold":  DirectThreshold,
 		"resident_share":    ResidentShare,
 		"aligned_min":       AlignedMin,

@@ -220,3 +220,14 @@ func TestReadSummedInStepsMatchesChecksum(t *testing.T) {
 	assert.Equal(t, Checksum(data[:ReadSumChunk+7]), res[0].CRC)
 	assert.Equal(t, Checksum(data[ReadSumChunk+7:]), res[1].CRC)
 }
+
+// The records' file alignment and the memory alignment Python lays out
+// pinned buffers with both come from gds.DirectAlign, and Settings reports
+// both to Python under the names it reads.
+func TestSettingsReportTheDirectIOAlignment(t *testing.T) {
+	s := Settings()
+	assert.Equal(t, gds.DirectAlign, s["memory_alignment"])
+	assert.Equal(t, Alignment, s["alignment"])
+	assert.Zero(t, Alignment%gds.DirectAlign, "records on a direct-I/O block boundary")
+	assert.Equal(t, int64(Alignment), int64(Page), "a whole-file read sums record-aligned pages")
+}

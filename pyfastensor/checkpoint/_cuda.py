@@ -76,11 +76,6 @@ _log = logging.getLogger("pyfastensor")
 #: For inspection: tests check it.
 last_route: dict[str, str] = {}
 
-#: Each record in a ring slot starts on a page boundary: direct reads land in place, without
-#: the bounce copy unaligned memory costs (gds/direct.go).
-_ALIGN = 4096
-
-
 def wants(map_location: Any) -> bool:
     """Whether a load to ``map_location`` takes the CUDA path (see the module docstring)."""
     if isinstance(map_location, dict):
@@ -227,7 +222,7 @@ def fill(archive: Archive, records: list[tuple[int, torch.Tensor]], *, verify: b
     if reason:
         _log.info("pyfastensor.load %s to CUDA through the pinned ring: %s", archive.path, reason)
     with _device.slab(backend).hold() as buf:
-        ring = _device.Ring(buf, config.PINNED_RING_SLOTS, align=_ALIGN)
+        ring = _device.Ring(buf, config.PINNED_RING_SLOTS)
         if cufile is not None:
             cufile.close()  # it answered the probe: the reads go in one parallel native call
             reads = [(i, t.data_ptr(), t.numel()) for i, t in records if t.numel()]
@@ -280,14 +275,14 @@ class _Upload:
         self.fill = 0
 
     def run(self, records: list[tuple[int, torch.Tensor]]) -> None:
-        slot_bytes = self.ring.slot_bytes
+        slot_bytes, align = self.ring.slot_bytes, self.ring.align
         for i, t in records:
             n = t.numel()
             if n > slot_bytes:
                 self._flush()
                 self._pieces(i, t)
                 continue
-            at = -(-self.fill // _ALIGN) * _ALIGN  # each record on its own page: direct reads land in place
+            at = -(-self.fill // align) * align  # each record on its own pages: direct reads land in place
             if at + n > slot_bytes:
                 self._flush()
                 at = 0

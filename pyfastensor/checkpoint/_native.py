@@ -11,46 +11,11 @@ import ctypes
 import json
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from .. import _lib
 from .._buffers import PageArena
-
-
-def data_align() -> int:
-    """Alignment of storage records in files we write (``.storage_alignment``): the Go
-    core's ``transfer.Alignment``."""
-    return int(_lib.settings()["alignment"])
-
-
-@dataclass
-class Records:
-    """Records to write, as parallel lists: full names, the addresses and lengths of their
-    bytes, their alignments (0: the format's default)."""
-
-    names: list[str] = field(default_factory=list)
-    addrs: list[int] = field(default_factory=list)
-    sizes: list[int] = field(default_factory=list)
-    aligns: list[int] = field(default_factory=list)
-
-    def joined_names(self) -> bytes:
-        """The names as the native calls take them: one per line.
-
-        Raises:
-            ValueError: a name holds a newline.
-        """
-        names = "\n".join(self.names)
-        if names.count("\n") != max(len(self.names) - 1, 0):
-            raise ValueError("record names cannot contain a newline")
-        return names.encode()
-
-    def add(self, name: str, addr: int, nbytes: int, align: int = 0) -> None:
-        """Append one record."""
-        self.names.append(name)
-        self.addrs.append(addr)
-        self.sizes.append(nbytes)
-        self.aligns.append(align)
 
 
 class Entry(NamedTuple):
@@ -91,6 +56,18 @@ class TorchArchive:
     sizes: Any  # ctypes array of c_int64
 
 
+def joined_keys(keys: Sequence[str]) -> bytes:
+    """Storage keys as the native calls take them: one per line.
+
+    Raises:
+        ValueError: a key holds a newline.
+    """
+    joined = "\n".join(keys)
+    if joined.count("\n") != max(len(keys) - 1, 0):
+        raise ValueError("storage keys cannot contain a newline")
+    return joined.encode()
+
+
 def write_archive(
     path: str, archive: TorchArchive, *, prefix: str, durable: bool, engine: str | None,
     counter: ctypes.c_int64 | None = None,
@@ -101,13 +78,10 @@ def write_archive(
     Raises:
         ValueError: a key holds a newline.
     """
-    keys = "\n".join(archive.keys)
-    if keys.count("\n") != max(len(archive.keys) - 1, 0):
-        raise ValueError("storage keys cannot contain a newline")
     return _lib.call_json(
         "pft_ckpt_save_torch", _lib.cstr(path), prefix.encode(), archive.pickle, len(archive.pickle),
         archive.byteorder.encode() if archive.byteorder is not None else None, archive.serialization_id.encode(),
-        len(archive.keys), keys.encode(), archive.addrs, archive.sizes, _lib.options(engine, durable=durable),
+        len(archive.keys), joined_keys(archive.keys), archive.addrs, archive.sizes, _lib.options(engine, durable=durable),
         ctypes.byref(counter) if counter is not None else None)
 
 

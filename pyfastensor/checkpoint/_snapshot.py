@@ -30,10 +30,7 @@ import torch
 from .. import _device, config
 from ._skeleton import Skeleton
 from ._staged import StagedSave
-from .save import skeleton_records, write_skeleton
-
-#: Copies in the slab start on page boundaries (direct I/O writes them in place).
-_ALIGN = 4096
+from .save import ARCHIVE, torch_archive, write_skeleton
 
 
 def _on_device(storage: torch.UntypedStorage) -> bool:
@@ -53,7 +50,7 @@ class Snapshot:
         self.events: list[Any] = []  # copies in flight into the slab
         self.slab: _device.PinnedSlab | None = None  # held until release()
         self.staged: StagedSave | None = None  # the waves' save, once begun
-        self.pending: deque[tuple[Any, torch.Tensor, int, int]] = deque()  # (event, slot part, record, offset)
+        self.pending: deque[tuple[Any, torch.Tensor, int, int]] = deque()  # (event, slot part, storage, offset)
         self.keep: list[Any] = []  # memory the staged save reads at commit
         #: Times the slab was filled: 0 (nothing on a device), 1 (it fitted), or more (waves).
         self.waves = 0
@@ -67,9 +64,9 @@ class Snapshot:
     def settle(self) -> None:
         """Write the oldest wave slot to the file, once its copy has landed (its slot is free again)."""
         assert self.staged is not None
-        event, part, record, offset = self.pending.popleft()
+        event, part, storage, offset = self.pending.popleft()
         event.synchronize()
-        self.staged.write(record, offset, part.data_ptr(), part.numel())
+        self.staged.write(storage, offset, part.data_ptr(), part.numel())
 
     def write(self) -> None:
         """Write the checkpoint and commit it."""
@@ -128,7 +125,9 @@ def snapshot(skel: Skeleton, path: str, *, durable: bool = True, engine: str | N
 
 
 def _padded(n: int) -> int:
-    return -(-n // _ALIGN) * _ALIGN
+    """``n`` in whole pages: each copy in the slab starts on a page (direct I/O writes it in place)."""
+    align = _device.memory_alignment()
+    return -(-n // align) * align
 
 
 def _bytes_of(storage: torch.UntypedStorage) -> torch.Tensor:
@@ -177,13 +176,13 @@ def _in_waves(b: _device.Backend, buf: torch.Tensor, device: list[tuple[str, tor
     all but the last wave (left in :attr:`Snapshot.pending` for :meth:`Snapshot.write`)."""
     on_device = {k for k, _ in device}
     every = {k: s if k in on_device else snap.skeleton.storages[k] for k, s in skel.storages.items()}
-    records, snap.keep, index, _ = skeleton_records(Skeleton(skel.data, every), staged=on_device)
-    staged = [False] * len(records.names)
-    for k in on_device:
-        staged[index[k]] = True
-    snap.staged = StagedSave(snap.path, records, staged, durable=snap.durable, engine=snap.engine)
+    archive, keep, _ = torch_archive(Skeleton(skel.data, every), staged=on_device)
+    snap.keep = [*keep, *(s for k, s in every.items() if k not in on_device)]  # read at commit
+    index = {k: i for i, k in enumerate(archive.keys)}
+    snap.staged = StagedSave(snap.path, archive, [k in on_device for k in archive.keys], prefix=ARCHIVE,
+                             durable=snap.durable, engine=snap.engine)
     sides = _side_streams(b, device)
-    ring = _device.Ring(buf, config.PINNED_RING_SLOTS, align=_ALIGN)
+    ring = _device.Ring(buf, config.PINNED_RING_SLOTS)
     pieces = 0
     for key, s in device:
         src = _bytes_of(s)

@@ -3,7 +3,7 @@
 ``async_save`` of a CUDA state larger than its pinned staging buffer writes
 each wave of device-to-host copies to the file, then reuses the buffer for
 the next: the archive is laid out first (:class:`StagedSave`), the staged
-records' bytes written part after part, the rest at :meth:`StagedSave.commit`,
+storages' bytes written part after part, the rest at :meth:`StagedSave.commit`,
 which commits the file durably as :func:`pyfastensor.save` does. The file
 is the one ``save`` writes for the same skeleton.
 """
@@ -16,44 +16,51 @@ from collections.abc import Sequence
 from typing import Any
 
 from .. import _lib
-from ._native import Records, _arrays
+from ._native import TorchArchive, joined_keys
 
 
 class StagedSave(_lib.Handle):
     """A staged save to ``path`` in progress; closing it without :meth:`commit` aborts it (the
     temporary file is removed, ``path`` untouched).
 
-    Not safe for concurrent use. The memory of the parts that are not staged
-    is read at :meth:`commit`: the caller keeps it alive until then.
+    The Go core lays the archive out as :func:`pyfastensor.save` does (torch's records, the
+    storages aligned for direct I/O). Not safe for concurrent use. The pickle and the memory of
+    the storages that are not staged are read at :meth:`commit`: the caller keeps that memory
+    alive until then (the archive itself is kept here).
 
     Args:
         path: the target.
-        records: the records, in order (:func:`~pyfastensor.checkpoint.save.skeleton_records`).
-        staged: the records whose bytes :meth:`write` brings, in parts (their addresses
-            are ignored); the others are written from their memory at commit.
+        archive: the archive (:func:`~pyfastensor.checkpoint.save.torch_archive`).
+        staged: per storage of ``archive.keys``, whether :meth:`write` brings its bytes, in parts
+            (its address is ignored); the others are written from their memory at commit.
+        prefix: the directory every record lives under.
         durable: fsync the file and its directory at commit. Default ``True``.
         engine: one I/O engine for every record; default: chosen by size.
     """
 
     _close_fn = "pft_ckpt_stage_abort"
 
-    def __init__(self, path: str, records: Records, staged: Sequence[bool], *, durable: bool = True,
-                 engine: str | None = None) -> None:
+    def __init__(self, path: str, archive: TorchArchive, staged: Sequence[bool], *, prefix: str,
+                 durable: bool = True, engine: str | None = None) -> None:
         super().__init__()
         self.path = path
-        n = len(records.names)
-        names = records.joined_names()
-        addrs, sizes = _arrays([0 if st else a for a, st in zip(records.addrs, staged, strict=True)], records.sizes)
+        n = len(archive.keys)
+        if len(staged) != n:
+            raise ValueError(f"{len(staged)} staged flags for {n} storages")
+        self._archive = archive  # the core reads the pickle and the storages' addresses at commit
         handle = _lib.u64()
         _lib.call(
-            "pft_ckpt_stage_begin", _lib.cstr(path), n, names, addrs, sizes,
-            (ctypes.c_int64 * n)(*records.aligns), (ctypes.c_int * n)(*[int(st) for st in staged]),
-            _lib.options(engine, durable=durable), ctypes.byref(handle),
+            "pft_ckpt_stage_begin", _lib.cstr(path), prefix.encode(), archive.pickle, len(archive.pickle),
+            archive.byteorder.encode() if archive.byteorder is not None else None,
+            archive.serialization_id.encode(), n, joined_keys(archive.keys), archive.addrs, archive.sizes,
+            (ctypes.c_int * n)(*[int(st) for st in staged]), _lib.options(engine, durable=durable),
+            ctypes.byref(handle),
         )
         self._handle = handle.value
 
     def write(self, index: int, offset: int, addr: int, nbytes: int) -> None:
-        """Write ``nbytes`` at ``addr`` as staged record ``index``'s bytes from ``offset`` (in order)."""
+        """Write ``nbytes`` at ``addr`` as staged storage ``index``'s bytes (its place in the
+        archive's keys) from ``offset`` (in order)."""
         _lib.call("pft_ckpt_stage_write", self._live(), index, offset, addr, nbytes)
 
     def commit(self) -> dict[str, Any]:

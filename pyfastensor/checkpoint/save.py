@@ -17,9 +17,8 @@ import torch
 if TYPE_CHECKING:
     from ..dictionary import Dictionaries
 
-from .._buffers import address_of
 from . import _progress
-from ._native import Records, TorchArchive, data_align, write_archive
+from ._native import TorchArchive, write_archive
 from ._skeleton import Skeleton, pickle_skeleton
 
 #: Name of the directory every record lives under, as torch names it for buffers.
@@ -130,29 +129,46 @@ def write_skeleton(
 ) -> None:
     """Write a pickled skeleton and its storages' bytes as a torch zip archive at ``path``:
     the Go core lays out torch's records around them (checkpoint/torchzip.go)."""
-    n = len(skel.storages)
-    addrs, sizes = (ctypes.c_void_p * n)(), (ctypes.c_int64 * n)()
-    keep: list[Any] = []
-    total = 0
-    kinds: dict[torch.device, str] = {}  # device -> its type: one lookup per device, not per storage
-    for i, (key, storage) in enumerate(skel.storages.items()):
-        device = storage.device
-        kind = kinds.get(device) or kinds.setdefault(device, device.type)
-        if kind != "cpu":
-            storage = _to_cpu(key, storage, kind)
-            keep.append(storage)
-        nbytes = storage.nbytes()
-        addrs[i] = storage.data_ptr() or None
-        sizes[i] = nbytes
-        total += nbytes
-    archive = TorchArchive(skel.data, None if disable_byteorder else sys.byteorder, _serialization_id(),
-                           list(skel.storages), addrs, sizes)
+    archive, keep, total = torch_archive(skel, disable_byteorder=disable_byteorder)
     _progress.run(
         lambda counter: write_archive(path, archive, prefix=ARCHIVE, durable=durable, engine=engine,
                                       counter=counter),
         total, f"save {os.path.basename(path)}", progress,
     )
     keep.clear()  # the native call has returned: the memory may go
+
+
+def torch_archive(
+    skel: Skeleton, *, disable_byteorder: bool = False, staged: Collection[str] = (),
+) -> tuple[TorchArchive, list[Any], int]:
+    """What the Go core writes for ``skel`` (:class:`TorchArchive`), the owners of the memory it
+    reads, and the storages' bytes in all.
+
+    Storages not on the CPU are copied to it (as torch.save stages them),
+    except the keys in ``staged``, which get no address: their bytes are
+    written later, in parts (a staged save, checkpoint/_staged.py). The
+    owners must stay alive until the archive is written.
+    """
+    n = len(skel.storages)
+    addrs, sizes = (ctypes.c_void_p * n)(), (ctypes.c_int64 * n)()
+    keep: list[Any] = []
+    total = 0
+    kinds: dict[torch.device, str] = {}  # device -> its type: one lookup per device, not per storage
+    for i, (key, storage) in enumerate(skel.storages.items()):
+        nbytes = storage.nbytes()
+        sizes[i] = nbytes
+        total += nbytes
+        if key in staged:
+            continue
+        device = storage.device
+        kind = kinds.get(device) or kinds.setdefault(device, device.type)
+        if kind != "cpu":
+            storage = _to_cpu(key, storage, kind)
+            keep.append(storage)
+        addrs[i] = storage.data_ptr() or None
+    archive = TorchArchive(skel.data, None if disable_byteorder else sys.byteorder, _serialization_id(),
+                           list(skel.storages), addrs, sizes)
+    return archive, keep, total
 
 
 def _to_cpu(key: str, storage: torch.UntypedStorage, kind: str) -> torch.UntypedStorage:
@@ -172,49 +188,3 @@ def _to_cpu(key: str, storage: torch.UntypedStorage, kind: str) -> torch.Untyped
 def _serialization_id() -> str:
     """A ``.data/serialization_id`` as torch.save makes one: 40 random decimal digits."""
     return "".join(str(secrets.randbelow(10)) for _ in range(40))
-
-
-def skeleton_records(
-    skel: Skeleton, *, disable_byteorder: bool = False, staged: Collection[str] = (),
-) -> tuple[Records, list[Any], dict[str, int], int]:
-    """The records of the archive of ``skel``, in torch's order: ``(records, owners of their
-    memory, record index of each storage key, storage bytes)``.
-
-    Storages not on the CPU are copied to it (as torch.save stages them),
-    except the keys in ``staged``, whose records get no address: their bytes
-    are written later, in parts (a staged save, checkpoint/_staged.py). The
-    owners must stay alive until the records are written.
-    """
-    keep: list[Any] = []
-    records = Records()
-
-    def meta(name: str, data: bytes) -> None:
-        addr, n, owner = address_of(data, writable=False) if data else (0, 0, None)
-        keep.append(owner)
-        records.add(f"{ARCHIVE}/{name}", addr, n)
-
-    align = data_align()
-    meta("data.pkl", skel.data)
-    meta(".format_version", b"1")
-    meta(".storage_alignment", str(align).encode())
-    if not disable_byteorder:
-        meta("byteorder", sys.byteorder.encode())
-    kinds: dict[torch.device, str] = {}  # device -> its type: one lookup per device, not per storage
-    index: dict[str, int] = {}
-    total = 0
-    for key, storage in skel.storages.items():
-        index[key] = len(records.names)
-        n = storage.nbytes()
-        total += n
-        if key in staged:
-            records.add(f"{ARCHIVE}/data/{key}", 0, n, align)
-            continue
-        device = storage.device
-        kind = kinds.get(device) or kinds.setdefault(device, device.type)
-        if kind != "cpu":
-            storage = _to_cpu(key, storage, kind)  # device-to-host staging, as torch.save does
-        keep.append(storage)
-        records.add(f"{ARCHIVE}/data/{key}", storage.data_ptr(), n, align)
-    meta("version", b"3\n")
-    meta(".data/serialization_id", _serialization_id().encode())
-    return records, keep, index, total

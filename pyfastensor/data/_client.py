@@ -24,6 +24,7 @@ exceptions the native calls raise.
 from __future__ import annotations
 
 import json
+import mmap
 import socket
 import struct
 import time
@@ -218,8 +219,9 @@ class BatchBuffers:
         for s in self._pool:
             if s.nbytes() >= nbytes and torch._C._storage_Use_Count(s._cdata) == 1:
                 return s
-        # Room for batches an eighth larger (variable sample sizes), in whole pages.
-        size = max(1, -(-(nbytes + nbytes // 8) // 4096) * 4096)
+        # Room for batches an eighth larger (variable sample sizes), in whole pages of the
+        # shared mapping (the OS's page size: the server maps the storage, it does no direct I/O).
+        size = max(1, -(-(nbytes + nbytes // 8) // mmap.PAGESIZE) * mmap.PAGESIZE)
         storage = torch.UntypedStorage._new_shared(size)
         free = [k for k, s in enumerate(self._pool) if torch._C._storage_Use_Count(s._cdata) == 1]
         if len(self._pool) < self.size:

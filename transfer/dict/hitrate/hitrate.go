@@ -180,7 +180,8 @@ func Run(cfg Config) (Report, error) {
 	sizes, iters := cfg.workload()
 	rep.Sizes, rep.Iterations = sizes, len(iters)
 
-	// Layout: transfer k of the flattened order at offs[k], 4 KiB aligned.
+	// Layout: transfer k of the flattened order at offs[k], on a
+	// gds.DirectAlign boundary.
 	var order []int
 	for _, it := range iters {
 		order = append(order, it...)
@@ -189,7 +190,7 @@ func Run(cfg Config) (Report, error) {
 	var end int64
 	for k, j := range order {
 		offs[k] = end
-		end += (sizes[j] + 4095) &^ 4095
+		end += (sizes[j] + gds.DirectAlign - 1) &^ (gds.DirectAlign - 1)
 		rep.Bytes += sizes[j]
 	}
 	rep.Transfers = len(order)
@@ -226,7 +227,7 @@ func measure(cfg Config, sizes []int64, order []int, offs []int64, end int64) (t
 	path := f.Name()
 	defer os.Remove(path)
 	defer f.Close()
-	buf := gds.AlignedBuf(int(slices.Max(sizes)), 4096)
+	buf := gds.AlignedBuf(int(slices.Max(sizes)), gds.DirectAlign)
 	rng := rand.New(rand.NewPCG(cfg.Seed, 7))
 	for i := range buf {
 		buf[i] = byte(rng.Uint32())
