@@ -44,15 +44,8 @@ func pft_ckpt_save_torch(path, prefix, pkl *C.char, pklLen C.int64_t, byteorder,
 	n C.int64_t, keys *C.char, addrs *unsafe.Pointer, sizes *C.int64_t, options *C.char, progress *C.int64_t,
 	out **C.char, errOut **C.char) C.int {
 	return call(errOut, func() error {
-		t := checkpoint.TorchArchive{Prefix: C.GoString(prefix), SerializationID: C.GoString(serial)}
-		if byteorder != nil {
-			t.ByteOrder = C.GoString(byteorder)
-		}
-		var err error
-		if t.Pickle, err = memory(unsafe.Pointer(pkl), C.size_t(pklLen)); err != nil {
-			return fmt.Errorf("data.pkl: %w", err)
-		}
-		if t.Storages, err = torchStorages(int(n), keys, addrs, sizes, nil); err != nil {
+		t, err := torchArchive(prefix, pkl, pklLen, byteorder, serial, int(n), keys, addrs, sizes, nil)
+		if err != nil {
 			return err
 		}
 		o, err := writeOptions(options, progress)
@@ -65,6 +58,22 @@ func pft_ckpt_save_torch(path, prefix, pkl *C.char, pklLen C.int64_t, byteorder,
 		}
 		return putJSON(out, st)
 	})
+}
+
+// torchArchive turns pft_ckpt_save_torch's arguments into the archive
+// they describe, over the caller's memory; staged as for torchStorages.
+func torchArchive(prefix, pkl *C.char, pklLen C.int64_t, byteorder, serial *C.char,
+	n int, keys *C.char, addrs *unsafe.Pointer, sizes *C.int64_t, staged []bool) (checkpoint.TorchArchive, error) {
+	t := checkpoint.TorchArchive{Prefix: C.GoString(prefix), SerializationID: C.GoString(serial)}
+	if byteorder != nil {
+		t.ByteOrder = C.GoString(byteorder)
+	}
+	var err error
+	if t.Pickle, err = memory(unsafe.Pointer(pkl), C.size_t(pklLen)); err != nil {
+		return t, fmt.Errorf("data.pkl: %w", err)
+	}
+	t.Storages, err = torchStorages(n, keys, addrs, sizes, staged)
+	return t, err
 }
 
 // torchStorages turns pft_ckpt_save_torch's C arrays into storages over

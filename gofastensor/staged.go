@@ -48,15 +48,8 @@ func pft_ckpt_stage_begin(path, prefix, pkl *C.char, pklLen C.int64_t, byteorder
 				}
 			}
 		}
-		t := checkpoint.TorchArchive{Prefix: C.GoString(prefix), SerializationID: C.GoString(serial)}
-		if byteorder != nil {
-			t.ByteOrder = C.GoString(byteorder)
-		}
-		var err error
-		if t.Pickle, err = memory(unsafe.Pointer(pkl), C.size_t(pklLen)); err != nil {
-			return fmt.Errorf("data.pkl: %w", err)
-		}
-		if t.Storages, err = torchStorages(count, keys, addrs, sizes, flags); err != nil {
+		t, err := torchArchive(prefix, pkl, pklLen, byteorder, serial, count, keys, addrs, sizes, flags)
+		if err != nil {
 			return err
 		}
 		o, err := writeOptions(options, nil)
