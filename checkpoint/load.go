@@ -95,7 +95,7 @@ func load(f *os.File, path string, o LoadOptions) (*Archive, error) {
 		return nil, err
 	}
 	src := pinnedName(f, path)
-	plan := decide(src, size, e, o)
+	plan := decide(f, src, size, e, o)
 	if plan.Whole {
 		mem, err := mapPages(size)
 		if err != nil {
@@ -152,15 +152,15 @@ func (p *parser) notZip() (string, error) {
 	return "", nil
 }
 
-// decide plans the load of the file (opened as src, of size bytes) whose
-// end records are e.
-func decide(src string, size int64, e *ends, o LoadOptions) LoadPlan {
+// decide plans the load of the open file f (src names it, size bytes)
+// whose end records are e.
+func decide(f *os.File, src string, size int64, e *ends, o LoadOptions) LoadPlan {
 	plan := LoadPlan{Resident: -1}
 	if o.ParseOnly || o.Read.Chooser != nil {
 		plan.Reason = "mapped, to a device, or an engine chosen by the caller: record by record"
 		return plan
 	}
-	if res, err := fileResidency(src, size); err == nil {
+	if res, err := fileResidency(f, size); err == nil {
 		plan.Resident = res
 	}
 	average := size / max(e.n, 1)

@@ -2,6 +2,7 @@ package checkpoint
 
 import (
 	"fmt"
+	"os"
 
 	"github.com/pyfastensor/pyfastensor/gds"
 	"github.com/pyfastensor/pyfastensor/transfer"
@@ -33,17 +34,17 @@ const (
 	MemoryPages     = "pages"     // its own pages of the whole-file area
 )
 
-// fileResidency returns the share of the file at path, of size bytes, in
+// fileResidency returns the share of the open file f, of size bytes, in
 // the page cache: measured whole for a small file, else estimated from
 // transfer.ResidencySamples windows of transfer.ResidencySampleBytes
 // spread evenly over it (cachestat's cost grows with the pages it counts;
 // see the settings). Every decision taken from it only chooses a path
 // (whole or per record, which memory, which engine): a wrong estimate
 // costs speed, never correctness.
-func fileResidency(path string, size int64) (float64, error) {
+func fileResidency(f *os.File, size int64) (float64, error) {
 	n, w := int64(transfer.ResidencySamples), int64(transfer.ResidencySampleBytes)
 	if size <= n*w*transfer.ResidencySampleGap {
-		res, err := gds.Resident(path, []int64{0}, []int64{size})
+		res, err := gds.ResidentFile(f, []int64{0}, []int64{size})
 		if err != nil {
 			return -1, err
 		}
@@ -54,7 +55,7 @@ func fileResidency(path string, size int64) (float64, error) {
 	for i := range offs {
 		offs[i], sizes[i] = int64(i)*stride, w
 	}
-	res, err := gds.Resident(path, offs, sizes)
+	res, err := gds.ResidentFile(f, offs, sizes)
 	if err != nil {
 		return -1, err
 	}

@@ -144,6 +144,9 @@ func (a *Archive) Resident() ([]float64, error) {
 	}
 	a.mu.RLock()
 	defer a.mu.RUnlock()
+	if a.pin != nil { // the file parsed, whatever is at its path now
+		return gds.ResidentFile(a.pin, offs, sizes)
+	}
 	src, err := a.source()
 	if err != nil {
 		return nil, err

@@ -509,7 +509,11 @@ func (p *parser) checkLocals(es []Entry, heads [][]byte, cdOff int64) error {
 	if p.inMemory { // headers one by one, from memory
 		clear(lens)
 	} else {
-		res, _ = gds.Resident(p.path, los, lens) // best effort: nil reads spans
+		if f, ok := p.f.(*os.File); ok { // the file parsed, whatever is at its path now
+			res, _ = gds.ResidentFile(f, los, lens) // best effort: nil reads spans
+		} else {
+			res, _ = gds.Resident(p.path, los, lens)
+		}
 	}
 	return transfer.Run(len(groups), transfer.CachedReadWorkers(), func(gi int) error {
 		g := groups[gi]

@@ -30,12 +30,23 @@ func Resident(path string, offs, sizes []int64) ([]float64, error) {
 		return nil, opErr("resident", "open", path, 0, 0, 0, err)
 	}
 	defer f.Close()
+	return ResidentFile(f, offs, sizes)
+}
+
+// ResidentFile is Resident for a file already open: it asks about the
+// file f is, whatever its name now leads to (a load measures the file it
+// parsed, not one a save has since renamed over its path). Errors name
+// f.Name().
+func ResidentFile(f *os.File, offs, sizes []int64) ([]float64, error) {
+	if len(offs) != len(sizes) {
+		return nil, opErr("resident", "ranges", f.Name(), 0, 0, 0, ErrInvalid)
+	}
 	out, err := cachestatRanges(f, offs, sizes)
 	if err == nil {
 		return out, nil
 	}
 	if !errors.Is(err, unix.ENOSYS) && !errors.Is(err, unix.EPERM) && !errors.Is(err, unix.EOPNOTSUPP) {
-		return nil, opErr("resident", "cachestat", path, 0, 0, 0, err)
+		return nil, opErr("resident", "cachestat", f.Name(), 0, 0, 0, err)
 	}
 	return mincoreRanges(f, offs, sizes)
 }

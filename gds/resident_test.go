@@ -83,3 +83,28 @@ func TestResidentErrorsNameTheFile(t *testing.T) {
 		})
 	}
 }
+
+// ResidentFile asks about the file it is given, not about what its path
+// leads to: with the path removed, and then a file of other pages put at
+// it, the figures are still the open file's.
+func TestResidentFileMeasuresTheOpenFile(t *testing.T) {
+	page := int64(os.Getpagesize())
+	path := filepath.Join(t.TempDir(), "r.bin")
+	require.NoError(t, os.WriteFile(path, make([]byte, 8*page), 0o644))
+	f, err := os.Open(path)
+	require.NoError(t, err)
+	defer f.Close()
+	require.NoError(t, os.Remove(path))
+	require.NoError(t, os.WriteFile(path, nil, 0o644)) // empty: its pages are all absent
+
+	r, err := ResidentFile(f, []int64{0, 8 * page}, []int64{8 * page, page})
+	require.NoError(t, err)
+	assert.Equal(t, []float64{1, 0}, r, "the open file's 8 pages, just written; past its end absent")
+	r, err = Resident(path, []int64{0}, []int64{8 * page})
+	require.NoError(t, err)
+	assert.Equal(t, []float64{0}, r, "the file now at the path")
+
+	_, err = ResidentFile(f, []int64{0}, nil)
+	require.ErrorIs(t, err, ErrInvalid)
+	assert.Contains(t, err.Error(), "r.bin")
+}
