@@ -216,6 +216,18 @@ func max64(xs []int64) int64 {
 	return m
 }
 
+// randomProblem returns a random layered trace and hardware for it: a
+// device between the largest op and the peak demand, host memory below
+// the peak; hi is the peak.
+func randomProblem(r *rand.Rand) (*Trace, Hardware, int64) {
+	tr := layered(r, 3+r.Intn(10), 1<<20+r.Int63n(16<<20), 1<<16+r.Int63n(4<<20))
+	a := Analyze(tr)
+	lo, hi := max64(a.OpBytes), max64(a.Pressure)
+	hw := smallHW(lo + r.Int63n(hi-lo+1))
+	hw.HostBytes = r.Int63n(hi)
+	return tr, hw, hi
+}
+
 func smallHW(capB int64) Hardware {
 	hw := G10Default()
 	hw.DeviceBytes = capB
@@ -315,11 +327,7 @@ func TestMoreMemoryRarelySlower(t *testing.T) {
 func TestNeverSlowerThanTheLadder(t *testing.T) {
 	r := rand.New(rand.NewSource(8))
 	for i := 0; i < 30; i++ {
-		tr := layered(r, 3+r.Intn(10), 1<<20+r.Int63n(16<<20), 1<<16+r.Int63n(4<<20))
-		a := Analyze(tr)
-		lo, hi := max64(a.OpBytes), max64(a.Pressure)
-		hw := smallHW(lo + r.Int63n(hi-lo+1))
-		hw.HostBytes = r.Int63n(hi)
+		tr, hw, _ := randomProblem(r)
 		got, err := SimulatePolicy(tr, hw, PolicyG10)
 		require.NoError(t, err)
 		ladder := PlanLadder(tr, hw)
@@ -351,11 +359,7 @@ func TestMoreResourcesRarelySlower(t *testing.T) {
 	slower, worst := 0, 0.0
 	const n = 300
 	for i := 0; i < n; i++ {
-		tr := layered(r, 3+r.Intn(10), 1<<20+r.Int63n(16<<20), 1<<16+r.Int63n(4<<20))
-		a := Analyze(tr)
-		lo, hi := max64(a.OpBytes), max64(a.Pressure)
-		hw := smallHW(lo + r.Int63n(hi-lo+1))
-		hw.HostBytes = r.Int63n(hi)
+		tr, hw, hi := randomProblem(r)
 		more := hw
 		switch r.Intn(3) {
 		case 0:

@@ -42,11 +42,7 @@ func TestFixedPlanOnMoreResources(t *testing.T) {
 	r := rand.New(rand.NewSource(21))
 	n := 0
 	for i := 0; i < 400; i++ {
-		tr := layered(r, 3+r.Intn(10), 1<<20+r.Int63n(16<<20), 1<<16+r.Int63n(4<<20))
-		a := Analyze(tr)
-		lo, hi := max64(a.OpBytes), max64(a.Pressure)
-		hw := smallHW(lo + r.Int63n(hi-lo+1))
-		hw.HostBytes = r.Int63n(hi)
+		tr, hw, hi := randomProblem(r)
 		p, err := MakePlan(tr, hw)
 		require.NoError(t, err)
 		base := Simulate(tr, hw, &p)
