@@ -5,12 +5,14 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/pyfastensor/pyfastensor/gds"
 	"github.com/pyfastensor/pyfastensor/internal/testutil"
 	"github.com/pyfastensor/pyfastensor/transfer"
 )
@@ -78,6 +80,20 @@ func TestLoadPlans(t *testing.T) {
 	_, err = Load(path+".missing", LoadOptions{})
 	require.ErrorIs(t, err, os.ErrNotExist)
 
+	// The same file without our end-record comment (another zip writer's):
+	// record by record, whatever the page cache holds, and it still loads.
+	other := filepath.Join(t.TempDir(), "other.pt")
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	copy(b[len(b)-cdCommentLen:], strings.Repeat("x", len(cdCommentPrefix)))
+	require.NoError(t, os.WriteFile(other, b, 0o644))
+	evict(t, other)
+	l, err = Load(other, LoadOptions{})
+	require.NoError(t, err)
+	assert.False(t, l.Plan.Whole)
+	assert.Contains(t, l.Plan.Reason, "not written by pyfastensor")
+	require.NoError(t, l.Close())
+
 	evict(t, path)
 	p = plan(LoadOptions{})
 	if !transfer.Probe(filepath.Dir(path)).Direct {
@@ -107,6 +123,36 @@ func TestPlanMemory(t *testing.T) {
 			assert.Equal(t, res, a.resident[i])
 		}
 		require.NoError(t, a.Close())
+	}
+}
+
+// Neither known cold nor known cached (unknown: -1, or between), the
+// residency is measured per record: 0 for a file just dropped from the
+// page cache, 1 once read through it.
+func TestPlanMemoryMeasuresTheResidency(t *testing.T) {
+	path, _ := saved(t, bigRecords())
+	a, err := OpenArchive(path)
+	require.NoError(t, err)
+	defer a.Close()
+	evict(t, path)
+	if r, err := gds.Resident(path, []int64{0}, []int64{a.Size}); err != nil || r[0] > 0.5 {
+		t.Skipf("this filesystem keeps its pages (tmpfs) or cannot tell (%v)", err)
+	}
+	for _, c := range []struct {
+		fileResident, want float64
+	}{{-1, 0}, {0.5, 1}} {
+		if c.want == 1 {
+			cache(t, path)
+		}
+		require.NoError(t, a.planMemory(c.fileResident))
+		big := 0
+		for i, e := range a.Entries {
+			if e.Size >= transfer.AlignedMin {
+				big++
+				assert.Equal(t, c.want, a.resident[i], e.Name)
+			}
+		}
+		require.Equal(t, 20, big)
 	}
 }
 

@@ -41,7 +41,9 @@ def _source_hash(tags: tuple[str, ...]) -> str:
     h.update((ROOT / "pyfastensor" / "_version.py").read_bytes())
     h.update(subprocess.run(["go", "env", "GOVERSION"], capture_output=True, text=True).stdout.encode())
     files = [ROOT / "go.mod", ROOT / "go.sum"]
-    files += sorted(p for p in ROOT.rglob("*.go") if not p.name.endswith("_test.go") and "testdata" not in p.parts)
+    go = [p for p in ROOT.rglob("*.go") if not p.name.endswith("_test.go") and "testdata" not in p.parts]
+    cgo = [p for d in {p.parent for p in go} for ext in ("*.c", "*.h", "*.s", "*.S") for p in d.glob(ext)]
+    files += sorted(p for p in go + cgo if p.name != "_native.h")  # what cgo compiles; not its own output
     for p in files:
         if p.is_file():
             h.update(str(p.relative_to(ROOT)).encode())

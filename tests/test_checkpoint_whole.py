@@ -169,6 +169,9 @@ def test_damaged_record_raises_and_unmaps_everything(saved, arenas, record, key)
 def test_damaged_local_header_is_caught_from_memory(saved, arenas):
     from test_checkpoint_corrupt import data_span, flip
 
+    assert cold(saved)
+    assert planned(saved)["whole"], "the intact file, cold, is read whole"
+    arenas.clear()
     start, _ = data_span(saved, "archive/data/0")
     flip(saved, start - 4096 + 30 + 2)  # inside the name of data/0's local header (header, then padding)
     assert cold(saved)
