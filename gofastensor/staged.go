@@ -35,15 +35,15 @@ func pft_ckpt_stage_begin(path, prefix, pkl *C.char, pklLen C.int64_t, byteorder
 	handle *C.uint64_t, errOut **C.char) C.int {
 	return call(errOut, func() error {
 		count := int(n)
-		if count > 0 && staged == nil {
-			return fmt.Errorf("%w: %d storages without their staged flags", gds.ErrInvalid, count)
+		if count > 0 && (staged == nil || sizes == nil) {
+			return fmt.Errorf("%w: %d storages without their staged flags or sizes", gds.ErrInvalid, count)
 		}
 		flags, lens := make([]bool, max(count, 0)), make([]int64, max(count, 0))
 		if count > 0 {
 			st, ss := unsafe.Slice(staged, count), unsafe.Slice(sizes, count)
 			for k := range flags {
 				flags[k], lens[k] = st[k] != 0, -1
-				if flags[k] && sizes != nil {
+				if flags[k] {
 					lens[k] = int64(ss[k])
 				}
 			}

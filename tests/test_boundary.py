@@ -156,3 +156,28 @@ def test_import_does_not_import_torch():
     code = "import sys, pyfastensor; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_missing_arrays_are_refused_not_a_panic(tmp_path):
+    """A staged save's storages without their sizes: an error naming what is missing, and the
+    library still usable (a panic would leave it unusable for the process)."""
+    code = textwrap.dedent(
+        f"""
+        import ctypes
+        import pyfastensor
+        from pyfastensor import _lib
+        handle = _lib.u64()
+        try:
+            _lib.call("pft_ckpt_stage_begin", _lib.cstr({str(tmp_path / "s.pt")!r}), b"archive", b"x", 1, None,
+                      b"1", 1, b"0", None, None, (ctypes.c_int * 1)(1), _lib.options(None), ctypes.byref(handle))
+        except pyfastensor.InvalidArgumentError as e:
+            print("refused:", e)
+        pyfastensor.info(".")
+        print("alive")
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("refused:") and "without their staged flags or sizes" in lines[0], lines
+    assert lines[-1] == "alive"
