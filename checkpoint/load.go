@@ -86,7 +86,7 @@ func load(f *os.File, path string, o LoadOptions) (*Archive, error) {
 	if !st.Mode().IsRegular() { // a directory, a pipe: torch.load says what it makes of it
 		return &Archive{Path: path, Size: size, Fd: -1, Fallback: "not a regular file"}, nil
 	}
-	p := &parser{f: f, path: path, size: size}
+	p := &parser{f: f, file: f, path: path, size: size}
 	if reason, err := p.notZip(); err != nil || reason != "" {
 		return &Archive{Path: path, Size: size, Fd: -1, Fallback: reason}, err
 	}
@@ -219,7 +219,7 @@ func unmapPages(b []byte) {
 
 // inMemoryParser parses the file at path from data, all of it in memory.
 func inMemoryParser(path string, data []byte) *parser {
-	return &parser{f: bytes.NewReader(data), path: path, size: int64(len(data)), inMemory: true}
+	return &parser{f: bytes.NewReader(data), path: path, size: int64(len(data))}
 }
 
 // DropArena unmaps the mapping Load read the file whole into, for a

@@ -145,7 +145,7 @@ func OpenArchive(path string) (*Archive, error) {
 // openPinned parses f, of size bytes, opened from path, and pins it in the
 // archive.
 func openPinned(f *os.File, path string, size int64) (*Archive, error) {
-	p := &parser{f: f, path: path, size: size}
+	p := &parser{f: f, file: f, path: path, size: size}
 	a, err := p.parse()
 	if err != nil {
 		return nil, err
@@ -167,10 +167,10 @@ func OpenArchiveMemory(path string, data []byte) (*Archive, error) {
 }
 
 type parser struct {
-	f        io.ReaderAt
-	path     string
-	size     int64
-	inMemory bool // f is the file's bytes in memory: no page cache to consult
+	f    io.ReaderAt
+	path string
+	size int64
+	file *os.File // the file f reads; nil when f is its bytes in memory (no page cache to consult)
 	// tail is the end of the file from tailOff, read once (readTail):
 	// reads it covers are served from it, so that the end records are
 	// read from the file once however often the parse looks at them.
@@ -224,7 +224,7 @@ func (p *parser) readInto(buf []byte, off, n int64, record, what string) ([]byte
 	if len(head) == 0 {
 		return b, nil
 	}
-	if !p.inMemory && traceRead != nil {
+	if p.file != nil && traceRead != nil {
 		traceRead(off, int64(len(head)))
 	}
 	if _, err := p.f.ReadAt(head, off); err != nil {
@@ -506,14 +506,10 @@ func (p *parser) checkLocals(es []Entry, heads [][]byte, cdOff int64) error {
 		}
 	}
 	var res []float64
-	if p.inMemory { // headers one by one, from memory
+	if p.file == nil { // headers one by one, from memory
 		clear(lens)
 	} else {
-		if f, ok := p.f.(*os.File); ok { // the file parsed, whatever is at its path now
-			res, _ = gds.ResidentFile(f, los, lens) // best effort: nil reads spans
-		} else {
-			res, _ = gds.Resident(p.path, los, lens)
-		}
+		res, _ = gds.ResidentFile(p.file, los, lens) // best effort: nil reads spans
 	}
 	return transfer.Run(len(groups), transfer.CachedReadWorkers(), func(gi int) error {
 		g := groups[gi]
