@@ -102,12 +102,11 @@ func bestPlan(t *Trace, hw Hardware) (MigrationPlan, Result, error) {
 	}
 	in := newPlanInput(t)
 	type job struct {
-		hw   Hardware
-		v    planVariant
-		p    MigrationPlan
-		r    Result
-		err  error
-		skip bool // a candidate before it already runs in ideal time
+		hw  Hardware
+		v   planVariant
+		p   MigrationPlan
+		r   Result
+		err error
 	}
 	var jobs []*job
 	for _, h := range planLadder(in.a, hw) {
@@ -123,14 +122,14 @@ func bestPlan(t *Trace, hw Hardware) (MigrationPlan, Result, error) {
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, max(1, runtime.GOMAXPROCS(0)))
 	for i, j := range jobs {
-		wg.Add(1)
 		sem <- struct{}{}
+		if idealAt.Load() < int64(i) { // a candidate before it runs in ideal time: so do all after it
+			<-sem
+			break
+		}
+		wg.Add(1)
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			if idealAt.Load() < int64(i) {
-				j.skip = true
-				return
-			}
 			j.p, j.err = in.plan(j.hw, j.v)
 			if j.err != nil {
 				return
@@ -156,7 +155,7 @@ func bestPlan(t *Trace, hw Hardware) (MigrationPlan, Result, error) {
 	}
 	best := jobs[0]
 	for _, j := range jobs[1:] {
-		if !j.skip && j.err == nil && j.r.Feasible && (!best.r.Feasible || j.r.TimeNs < best.r.TimeNs) {
+		if j.err == nil && j.r.Feasible && (!best.r.Feasible || j.r.TimeNs < best.r.TimeNs) {
 			best = j
 		}
 	}
