@@ -54,23 +54,45 @@ func (s *Server) State() (State, error) {
 }
 
 // state is State under the lock.
-func (s *Server) state() State {
-	n, size := s.lay.Samples, s.lay.ChunkSize
-	filled := newBitset(n)
-	for i := range n {
-		if !s.unfilled[(i/size)*s.words:].has(i % size) {
-			filled.set(i)
-		}
-	}
+func (s *Server) state() State { return s.stateParts().build() }
+
+// stateParts is what a State is made of, copied from the server: taken
+// under the lock (a copy of its bitsets' words), built into the State
+// outside it (a loop over every sample), so that a state asked with every
+// batch does not hold the other workers' batches up.
+type stateParts struct {
+	st                 State // all but Filled
+	unfilled           bitset
+	samples, size, per int // samples, chunk size, unfilled's words per chunk
+}
+
+// stateParts copies the server's state; under the lock.
+func (s *Server) stateParts() stateParts {
 	var spares []int
 	for x := range s.slotChunk {
 		for _, sp := range s.spares[x] {
 			spares = append(spares, sp.pos)
 		}
 	}
-	return State{Version: StateVersion, Pack: hex.EncodeToString(s.ix.SpecHash[:]), IndexCRC: s.ix.CRC,
-		ChunksPerGroup: s.lay.ChunksPerGroup, Seed: s.seed, Epoch: s.epoch, Draws: s.tie.draws,
-		Served: s.nDelivered, Filled: filled.bytes(n), Delivered: s.delivered.bytes(n), Spares: spares}
+	n := s.lay.Samples
+	return stateParts{
+		st: State{Version: StateVersion, Pack: hex.EncodeToString(s.ix.SpecHash[:]), IndexCRC: s.ix.CRC,
+			ChunksPerGroup: s.lay.ChunksPerGroup, Seed: s.seed, Epoch: s.epoch, Draws: s.tie.draws,
+			Served: s.nDelivered, Delivered: s.delivered.bytes(n), Spares: spares},
+		unfilled: slices.Clone(s.unfilled), samples: n, size: s.lay.ChunkSize, per: s.words,
+	}
+}
+
+// build is the State of the parts: the samples whose positions are filled.
+func (p stateParts) build() State {
+	filled := newBitset(p.samples)
+	for i := range p.samples {
+		if !p.unfilled[(i/p.size)*p.per:].has(i % p.size) {
+			filled.set(i)
+		}
+	}
+	p.st.Filled = filled.bytes(p.samples)
+	return p.st
 }
 
 // Restore puts the server in state st, taken by State from a server of the

@@ -136,13 +136,17 @@ func (s *Server) GetBatchInTurn(t Turn, is []int, state bool, wait time.Duration
 	out := InTurn{Batch: s.turns.batches}
 	s.turns.batches++
 	s.turns.signal()
+	var parts stateParts
 	if err == nil && state {
-		st := s.state()
-		out.State = &st
+		parts = s.stateParts()
 	}
 	s.mu.Unlock()
 	if err != nil {
 		return InTurn{}, err
+	}
+	if state {
+		st := parts.build()
+		out.State = &st
 	}
 	out.Samples, err = s.finish(b)
 	if err != nil {
