@@ -9,7 +9,6 @@ import "C"
 import (
 	"unsafe"
 
-	"github.com/pyfastensor/pyfastensor/gds"
 	"github.com/pyfastensor/pyfastensor/hooks"
 )
 
@@ -33,7 +32,7 @@ func pft_store_open(tier, dir *C.char, options *C.char, out *C.uint64_t, errOut 
 		cfg := hooks.Config{
 			Tier:    C.GoString(tier),
 			Workers: o.Workers,
-			Options: gds.Options{Threads: o.Threads, TaskSize: o.TaskSize},
+			Options: o.engine(),
 			Engine:  o.Engine,
 		}
 		if dir != nil {
