@@ -121,6 +121,7 @@ func TestLoadReportsDamage(t *testing.T) {
 	for _, whole := range []int{-1, 1} {
 		_, err := Load(bad, LoadOptions{whole: whole})
 		require.ErrorIs(t, err, ErrCorrupt)
+		assert.Contains(t, err.Error(), "central directory entry")
 		assert.Contains(t, err.Error(), bad)
 	}
 }

@@ -37,8 +37,10 @@ func TestOptionsDecode(t *testing.T) {
 	assert.Contains(t, err.Error(), "engnie")
 	_, err = decodeOptions(`{"threads": "four"}`)
 	require.ErrorIs(t, err, gds.ErrInvalid)
+	assert.Contains(t, err.Error(), "threads")
 	_, err = decodeOptions(`{} {}`)
 	require.ErrorIs(t, err, gds.ErrInvalid)
+	assert.Contains(t, err.Error(), "more than one JSON value")
 
 	_, err = ioOptions{Dict: 123456789}.read(nil)
 	require.ErrorIs(t, err, errBadHandle, "a dictionary handle that is not open")

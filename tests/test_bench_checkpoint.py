@@ -43,6 +43,8 @@ def test_tables_have_every_row_and_key(tmp_path):
     for small in bench.SMALL:
         assert (small, "durable save >= 1.5x torch") in whats
         assert (small, "warm load no slower than torch") in whats
+        for what in ("durable save", "cold load"):
+            assert ((small, f"{what} >= {bench.SMALL_TARGET:g}x torch") in whats) == (small in bench.SMALL_2X)
     for model in bench.MODELS:
         assert (model, "warm load, every CRC checked, within 10% of verify=False") in whats
         assert (model, "warm load >= 1.5x torch.load") in whats

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pyfastensor/pyfastensor/gds"
@@ -134,13 +135,16 @@ func TestLocalWorkerCalls(t *testing.T) {
 	tp := newTestPack(t, 32, 8, 100)
 	l := tp.open(t, 0, 1)
 	// The server's own check answers (a node of a cluster refuses any parts).
-	require.ErrorIs(t, l.RestoreParts(nil), loader.ErrState, "the server checks the parts")
+	err := l.RestoreParts(nil)
+	require.ErrorIs(t, err, loader.ErrState, "the server checks the parts")
+	assert.Contains(t, err.Error(), "no DataLoader worker's part")
 	res, err := l.GetBatchInTurn(loader.Turn{Worker: 0, Workers: 1}, []int{0, 1}, false, time.Second, nil)
 	require.NoError(t, err)
 	require.Len(t, res.Samples, 2)
 	l.Release(res.Samples)
 	_, err = l.GetBatchInTurn(loader.Turn{}, []int{2}, false, time.Second, nil)
 	require.ErrorIs(t, err, gds.ErrInvalid, "the server checks the turn")
+	assert.Contains(t, err.Error(), "worker 0 of 0")
 }
 
 // Listen serves one address; Close closes once and gives the budget back
@@ -227,6 +231,7 @@ func TestClusterNode(t *testing.T) {
 	again := tp.cluster(t, 2)
 	err = again[0].Restore(states[1])
 	require.ErrorIs(t, err, loader.ErrState)
+	assert.Contains(t, err.Error(), "a state of rank 1 of 2 for rank 0 of 2")
 	local, err := tp.open(t, 0, 1).State()
 	require.NoError(t, err)
 	require.ErrorIs(t, again[0].Restore(local), loader.ErrState, "a server's state has no rank and world")
