@@ -205,17 +205,24 @@ func TestReadOfAWholeArchiveCopiesFromItsMemory(t *testing.T) {
 		}
 		st, err := w.Read(reqs, ReadOptions{Progress: func(n int64) { moved.Add(n) }})
 		require.NoError(t, err)
-		assert.Equal(t, moved.Load(), st.DataBytes)
+		var total int64
+		for _, r := range reqs {
+			total += int64(len(r.Dst))
+		}
+		assert.Equal(t, total, st.DataBytes)
+		assert.Equal(t, total, moved.Load())
 		for _, r := range reqs {
 			x := w.Entries[r.Index]
 			assert.Equal(t, want[x.DataOff:x.DataOff+x.Size], r.Dst, x.Name)
 		}
-		_, err = w.Read([]ReadRequest{{Index: len(w.Entries) - 2, Dst: make([]byte, e.Size)}}, ReadOptions{NoVerify: !verify})
+		damaged := make([]byte, e.Size)
+		_, err = w.Read([]ReadRequest{{Index: len(w.Entries) - 2, Dst: damaged}}, ReadOptions{NoVerify: !verify})
 		if verify {
 			require.ErrorIs(t, err, ErrCorrupt)
 			assert.Contains(t, err.Error(), e.Name)
 		} else {
 			require.NoError(t, err)
+			assert.Equal(t, want[e.DataOff:e.DataOff+e.Size], damaged, "the flipped byte too: from memory")
 		}
 		require.NoError(t, w.Close())
 		_, err = w.Read(reqs, ReadOptions{})

@@ -73,7 +73,7 @@ func TestInTurnServesTheLoadersOrder(t *testing.T) {
 				require.Equal(t, uint64(b), res.Batch)
 				require.Equal(t, want[b], positions(res.Samples), "batch %d, budget %d", b, budget)
 				require.NotNil(t, res.State)
-				require.Equal(t, 7*b+len(batches[b]), res.State.Served)
+				require.Equal(t, batch*b+len(batches[b]), res.State.Served)
 			}
 		}
 	}

@@ -63,3 +63,29 @@ def sharing(obj: Any) -> list[int]:
     ts = tensors(obj)
     ptrs = [t.untyped_storage().data_ptr() for t in ts]
     return [ptrs.index(p) if p else i for i, p in enumerate(ptrs)]
+
+
+class Tiny(torch.nn.Module):
+    """A small model with a tied weight and a buffer: the usual checkpoint's shapes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(50, 16)
+        self.block = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 16))
+        self.norm = torch.nn.LayerNorm(16)
+        self.head = torch.nn.Linear(16, 50, bias=False)
+        self.head.weight = self.emb.weight  # tied
+        self.register_buffer("steps", torch.tensor(7))
+
+
+def training_state() -> dict:
+    """A model's and its Adam optimizer's state after two steps, with plain values beside them."""
+    torch.manual_seed(0)
+    model = Tiny()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    for _ in range(2):
+        x = torch.randint(0, 50, (4, 5))
+        model.head(model.norm(model.block(model.emb(x)))).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    return {"model": model.state_dict(), "optimizer": opt.state_dict(), "epoch": 3, "note": "hi"}

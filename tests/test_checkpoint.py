@@ -13,33 +13,9 @@ import zipfile
 
 import pytest
 import torch
-from checkpoint_helpers import assert_same, evict, sharing, tensors
+from checkpoint_helpers import Tiny, assert_same, evict, sharing, tensors, training_state
 
 import pyfastensor
-
-
-class Tiny(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.emb = torch.nn.Embedding(50, 16)
-        self.block = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 16))
-        self.norm = torch.nn.LayerNorm(16)
-        self.head = torch.nn.Linear(16, 50, bias=False)
-        self.head.weight = self.emb.weight  # tied
-        self.register_buffer("steps", torch.tensor(7))
-
-
-def training_state() -> dict:
-    torch.manual_seed(0)
-    model = Tiny()
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    for _ in range(2):
-        x = torch.randint(0, 50, (4, 5))
-        model.head(model.norm(model.block(model.emb(x)))).sum().backward()
-        opt.step()
-        opt.zero_grad()
-    return {"model": model.state_dict(), "optimizer": opt.state_dict(), "epoch": 3, "note": "hi"}
-
 
 DTYPES = [
     torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64, torch.complex128,

@@ -9,7 +9,7 @@ import zipfile
 
 import pytest
 import torch
-from test_checkpoint import training_state
+from checkpoint_helpers import training_state
 
 import pyfastensor
 from pyfastensor.checkpoint._encode import Unsupported
