@@ -33,7 +33,6 @@ class Entry(NamedTuple):
     offset: int
     size: int
     crc32: int
-    method: int
     memory: str = ""
 
 
@@ -242,7 +241,7 @@ class Archive(_lib.Handle):
         #: A name that opens the file parsed, while the archive is open (:func:`same_file`).
         self.source = same_file(desc.get("fd", -1), self.path)
         self.entries: list[Entry] = [
-            Entry(e["name"], e["offset"], e["size"], e["crc32"], e["method"], e.get("memory", ""))
+            Entry(e["name"], e["offset"], e["size"], e["crc32"], e.get("memory", ""))
             for e in desc["entries"] or []
         ]
         self.index: dict[str, int] = {e.name: i for i, e in enumerate(self.entries)}
