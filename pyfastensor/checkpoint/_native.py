@@ -232,8 +232,6 @@ class Archive(_lib.Handle):
 
     def _describe(self, desc: dict[str, Any]) -> None:
         self.size: int = desc["file_size"]
-        #: Whether the file was read whole into :attr:`arena`.
-        self.read_whole: bool = desc.get("read_whole", False)
         #: How :meth:`load` planned the load: ``{"whole", "request", "engine", "resident", "reason"}``.
         self.plan: dict[str, Any] = desc.get("plan") or {}
         #: The memory :meth:`load` read the file whole into, owned here: closed after the archive.
@@ -251,6 +249,11 @@ class Archive(_lib.Handle):
         #: archive, compressed records, not torch's layout), as the Go core found when parsing
         #: it; ``""``: read here.
         self.fallback: str = desc.get("fallback", "")
+
+    @property
+    def read_whole(self) -> bool:
+        """Whether the file was read whole into :attr:`arena`."""
+        return self.arena is not None
 
     def close(self) -> None:
         """Release the native archive, then the pages of :attr:`arena` no tensor took (idempotent)."""
