@@ -28,7 +28,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from . import _abi, errors
+from . import errors
 
 # Status codes: keep in step with gofastensor/abi.go.
 _STATUS: dict[int, type[Exception]] = {
@@ -126,6 +126,8 @@ def _prototypes(path: Path) -> dict[str, tuple[str, tuple[tuple[str, str], ...]]
         from . import _cheader
 
         return _cheader.parse(header.read_text())
+    from . import _abi
+
     return _abi.PROTOTYPES
 
 
