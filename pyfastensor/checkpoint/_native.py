@@ -41,6 +41,10 @@ def _arrays(addrs: Sequence[int], sizes: Sequence[int]) -> tuple[Any, Any]:
     return (ctypes.c_void_p * n)(*[a or None for a in addrs]), (ctypes.c_int64 * n)(*sizes)
 
 
+#: Name of the directory every record lives under, as torch names it for buffers.
+ARCHIVE = "archive"
+
+
 @dataclass
 class TorchArchive:
     """What torch.save puts in its zip, for :func:`write_archive`: the pickle, the byte
@@ -53,6 +57,19 @@ class TorchArchive:
     keys: list[str]
     addrs: Any  # ctypes array of c_void_p
     sizes: Any  # ctypes array of c_int64
+    #: The directory every record lives under.
+    prefix: str = ARCHIVE
+
+    def call_args(self) -> tuple[Any, ...]:
+        """The archive as the native writers take it: prefix, pickle and its length, byte order,
+        serialization id, the number of storages, their keys, addresses and lengths.
+
+        Raises:
+            ValueError: a key holds a newline.
+        """
+        return (self.prefix.encode(), self.pickle, len(self.pickle),
+                self.byteorder.encode() if self.byteorder is not None else None, self.serialization_id.encode(),
+                len(self.keys), joined_keys(self.keys), self.addrs, self.sizes)
 
 
 def joined_keys(keys: Sequence[str]) -> bytes:
@@ -68,19 +85,17 @@ def joined_keys(keys: Sequence[str]) -> bytes:
 
 
 def write_archive(
-    path: str, archive: TorchArchive, *, prefix: str, durable: bool, engine: str | None,
+    path: str, archive: TorchArchive, *, durable: bool, engine: str | None,
     counter: ctypes.c_int64 | None = None,
 ) -> dict[str, Any]:
-    """Write ``archive`` as torch.save's zip at ``path``, its records under ``prefix`` (see
-    checkpoint/torchzip.go); return stats.
+    """Write ``archive`` as torch.save's zip at ``path``, its records under ``archive.prefix``
+    (see checkpoint/torchzip.go); return stats.
 
     Raises:
         ValueError: a key holds a newline.
     """
     return _lib.call_json(
-        "pft_ckpt_save_torch", _lib.cstr(path), prefix.encode(), archive.pickle, len(archive.pickle),
-        archive.byteorder.encode() if archive.byteorder is not None else None, archive.serialization_id.encode(),
-        len(archive.keys), joined_keys(archive.keys), archive.addrs, archive.sizes, _lib.options(engine, durable=durable),
+        "pft_ckpt_save_torch", _lib.cstr(path), *archive.call_args(), _lib.options(engine, durable=durable),
         ctypes.byref(counter) if counter is not None else None)
 
 

@@ -30,7 +30,7 @@ import torch
 from .. import _device, config
 from ._skeleton import Skeleton
 from ._staged import StagedSave
-from .save import ARCHIVE, torch_archive, write_skeleton
+from .save import torch_archive, write_skeleton
 
 
 def _on_device(storage: torch.UntypedStorage) -> bool:
@@ -180,7 +180,7 @@ def _in_waves(b: _device.Backend, buf: torch.Tensor, device: list[tuple[str, tor
     archive, owners, _ = torch_archive(Skeleton(skel.data, every), staged=on_device)
     assert not owners
     index = {k: i for i, k in enumerate(archive.keys)}
-    snap.staged = StagedSave(snap.path, archive, [k in on_device for k in archive.keys], prefix=ARCHIVE,
+    snap.staged = StagedSave(snap.path, archive, [k in on_device for k in archive.keys],
                              durable=snap.durable, engine=snap.engine)
     sides = _side_streams(b, device)
     ring = _device.Ring(buf, config.PINNED_RING_SLOTS)
