@@ -47,9 +47,10 @@ ARCHIVE = "archive"
 
 @dataclass
 class TorchArchive:
-    """What torch.save puts in its zip, for :func:`write_archive`: the pickle, the byte
-    order record (None: none), the serialization id, and the storages' keys with the addresses
-    and lengths of their bytes. The Go core adds the other records and aligns the storages."""
+    """What torch.save puts in its zip, for :func:`write_archive` and staged saves: the pickle,
+    the byte order record (None: none), the serialization id, the storages' keys with the
+    addresses and lengths of their bytes, and the directory the records live under. The Go core
+    adds the other records and aligns the storages."""
 
     pickle: bytes
     byteorder: str | None
