@@ -28,7 +28,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from . import _abi, errors
+from . import errors
 
 # Status codes: keep in step with gofastensor/abi.go.
 _STATUS: dict[int, type[Exception]] = {
@@ -126,6 +126,8 @@ def _prototypes(path: Path) -> dict[str, tuple[str, tuple[tuple[str, str], ...]]
         from . import _cheader
 
         return _cheader.parse(header.read_text())
+    from . import _abi
+
     return _abi.PROTOTYPES
 
 
@@ -225,11 +227,10 @@ def call_json(name: str, *args: Any) -> Any:
     out = c_void_p()
     try:
         _invoke(cdll, name, (*args, ctypes.byref(out)))
-    except BaseException:
-        if out.value:  # a result made before the call failed
+        return None if not out.value else json.loads(ctypes.string_at(out.value).decode())
+    finally:
+        if out.value:  # the result, or one made before the call failed
             cdll.pft_free(out)
-        raise
-    return None if not out.value else json.loads(take_string(out))
 
 
 def options(engine: Any = None, **fields: Any) -> bytes:
@@ -259,14 +260,6 @@ def options(engine: Any = None, **fields: Any) -> bytes:
         doc["dict"] = int(live())
     doc.update((k, v) for k, v in fields.items() if v is not None)
     return json.dumps(doc).encode()
-
-
-def take_string(ptr: c_void_p) -> str:
-    """Copy and free a string the library allocated."""
-    try:
-        return ctypes.string_at(ptr.value).decode()
-    finally:
-        lib().pft_free(ptr)
 
 
 def handle_count() -> int:

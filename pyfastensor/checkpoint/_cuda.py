@@ -107,8 +107,8 @@ class _DeviceZip(PreloadedZip):
     carries the name from one to the other.
     """
 
-    def __init__(self, archive: Archive, prefix: str) -> None:
-        super().__init__(archive, prefix, storages=False)
+    def __init__(self, archive: Archive) -> None:
+        super().__init__(archive, storages=False)
         self.last = ""
 
     def get_storage_from_record(self, name: str, numel: int, _cls: Any) -> torch.Tensor:
@@ -167,8 +167,7 @@ def load(
     with Archive.load(path, parse_only=True) as archive:
         if archive.fallback:  # not a zip, TorchScript, compressed, or not torch's layout
             return to_torch(path)
-        prefix = archive.prefix
-        zf = _DeviceZip(archive, prefix)
+        zf = _DeviceZip(archive)
         zf.read_small(verify=verify)
         if not zf.native_order():
             return to_torch(path)
@@ -189,7 +188,7 @@ def load(
             if placer.device:
                 fill(archive, placer.device, verify=verify, backend=b, engine=engine, done=bar.add)
         except CorruptFileError as e:
-            paths = key_paths(archive, prefix, str(e))
+            paths = key_paths(archive, str(e))
             if not paths:
                 raise
             raise CorruptFileError(f"{e} (tensor {', '.join(paths[:5])}{' ...' if len(paths) > 5 else ''})") from None

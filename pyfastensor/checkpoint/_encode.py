@@ -81,7 +81,7 @@ class _Encoder:
         #: (storage type, location) -> the opcodes of a tensor's fixed parts, once all are memoized
         self.fixed: dict[tuple[int, int], tuple[bytes, bytes, bytes]] = {}
         self.dispatch: dict[type, Callable[[Any], None]] = {
-            str: self.str_, dict: self.dict_, int: self.int_, float: self.float_, list: self.list_,
+            str: self.str_, dict: self.dict_, list: self.list_,
             tuple: self.tuple_, torch.Tensor: self.tensor, _ORDERED_DICT: self.ordered_dict,
         }
 
@@ -130,9 +130,6 @@ class _Encoder:
 
     def int_(self, v: int) -> None:
         self.parts.append(_int(v))
-
-    def float_(self, v: float) -> None:
-        self.parts.append(b"G" + _PACK_D(v))
 
     def str_(self, s: str) -> None:
         b = s.encode("utf-8", "surrogatepass")

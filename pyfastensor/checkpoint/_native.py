@@ -33,7 +33,6 @@ class Entry(NamedTuple):
     offset: int
     size: int
     crc32: int
-    method: int
     memory: str = ""
 
 
@@ -42,11 +41,16 @@ def _arrays(addrs: Sequence[int], sizes: Sequence[int]) -> tuple[Any, Any]:
     return (ctypes.c_void_p * n)(*[a or None for a in addrs]), (ctypes.c_int64 * n)(*sizes)
 
 
+#: Name of the directory every record lives under, as torch names it for buffers.
+ARCHIVE = "archive"
+
+
 @dataclass
 class TorchArchive:
-    """What torch.save puts in its zip, for :func:`write_archive`: the pickle, the byte
-    order record (None: none), the serialization id, and the storages' keys with the addresses
-    and lengths of their bytes. The Go core adds the other records and aligns the storages."""
+    """What torch.save puts in its zip, for :func:`write_archive` and staged saves: the pickle,
+    the byte order record (None: none), the serialization id, the storages' keys with the
+    addresses and lengths of their bytes, and the directory the records live under. The Go core
+    adds the other records and aligns the storages."""
 
     pickle: bytes
     byteorder: str | None
@@ -54,6 +58,19 @@ class TorchArchive:
     keys: list[str]
     addrs: Any  # ctypes array of c_void_p
     sizes: Any  # ctypes array of c_int64
+    #: The directory every record lives under.
+    prefix: str = ARCHIVE
+
+    def call_args(self) -> tuple[Any, ...]:
+        """The archive as the native writers take it: prefix, pickle and its length, byte order,
+        serialization id, the number of storages, their keys, addresses and lengths.
+
+        Raises:
+            ValueError: a key holds a newline.
+        """
+        return (self.prefix.encode(), self.pickle, len(self.pickle),
+                self.byteorder.encode() if self.byteorder is not None else None, self.serialization_id.encode(),
+                len(self.keys), joined_keys(self.keys), self.addrs, self.sizes)
 
 
 def joined_keys(keys: Sequence[str]) -> bytes:
@@ -69,19 +86,17 @@ def joined_keys(keys: Sequence[str]) -> bytes:
 
 
 def write_archive(
-    path: str, archive: TorchArchive, *, prefix: str, durable: bool, engine: str | None,
+    path: str, archive: TorchArchive, *, durable: bool, engine: str | None,
     counter: ctypes.c_int64 | None = None,
 ) -> dict[str, Any]:
-    """Write ``archive`` as torch.save's zip at ``path``, its records under ``prefix`` (see
-    checkpoint/torchzip.go); return stats.
+    """Write ``archive`` as torch.save's zip at ``path``, its records under ``archive.prefix``
+    (see checkpoint/torchzip.go); return stats.
 
     Raises:
         ValueError: a key holds a newline.
     """
     return _lib.call_json(
-        "pft_ckpt_save_torch", _lib.cstr(path), prefix.encode(), archive.pickle, len(archive.pickle),
-        archive.byteorder.encode() if archive.byteorder is not None else None, archive.serialization_id.encode(),
-        len(archive.keys), joined_keys(archive.keys), archive.addrs, archive.sizes, _lib.options(engine, durable=durable),
+        "pft_ckpt_save_torch", _lib.cstr(path), *archive.call_args(), _lib.options(engine, durable=durable),
         ctypes.byref(counter) if counter is not None else None)
 
 
@@ -233,8 +248,6 @@ class Archive(_lib.Handle):
 
     def _describe(self, desc: dict[str, Any]) -> None:
         self.size: int = desc["file_size"]
-        #: Whether the file was read whole into :attr:`arena`.
-        self.read_whole: bool = desc.get("read_whole", False)
         #: How :meth:`load` planned the load: ``{"whole", "request", "engine", "resident", "reason"}``.
         self.plan: dict[str, Any] = desc.get("plan") or {}
         #: The memory :meth:`load` read the file whole into, owned here: closed after the archive.
@@ -242,7 +255,7 @@ class Archive(_lib.Handle):
         #: A name that opens the file parsed, while the archive is open (:func:`same_file`).
         self.source = same_file(desc.get("fd", -1), self.path)
         self.entries: list[Entry] = [
-            Entry(e["name"], e["offset"], e["size"], e["crc32"], e["method"], e.get("memory", ""))
+            Entry(e["name"], e["offset"], e["size"], e["crc32"], e.get("memory", ""))
             for e in desc["entries"] or []
         ]
         self.index: dict[str, int] = {e.name: i for i, e in enumerate(self.entries)}
@@ -252,6 +265,11 @@ class Archive(_lib.Handle):
         #: archive, compressed records, not torch's layout), as the Go core found when parsing
         #: it; ``""``: read here.
         self.fallback: str = desc.get("fallback", "")
+
+    @property
+    def read_whole(self) -> bool:
+        """Whether the file was read whole into :attr:`arena`."""
+        return self.arena is not None
 
     def close(self) -> None:
         """Release the native archive, then the pages of :attr:`arena` no tensor took (idempotent)."""

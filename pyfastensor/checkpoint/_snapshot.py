@@ -30,7 +30,7 @@ import torch
 from .. import _device, config
 from ._skeleton import Skeleton
 from ._staged import StagedSave
-from .save import ARCHIVE, torch_archive, write_skeleton
+from .save import torch_archive, write_skeleton
 
 
 def _on_device(storage: torch.UntypedStorage) -> bool:
@@ -51,7 +51,6 @@ class Snapshot:
         self.slab: _device.PinnedSlab | None = None  # held until release()
         self.staged: StagedSave | None = None  # the waves' save, once begun
         self.pending: deque[tuple[Any, torch.Tensor, int, int]] = deque()  # (event, slot part, storage, offset)
-        self.keep: list[Any] = []  # memory the staged save reads at commit
         #: Times the slab was filled: 0 (nothing on a device), 1 (it fitted), or more (waves).
         self.waves = 0
 
@@ -176,10 +175,12 @@ def _in_waves(b: _device.Backend, buf: torch.Tensor, device: list[tuple[str, tor
     all but the last wave (left in :attr:`Snapshot.pending` for :meth:`Snapshot.write`)."""
     on_device = {k for k, _ in device}
     every = {k: s if k in on_device else snap.skeleton.storages[k] for k, s in skel.storages.items()}
-    archive, keep, _ = torch_archive(Skeleton(skel.data, every), staged=on_device)
-    snap.keep = [*keep, *(s for k, s in every.items() if k not in on_device)]  # read at commit
+    # Every storage not staged is a CPU copy, which snap.skeleton holds until the commit reads it
+    # (torch_archive copies none: its owners list is empty); the staged save holds the pickle.
+    archive, owners, _ = torch_archive(Skeleton(skel.data, every), staged=on_device)
+    assert not owners
     index = {k: i for i, k in enumerate(archive.keys)}
-    snap.staged = StagedSave(snap.path, archive, [k in on_device for k in archive.keys], prefix=ARCHIVE,
+    snap.staged = StagedSave(snap.path, archive, [k in on_device for k in archive.keys],
                              durable=snap.durable, engine=snap.engine)
     sides = _side_streams(b, device)
     ring = _device.Ring(buf, config.PINNED_RING_SLOTS)

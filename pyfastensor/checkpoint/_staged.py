@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .. import _lib
-from ._native import TorchArchive, joined_keys
+from ._native import TorchArchive
 
 
 class StagedSave(_lib.Handle):
@@ -33,14 +33,13 @@ class StagedSave(_lib.Handle):
         archive: the archive (:func:`~pyfastensor.checkpoint.save.torch_archive`).
         staged: per storage of ``archive.keys``, whether :meth:`write` brings its bytes, in parts
             (its address is ignored); the others are written from their memory at commit.
-        prefix: the directory every record lives under.
         durable: fsync the file and its directory at commit. Default ``True``.
         engine: one I/O engine for every record; default: chosen by size.
     """
 
     _close_fn = "pft_ckpt_stage_abort"
 
-    def __init__(self, path: str, archive: TorchArchive, staged: Sequence[bool], *, prefix: str,
+    def __init__(self, path: str, archive: TorchArchive, staged: Sequence[bool], *,
                  durable: bool = True, engine: str | None = None) -> None:
         super().__init__()
         self.path = path
@@ -50,9 +49,7 @@ class StagedSave(_lib.Handle):
         self._archive = archive  # the core reads the pickle and the storages' addresses at commit
         handle = _lib.u64()
         _lib.call(
-            "pft_ckpt_stage_begin", _lib.cstr(path), prefix.encode(), archive.pickle, len(archive.pickle),
-            archive.byteorder.encode() if archive.byteorder is not None else None,
-            archive.serialization_id.encode(), n, joined_keys(archive.keys), archive.addrs, archive.sizes,
+            "pft_ckpt_stage_begin", _lib.cstr(path), *archive.call_args(),
             (ctypes.c_int * n)(*[int(st) for st in staged]), _lib.options(engine, durable=durable),
             ctypes.byref(handle),
         )

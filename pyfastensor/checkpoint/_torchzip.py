@@ -30,13 +30,13 @@ _DEVICE_NAMES = tuple(d.encode() for d in (
 
 
 class PreloadedZip:
-    """Records of ``archive`` under ``prefix``, in the shape of ``torch._C.PyTorchFileReader``."""
+    """Records of ``archive`` under its prefix, in the shape of ``torch._C.PyTorchFileReader``;
+    taken from its arena when the file was read whole into one."""
 
-    def __init__(self, archive: Archive, prefix: str, *, storages: bool = True,
-                 arena: PageArena | None = None) -> None:
+    def __init__(self, archive: Archive, *, storages: bool = True) -> None:
         self.archive = archive
-        self.prefix = prefix
-        self.arena = arena
+        self.prefix = prefix = archive.prefix
+        self.arena = arena = archive.arena
         data = prefix + "data/"
         self._small: dict[str, Any] = {}  # name -> ctypes buffer, then bytes
         self._tensors: dict[str, torch.Tensor] = {}
@@ -181,8 +181,9 @@ class PreloadedZip:
 class _MetaZip(PreloadedZip):
     """Like PreloadedZip, with storages on the meta device: the skeleton without the data."""
 
-    def __init__(self, archive: Archive, prefix: str) -> None:
-        self.archive, self.prefix = archive, prefix
+    def __init__(self, archive: Archive) -> None:
+        self.archive = archive
+        self.prefix = prefix = archive.prefix
         self._small = {prefix + n: archive.read_bytes(prefix + n)
                        for n in ("data.pkl", "byteorder", ".format_version", ".storage_alignment")
                        if prefix + n in archive.index}
@@ -193,13 +194,14 @@ class _MetaZip(PreloadedZip):
         return t
 
 
-def key_paths(archive: Archive, prefix: str, message: str) -> list[str]:
+def key_paths(archive: Archive, message: str) -> list[str]:
     """Key paths (``['model']['w']``) of the tensors whose storage is the record ``message`` names."""
+    prefix = archive.prefix
     m = re.search(r'record "([^"]+)"', message)
     if not m or not m.group(1).startswith(prefix + "data/"):
         return []
     name = m.group(1)[len(prefix):]
-    zf = _MetaZip(archive, prefix)
+    zf = _MetaZip(archive)
     obj = torch.serialization._load(zf, "cpu", torch.serialization._weights_only_unpickler,
                                     weights_only=True, encoding="utf-8")
     target = zf.storages.get(name)

@@ -235,8 +235,7 @@ def _load_archive(
     with opened as archive:  # closed, then its arena's pages no tensor took, when the load is over
         if archive.fallback:  # not a zip, TorchScript, compressed, or not torch's layout
             return to_torch(path)
-        prefix = archive.prefix
-        zf = PreloadedZip(archive, prefix, storages=not mmap, arena=archive.arena)
+        zf = PreloadedZip(archive, storages=not mmap)
         overall = None
         pending = None
         try:
@@ -258,7 +257,7 @@ def _load_archive(
         except CorruptFileError as e:
             if pending is not None:  # the archive closes with the error: let its read finish first
                 pending.settle()
-            raise CorruptFileError(_with_keys(str(e), archive, prefix)) from None
+            raise CorruptFileError(_with_keys(str(e), archive)) from None
         # Unpickle while the storages are read, when nothing in unpickling
         # looks at their bytes: CPU storages, in our byte order, to the CPU.
         # Otherwise (a device to move them to, a byte swap) wait first.
@@ -276,18 +275,18 @@ def _load_archive(
                     obj = _NOT_LOADED
             if obj is _NOT_LOADED:
                 if not (to_cpu and zf.cpu_only()):
-                    _wait(pending, archive, prefix)
+                    _wait(pending, archive)
                 obj = unpickle(zf, map_location, module, overall_storage=overall,
                                weights_only=weights_only, **pickle_load_args)
         except pickle.UnpicklingError as e:
-            _wait(pending, archive, prefix)  # a damaged record explains more than the pickle
+            _wait(pending, archive)  # a damaged record explains more than the pickle
             if not weights_only:
                 raise
             raise refused(path, e) from None
         except BaseException:
-            _wait(pending, archive, prefix)
+            _wait(pending, archive)
             raise
-        _wait(pending, archive, prefix)
+        _wait(pending, archive)
         return obj
 
 
@@ -319,18 +318,18 @@ def _to_cpu(map_location: MapLocation) -> bool:
         return False
 
 
-def _wait(pending: _progress.Pending[None], archive: Archive, prefix: str) -> None:
+def _wait(pending: _progress.Pending[None], archive: Archive) -> None:
     """Wait for the storages' read; a corrupt record's error gains the tensors' key paths."""
     try:
         pending.wait()
     except CorruptFileError as e:
-        raise CorruptFileError(_with_keys(str(e), archive, prefix)) from None
+        raise CorruptFileError(_with_keys(str(e), archive)) from None
 
 
-def _with_keys(message: str, archive: Archive, prefix: str) -> str:
+def _with_keys(message: str, archive: Archive) -> str:
     """Add the key paths of the tensors stored in the record a message names, if found."""
     try:
-        paths = key_paths(archive, prefix, message)
+        paths = key_paths(archive, message)
     except Exception as e:  # best effort: the message stands without them
         warnings.warn(f"could not map the corrupt record to tensor keys: {e}", stacklevel=3)
         return message

@@ -21,9 +21,6 @@ from . import _progress
 from ._native import TorchArchive, write_archive
 from ._skeleton import Skeleton, pickle_skeleton
 
-#: Name of the directory every record lives under, as torch names it for buffers.
-ARCHIVE = "archive"
-
 FileLike = str | os.PathLike[str] | IO[bytes]
 
 
@@ -131,7 +128,7 @@ def write_skeleton(
     the Go core lays out torch's records around them (checkpoint/torchzip.go)."""
     archive, keep, total = torch_archive(skel, disable_byteorder=disable_byteorder)
     _progress.run(
-        lambda counter: write_archive(path, archive, prefix=ARCHIVE, durable=durable, engine=engine,
+        lambda counter: write_archive(path, archive, durable=durable, engine=engine,
                                       counter=counter),
         total, f"save {os.path.basename(path)}", progress,
     )
