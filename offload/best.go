@@ -169,7 +169,11 @@ func bestPlan(t *Trace, hw Hardware) (MigrationPlan, Result, error) {
 	}{r: Result{TimeNs: math.MaxInt64}}
 	ideal := func() bool { return best.r.TimeNs <= in.a.TotalNs }
 	rows := len(devs) // cells of the host row above not ruled out
-	needs := make([][]int64, len(devs))
+	per := len(links) * len(planVariants)
+	needs := make([]int64, len(devs)*per) // bestOfCell's need, by device size
+	for n := range needs {
+		needs[n] = -1
+	}
 	for _, h := range hosts {
 		i := 0
 		for ; i < rows && !ideal(); i++ {
@@ -183,13 +187,7 @@ func bestPlan(t *Trace, hw Hardware) (MigrationPlan, Result, error) {
 					break // nor can any cell with less device memory
 				}
 			}
-			if needs[i] == nil {
-				needs[i] = make([]int64, len(links)*len(planVariants))
-				for n := range needs[i] {
-					needs[i][n] = -1
-				}
-			}
-			if p, r, ok := bestOfCell(in, hw, cell, links, needs[i]); ok && r.TimeNs < best.r.TimeNs {
+			if p, r, ok := bestOfCell(in, hw, cell, links, needs[i*per:(i+1)*per]); ok && r.TimeNs < best.r.TimeNs {
 				best.p, best.r = p, r
 			}
 		}
@@ -247,11 +245,10 @@ func bestOfCell(in *planInput, hw, cell Hardware, links []Hardware, need []int64
 			}
 			host := g.HostBytes
 			p.HostCapacity = &host
-			j := &jobs[n]
-			var rn int64
-			j.p = p
-			j.r, rn = simulateNeed(in.a, in.t, hw, &p)
+			r, rn := simulateNeed(in.a, in.t, hw, &p)
 			need[n] = max(hn, rn)
+			j := &jobs[n]
+			j.p, j.r = p, r
 			j.ok = j.r.Feasible
 			if j.ok && j.r.TimeNs <= in.a.TotalNs {
 				for at := idealAt.Load(); int64(n) < at && !idealAt.CompareAndSwap(at, int64(n)); at = idealAt.Load() {
