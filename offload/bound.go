@@ -41,6 +41,69 @@ func BoundNs(t *Trace, hw Hardware) int64 {
 // (the links' bound alone: every byte off the device could be in host
 // memory).
 func boundNs(a *Analysis, t *Trace, hw Hardware, host bool) int64 {
+	return newBoundInput(a, t).ns(hw, host)
+}
+
+// boundInput is what the bound needs of a trace whatever the hardware:
+// for ops x < b, the bytes alive during op x whose next use at or after x
+// is in x..b (usedA[x][b-x]), and the bytes alive during op b whose last
+// use at or before b is in x..b (usedB[b][b-x]). Made once, it gives the
+// bound on many hardware in time quadratic in the ops, without the
+// tensors' lists.
+type boundInput struct {
+	a            *Analysis
+	t            *Trace
+	usedA, usedB [][]int64
+}
+
+func newBoundInput(a *Analysis, t *Trace) *boundInput {
+	n := len(t.Ops)
+	bi := &boundInput{a: a, t: t, usedA: make([][]int64, n), usedB: make([][]int64, n)}
+	// alive[k]: the tensors alive during op k (indexes into a.Tensors).
+	alive := make([][]int, n)
+	for i := range a.Tensors {
+		v := &a.Tensors[i]
+		for k := v.Birth; k >= 0 && k <= v.Death; k++ {
+			alive[k] = append(alive[k], i)
+		}
+	}
+	cnt := make([]int64, n)
+	for b := 0; b < n; b++ {
+		clear(cnt)
+		for _, i := range alive[b] {
+			if lu := lastUseAtOrBefore(a.Tensors[i].Uses, b); lu >= 0 {
+				cnt[lu] += a.Tensors[i].Bytes
+			}
+		}
+		row := make([]int64, b+1)
+		var s int64
+		for k := b; k >= 0; k-- {
+			s += cnt[k]
+			row[b-k] = s
+		}
+		bi.usedB[b] = row
+	}
+	for x := 0; x < n; x++ {
+		clear(cnt)
+		for _, i := range alive[x] {
+			if nu := nextUseAtOrAfter(a.Tensors[i].Uses, x); nu >= 0 {
+				cnt[nu] += a.Tensors[i].Bytes
+			}
+		}
+		row := make([]int64, n-x)
+		var s int64
+		for b := x; b < n; b++ {
+			s += cnt[b]
+			row[b-x] = s
+		}
+		bi.usedA[x] = row
+	}
+	return bi
+}
+
+// ns is the bound on hw (boundNs).
+func (bi *boundInput) ns(hw Hardware, host bool) int64 {
+	a, t := bi.a, bi.t
 	n := len(t.Ops)
 	if n == 0 {
 		return 0
@@ -60,56 +123,20 @@ func boundNs(a *Analysis, t *Trace, hw Hardware, host bool) int64 {
 		readBps += hw.HostLinkBps
 		writeBps += hw.HostLinkBps
 	}
-	// alive[k]: the tensors alive during op k (indexes into a.Tensors).
-	alive := make([][]int, n)
-	for i := range a.Tensors {
-		v := &a.Tensors[i]
-		for k := v.Birth; k >= 0 && k <= v.Death; k++ {
-			alive[k] = append(alive[k], i)
-		}
-	}
-	// usedB[b][b-a]: bytes alive during op b whose last use at or before b
-	// is in a..b.
-	usedB := make([][]int64, n)
-	cnt := make([]int64, n)
-	for b := 0; b < n; b++ {
-		clear(cnt)
-		for _, i := range alive[b] {
-			if lu := lastUseAtOrBefore(a.Tensors[i].Uses, b); lu >= 0 {
-				cnt[lu] += a.Tensors[i].Bytes
-			}
-		}
-		row := make([]int64, b+1)
-		var s int64
-		for k := b; k >= 0; k-- {
-			s += cnt[k]
-			row[b-k] = s
-		}
-		usedB[b] = row
-	}
 	starts := a.OpStartNs
 	// best[b]: the bound on S_b.
 	best := make([]float64, n)
 	for x := 0; x < n; x++ {
-		// usedA: bytes alive during op x whose next use at or after x is
-		// in x..b, summed as b grows.
-		clear(cnt)
-		for _, i := range alive[x] {
-			if nu := nextUseAtOrAfter(a.Tensors[i].Uses, x); nu >= 0 {
-				cnt[nu] += a.Tensors[i].Bytes
-			}
-		}
-		usedA := cnt[x]
+		usedA := bi.usedA[x]
 		for b := x + 1; b < n; b++ {
-			usedA += cnt[b]
 			lb := float64(starts[b] - starts[x])
-			if r := usedA - capB; r > 0 {
+			if r := usedA[b-x] - capB; r > 0 {
 				lb = max(lb, float64(r)/readBps*1e9)
 				if r -= hostB; r > 0 {
 					lb = max(lb, float64(r)/hw.SSDReadBps*1e9)
 				}
 			}
-			if w := usedB[b][b-x] - capB; w > 0 {
+			if w := bi.usedB[b][b-x] - capB; w > 0 {
 				lb = max(lb, float64(w)/writeBps*1e9)
 				if w -= hostB; w > 0 {
 					lb = max(lb, float64(w)/hw.SSDWriteBps*1e9)

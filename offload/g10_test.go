@@ -286,15 +286,12 @@ func TestPlanNeverExceedsCapacity(t *testing.T) {
 	}
 }
 
-// More device memory over a sweep of capacities: the greedy planner alone
-// was up to 2.83% slower a step up, 3 times in 160 steps; MakePlan, which
-// keeps the fastest of its candidates (the plans for less memory among
-// them), is not here, but can be (the plan that wins a step below may be
-// for hardware off the ladder of the step above). This logs each
-// regression.
-func TestMoreMemoryRarelySlower(t *testing.T) {
+// More device memory over a sweep of capacities, 20 traces of 9 steps:
+// never slower a step up (the greedy planner alone was up to 2.83% slower,
+// 3 times in 160 steps; the best of a grid of candidates that only grows
+// with the capacity is not).
+func TestMoreMemoryNeverSlower(t *testing.T) {
 	r := rand.New(rand.NewSource(3))
-	slower, worst := 0, 0.0
 	for i := 0; i < 20; i++ {
 		tr := layered(r, 4+r.Intn(8), 4<<20, 1<<20)
 		a := Analyze(tr)
@@ -307,84 +304,65 @@ func TestMoreMemoryRarelySlower(t *testing.T) {
 			res, err := SimulatePolicy(tr, hw, PolicyG10)
 			require.NoError(t, err)
 			require.True(t, res.Feasible, res.Error)
-			if prev >= 0 && res.TimeNs > prev {
-				d := float64(res.TimeNs-prev) / float64(prev)
-				slower, worst = slower+1, max(worst, d)
-				t.Logf("trace %d: capacity %d: %.2f%% slower than the capacity below", i, capB, 100*d)
+			if prev >= 0 {
+				assert.LessOrEqual(t, res.TimeNs, prev, "trace %d: capacity %d slower than the capacity below", i, capB)
 			}
 			prev = res.TimeNs
 		}
 		assert.Equal(t, sumOps(tr), prev) // everything fits at the top
 	}
-	assert.LessOrEqual(t, slower, 1)
-	assert.Less(t, worst, 0.01)
 }
 
-// A plan runs within the capacity it was made for: on more memory it takes
-// the same time. So MakePlan's result is never slower than a plan for any
-// of its ladder's hardware replayed on hw: for less device memory exactly,
-// for less host memory and slower links as Simulate replays them on hw.
-func TestNeverSlowerThanTheLadder(t *testing.T) {
+// MakePlan's result is never slower than any plan for a point of its grid
+// (PlanGrid), each replayed on hw within the memory it was made for: the
+// cells it did not plan are ruled out by the bound, which no plan beats.
+func TestNeverSlowerThanAnyPlanOfTheGrid(t *testing.T) {
 	r := rand.New(rand.NewSource(8))
-	for i := 0; i < 30; i++ {
+	for i := 0; i < 12; i++ {
 		tr, hw, _ := randomProblem(r)
 		got, err := SimulatePolicy(tr, hw, PolicyG10)
 		require.NoError(t, err)
-		ladder := PlanLadder(tr, hw)
-		require.Equal(t, hw, ladder[0])
-		for _, h := range ladder {
-			assert.LessOrEqual(t, h.DeviceBytes, hw.DeviceBytes)
-			assert.LessOrEqual(t, h.HostBytes, hw.HostBytes)
-			assert.LessOrEqual(t, h.HostLinkBps, hw.HostLinkBps)
-			for _, v := range planVariants {
-				p, err := newPlanInput(tr).plan(h, v)
-				require.NoError(t, err)
-				on := Simulate(tr, hw, &p)
-				assert.LessOrEqual(t, got.TimeNs, on.TimeNs, "trace %d: slower than the plan for %+v", i, h)
-				if h.HostBytes == hw.HostBytes && h.HostLinkBps == hw.HostLinkBps {
-					assert.Equal(t, Simulate(tr, h, &p).TimeNs, on.TimeNs, "trace %d: a plan for less memory, on more", i)
+		devs, hosts, links := PlanGrid(tr, hw)
+		require.NotEmpty(t, devs)
+		require.NotEmpty(t, links)
+		require.Equal(t, int64(0), hosts[len(hosts)-1])
+		in := newPlanInput(tr)
+		for _, d := range devs {
+			assert.LessOrEqual(t, d, hw.DeviceBytes)
+			for _, h := range hosts {
+				assert.LessOrEqual(t, h, hw.HostBytes)
+				for _, l := range links {
+					g := hw
+					g.DeviceBytes, g.HostBytes = d, h
+					g.SSDReadBps, g.SSDWriteBps, g.HostLinkBps = l.SSDReadBps, l.SSDWriteBps, l.HostLinkBps
+					for _, v := range planVariants {
+						p, err := in.plan(g, v)
+						require.NoError(t, err)
+						p.HostCapacity = &h
+						on := Simulate(tr, hw, &p)
+						assert.LessOrEqual(t, got.TimeNs, on.TimeNs, "trace %d: slower than the plan for %+v", i, g)
+					}
 				}
 			}
 		}
 	}
 }
 
-// Random pairs of hardware, one with more device memory, host memory or
-// faster links than the other. The candidates make regressions rare and
-// small, not impossible: the plan for the lesser hardware itself (or for
-// a step of its ladder) is not among the candidates for the greater, and
-// it can be faster there than any of them. This logs each.
-func TestMoreResourcesRarelySlower(t *testing.T) {
+// Random pairs of hardware, one with more device memory, more host memory,
+// faster links, a faster SSD or a faster host link than the other: the
+// plan for more is never slower (zero tolerance; it was in 5 of 3,000
+// pairs while the candidates were a ladder below each hardware).
+func TestMoreResourcesNeverSlower(t *testing.T) {
 	r := rand.New(rand.NewSource(11))
-	slower, worst := 0, 0.0
-	const n = 300
-	for i := 0; i < n; i++ {
+	for i := 0; i < 300; i++ {
 		tr, hw, hi := randomProblem(r)
-		more := hw
-		switch r.Intn(3) {
-		case 0:
-			more.DeviceBytes += r.Int63n(hi - hw.DeviceBytes + 1)
-		case 1:
-			more.HostBytes += r.Int63n(hi)
-		case 2:
-			f := 1 + r.Float64()
-			more.SSDReadBps *= f
-			more.SSDWriteBps *= f
-			more.HostLinkBps *= f
-		}
+		h := more(r, hw, r.Intn(5), hi)
 		base, err := SimulatePolicy(tr, hw, PolicyG10)
 		require.NoError(t, err)
-		got, err := SimulatePolicy(tr, more, PolicyG10)
+		got, err := SimulatePolicy(tr, h, PolicyG10)
 		require.NoError(t, err)
-		if got.TimeNs > base.TimeNs {
-			d := float64(got.TimeNs-base.TimeNs) / float64(base.TimeNs)
-			slower, worst = slower+1, max(worst, d)
-			t.Logf("trace %d: %.3f%% slower on %+v than on %+v", i, 100*d, more, hw)
-		}
+		assert.LessOrEqual(t, got.TimeNs, base.TimeNs, "trace %d: slower on %+v than on %+v", i, h, hw)
 	}
-	t.Logf("%d of %d pairs slower with more, worst by %.3f%%", slower, n, 100*worst)
-	assert.LessOrEqual(t, slower, n/100)
-	assert.Less(t, worst, 0.02)
 }
 
 func TestSlowSSDSendsTrafficToHost(t *testing.T) {
@@ -448,7 +426,10 @@ func TestSaturatedSSDSharesWithHost(t *testing.T) {
 // host memory holds the tensor, the planner sends it over the faster link,
 // here the host's (it had widened SSD periods to waiting ones and kept
 // them on the SSD: ResNet at batch 256 and 400% ran at 0.244 of ideal, below
-// on-demand's 0.334; 0.429 after).
+// on-demand's 0.334; 0.429 after). The planner itself with the SSD first
+// (G10's order; the other variant sends every waiting migration to the
+// host link), for the hardware given: MakePlan plans on its grid, whose
+// links keep the artifact's proportions.
 func TestWaitingMigrationsTakeTheFasterLink(t *testing.T) {
 	r := rand.New(rand.NewSource(5))
 	waiting := 0
@@ -466,12 +447,16 @@ func TestWaitingMigrationsTakeTheFasterLink(t *testing.T) {
 			hw   Hardware
 			tier string
 		}{{hw, TierHost}, {slowHost, TierSSD}} {
-			p, err := MakePlan(tr, c.hw)
-			require.NoError(t, err)
-			for _, m := range p.Migrations {
-				if m.Sync {
+			in := newPlanInput(tr)
+			for _, v := range []planVariant{{TierSSD, false}, {TierSSD, true}} {
+				p, err := in.plan(c.hw, v)
+				require.NoError(t, err)
+				for _, m := range p.Migrations {
+					if !m.Sync {
+						continue
+					}
 					waiting++
-					assert.Equal(t, c.tier, m.Tier, "trace %d, tensor %d, host link %g B/s", i, m.Tensor, c.hw.HostLinkBps)
+					assert.Equal(t, c.tier, m.Tier, "trace %d, tensor %d, host link %g B/s, variant %+v", i, m.Tensor, c.hw.HostLinkBps, v)
 				}
 			}
 		}

@@ -32,12 +32,15 @@ func more(r *rand.Rand, hw Hardware, kind int, hi int64) Hardware {
 	return hw
 }
 
-// A fixed plan replayed with more device memory takes the same time (it
-// runs within the capacity it was made for), and with more host memory, a
-// faster SSD, a faster host link or both it is never slower: zero
-// tolerance, over 1,600 replays of random traces and hardware. (With each
-// link's bandwidth shared equally among its transfers, 6 of these were
-// slower: a transfer that started earlier slowed a more urgent one.)
+// A fixed plan replayed with more device or host memory takes the same
+// time (it runs within the memory it was made for), and with a faster SSD,
+// a faster host link or both it is not slower: zero tolerance, over 1,600
+// replays of random traces and hardware. The replay is a greedy event
+// order, so this is measured, not proven: over 40,000 replays of other
+// seeds 8 were slower, all with a faster host link (up to 4.1%). (With
+// each link's bandwidth shared equally among its transfers, 6 of these
+// 1,600 were slower; with planned prefetches starting while an op took its
+// memory, 1 was, and 13 of the 40,000.)
 func TestFixedPlanOnMoreResources(t *testing.T) {
 	r := rand.New(rand.NewSource(21))
 	for i := 0; i < 400; i++ {
@@ -50,8 +53,8 @@ func TestFixedPlanOnMoreResources(t *testing.T) {
 			h := more(r, hw, kind, hi)
 			got := Simulate(tr, h, &p)
 			require.True(t, got.Feasible, got.Error)
-			if kind == 0 {
-				assert.Equal(t, base.TimeNs, got.TimeNs, "trace %d: the plan on more device memory %+v", i, h)
+			if kind <= 1 {
+				assert.Equal(t, base.TimeNs, got.TimeNs, "trace %d: the plan on more memory %+v", i, h)
 				continue
 			}
 			assert.LessOrEqual(t, got.TimeNs, base.TimeNs, "trace %d: the plan for %+v on %+v", i, hw, h)
@@ -60,9 +63,9 @@ func TestFixedPlanOnMoreResources(t *testing.T) {
 }
 
 // On G10's 25 traces the plan MakePlan makes for the artifact's hardware
-// is not slower with 8 GiB more device memory (the same time), twice the
-// host memory, links 1.25 times faster, an SSD or a host link twice as
-// fast: zero tolerance. And BoundNs is below g10, on_demand and
+// takes the same time with 8 GiB more device memory or twice the host
+// memory, and is not slower with links 1.25 times faster, an SSD or a host
+// link twice as fast: zero tolerance. And BoundNs is below g10, on_demand and
 // flashneuron on each. Skipped where the repository's copy of the traces
 // is absent, and with -short (it plans all 25: tens of seconds on two
 // cores).
@@ -97,7 +100,7 @@ func TestFixedPlanOnMoreResourcesOnG10Traces(t *testing.T) {
 			func() Hardware { h := hw; h.HostLinkBps *= 2; return h }(),
 		} {
 			got := Simulate(tr, h, &p)
-			if kind == 0 {
+			if kind <= 1 {
 				assert.Equal(t, base.TimeNs, got.TimeNs, name)
 				continue
 			}

@@ -35,10 +35,13 @@ type Migration struct {
 
 // MigrationPlan is G10's migration plan for one iteration.
 type MigrationPlan struct {
-	Migrations  []Migration `json:"migrations"`
-	Capacity    int64       `json:"capacity"`     // device bytes
-	DemandBytes int64       `json:"demand_bytes"` // peak with nothing migrated
-	PeakBytes   int64       `json:"peak_bytes"`   // planned peak, at most Capacity
+	Migrations []Migration `json:"migrations"`
+	Capacity   int64       `json:"capacity"` // device bytes
+	// HostCapacity is the host memory the plan runs within (nil: the
+	// hardware's). MakePlan sets it to the host memory it planned for.
+	HostCapacity *int64 `json:"host_capacity,omitempty"`
+	DemandBytes  int64  `json:"demand_bytes"` // peak with nothing migrated
+	PeakBytes    int64  `json:"peak_bytes"`   // planned peak, at most Capacity
 }
 
 // String prints the plan as a table.
@@ -214,6 +217,13 @@ func newPlanInput(t *Trace) *planInput {
 
 // plan is makePlan over a valid trace and hardware.
 func (in *planInput) plan(hw Hardware, v planVariant) (MigrationPlan, error) {
+	p, _, err := in.planNeed(hw, v)
+	return p, err
+}
+
+// planNeed is plan, with the least host memory the same plan is made for
+// (hw with any host memory from it to hw.HostBytes gives this plan).
+func (in *planInput) planNeed(hw Hardware, v planVariant) (MigrationPlan, int64, error) {
 	t, a, cands := in.t, in.a, in.cands
 	first := v.first // the tier whose timings rank the periods
 	if v.first == tierEither {
@@ -223,7 +233,7 @@ func (in *planInput) plan(hw Hardware, v planVariant) (MigrationPlan, error) {
 	plan := MigrationPlan{Capacity: capB}
 	for k, b := range a.OpBytes {
 		if b > capB {
-			return plan, fmt.Errorf("%w: op %d (%q) alone needs %d bytes, more than the device capacity of %d bytes",
+			return plan, 0, fmt.Errorf("%w: op %d (%q) alone needs %d bytes, more than the device capacity of %d bytes",
 				ErrInfeasible, k, t.Ops[k].Name, b, capB)
 		}
 	}
@@ -233,7 +243,7 @@ func (in *planInput) plan(hw Hardware, v planVariant) (MigrationPlan, error) {
 	}
 	if plan.DemandBytes <= capB {
 		plan.PeakBytes = plan.DemandBytes
-		return plan, nil
+		return plan, 0, nil
 	}
 	// overW[k]: the sum of (time + 1) over ops before k above capacity
 	// with nothing migrated, for bounds on the benefits below.
@@ -290,17 +300,26 @@ func (in *planInput) plan(hw Hardware, v planVariant) (MigrationPlan, error) {
 			hostUse[k] += c.p.Bytes
 		}
 	}
+	// hostNeed: the most host memory a check of fitsHost that passed
+	// asked for. With any host memory from hostNeed to hw's, every check
+	// comes out the same (one that failed fails with less too), and so
+	// does the plan.
+	var hostNeed int64
 	// fitsHost: host memory holds c's tensor over its period beside what
 	// is planned there already.
 	fitsHost := func(c *candidate) bool {
 		if c.p.After < 0 {
 			return false
 		}
+		var need int64
 		for _, k := range c.p.Ops {
-			if hostUse[k]+c.p.Bytes > hw.HostBytes {
+			u := hostUse[k] + c.p.Bytes
+			if u > hw.HostBytes {
 				return false
 			}
+			need = max(need, u)
 		}
+		hostNeed = max(hostNeed, need)
 		return true
 	}
 	var lk links
@@ -448,7 +467,7 @@ func (in *planInput) plan(hw Hardware, v planVariant) (MigrationPlan, error) {
 	if over() {
 		// Unreachable when every op fits: evicting every period frees all
 		// but each op's own tensors. Kept as a guard.
-		return plan, fmt.Errorf("%w: no plan keeps the peak within the device capacity of %d bytes", ErrInfeasible, capB)
+		return plan, hostNeed, fmt.Errorf("%w: no plan keeps the peak within the device capacity of %d bytes", ErrInfeasible, capB)
 	}
 	// Eager prefetch: in order of latest safe prefetch time, move each
 	// prefetch as early as memory allows; one that reaches the end of its
@@ -475,7 +494,7 @@ func (in *planInput) plan(hw Hardware, v planVariant) (MigrationPlan, error) {
 		plan.PeakBytes = max(plan.PeakBytes, b)
 	}
 	sort.SliceStable(plan.Migrations, func(i, j int) bool { return plan.Migrations[i].EvictAfter < plan.Migrations[j].EvictAfter })
-	return plan, nil
+	return plan, hostNeed, nil
 }
 
 // FlashNeuronPlan maps FlashNeuron's linear selection (Schedule, phase 1:

@@ -117,10 +117,12 @@ type sim struct {
 	now      float64
 	used     int64
 	hostUsed int64
+	hostNeed int64 // the most host memory a tensor placed there needed (see simulateNeed)
 	peak     int64
 	xs       []*xfer
 	queue    []int
 	urgent   map[int]bool // the tensors the running op waits for
+	placing  bool         // the op about to run is taking its memory: no planned prefetch starts
 	a        *Analysis
 	n, k     int // ops in the trace, the op under way
 	r        *Result
@@ -233,6 +235,7 @@ func (s *sim) evict(i int, tier string) {
 	x := &xfer{t: i, rem: float64(t.bytes), evict: true}
 	if tier == TierHost {
 		s.hostUsed += t.bytes
+		s.hostNeed = max(s.hostNeed, s.hostUsed)
 		x.link = linkHostWrite
 		s.r.HostWriteBytes += t.bytes
 	} else {
@@ -264,8 +267,14 @@ func (s *sim) fetch(i int) {
 	s.xs = append(s.xs, x)
 }
 
-// tryQueued starts the planned prefetches that now fit, in plan order.
+// tryQueued starts the planned prefetches that now fit, in plan order;
+// none while the next op takes its memory (memory an eviction frees then
+// is the op's first, so a prefetch a faster link lets start cannot push
+// the op into evicting on demand).
 func (s *sim) tryQueued() {
+	if s.placing {
+		return
+	}
 	keep := s.queue[:0]
 	for _, i := range s.queue {
 		t := &s.ts[i]
@@ -314,10 +323,12 @@ func (s *sim) makeRoom(need int64, keep map[int]bool) bool {
 
 // Simulate replays a valid trace on hw under plan (nil: no plan, the
 // on-demand policy alone). Planned prefetches that do not fit in device
-// memory wait; an op whose tensors do not fit evicts on demand, so device
+// memory wait, and none starts while an op takes its memory; an op whose
+// tensors do not fit evicts on demand, so device
 // memory never exceeds hw.DeviceBytes, nor the plan's Capacity where that
-// is less (a plan runs within the memory it was made for, so a plan for
-// less memory takes the same time on more). Each link direction serves
+// is less, and host memory hw.HostBytes, nor the plan's HostCapacity (a
+// plan runs within the memory it was made for, so a plan for less memory
+// takes the same time on more). Each link direction serves
 // one transfer at a time at its full bandwidth, of those past their
 // latency: a read link the one whose tensor is needed soonest, a write
 // link the first issued (those of the tensors the running op waits for
@@ -329,8 +340,19 @@ func Simulate(t *Trace, hw Hardware, plan *MigrationPlan) Result {
 
 // simulate is Simulate with the trace's analysis, which it only reads.
 func simulate(a *Analysis, t *Trace, hw Hardware, plan *MigrationPlan) Result {
+	r, _ := simulateNeed(a, t, hw, plan)
+	return r
+}
+
+// simulateNeed is simulate, with the least host memory the replay is the
+// same with: every tensor placed in host memory found room there with that
+// much, and one that did not finds none with less either.
+func simulateNeed(a *Analysis, t *Trace, hw Hardware, plan *MigrationPlan) (Result, int64) {
 	if plan != nil && plan.Capacity > 0 && plan.Capacity < hw.DeviceBytes {
 		hw.DeviceBytes = plan.Capacity
+	}
+	if plan != nil && plan.HostCapacity != nil && *plan.HostCapacity < hw.HostBytes {
+		hw.HostBytes = max(0, *plan.HostCapacity)
 	}
 	n := len(t.Ops)
 	r := Result{IdealNs: a.TotalNs, Feasible: true, OpStallNs: make([]int64, n), OpSlowdown: make([]float64, n)}
@@ -378,6 +400,7 @@ func simulate(a *Analysis, t *Trace, hw Hardware, plan *MigrationPlan) Result {
 		s.ts[i].state, s.ts[i].tier = sTier, tier
 		if tier == TierHost {
 			s.hostUsed += v.Bytes
+			s.hostNeed = max(s.hostNeed, s.hostUsed)
 		}
 	}
 	fail := func(k int, why string) Result {
@@ -390,7 +413,7 @@ func simulate(a *Analysis, t *Trace, hw Hardware, plan *MigrationPlan) Result {
 	for k, op := range t.Ops {
 		s.k = k
 		if a.OpBytes[k] > hw.DeviceBytes {
-			return fail(k, fmt.Sprintf("needs %d bytes at once, more than the device capacity of %d bytes", a.OpBytes[k], hw.DeviceBytes))
+			return fail(k, fmt.Sprintf("needs %d bytes at once, more than the device capacity of %d bytes", a.OpBytes[k], hw.DeviceBytes)), s.hostNeed
 		}
 		ready := s.now
 		for _, i := range fetchAt[k] {
@@ -399,7 +422,6 @@ func simulate(a *Analysis, t *Trace, hw Hardware, plan *MigrationPlan) Result {
 				s.queue = append(s.queue, i)
 			}
 		}
-		s.tryQueued()
 		set := map[int]bool{}
 		for _, ids := range [][]int{op.Reads, op.Writes} {
 			for _, id := range ids {
@@ -407,6 +429,7 @@ func simulate(a *Analysis, t *Trace, hw Hardware, plan *MigrationPlan) Result {
 			}
 		}
 		s.urgent = set
+		s.placing = true
 		// Wait for writes of the op's own tensors still under way.
 		for {
 			waiting := false
@@ -427,7 +450,7 @@ func simulate(a *Analysis, t *Trace, hw Hardware, plan *MigrationPlan) Result {
 			}
 		}
 		if !s.makeRoom(need, set) {
-			return fail(k, fmt.Sprintf("its %d bytes do not fit in the device capacity of %d bytes", a.OpBytes[k], hw.DeviceBytes))
+			return fail(k, fmt.Sprintf("its %d bytes do not fit in the device capacity of %d bytes", a.OpBytes[k], hw.DeviceBytes)), s.hostNeed
 		}
 		for i := range set {
 			switch s.ts[i].state {
@@ -438,6 +461,8 @@ func simulate(a *Analysis, t *Trace, hw Hardware, plan *MigrationPlan) Result {
 				s.fetch(i)
 			}
 		}
+		s.placing = false
+		s.tryQueued()
 		for {
 			waiting := false
 			for i := range set {
@@ -480,5 +505,5 @@ func simulate(a *Analysis, t *Trace, hw Hardware, plan *MigrationPlan) Result {
 	}
 	r.StallNs = max(0, r.TimeNs-r.IdealNs)
 	r.PeakDeviceBytes = s.peak
-	return r
+	return r, s.hostNeed
 }

@@ -149,12 +149,14 @@ print(json.dumps({p: [plan.simulate(x, h, p).throughput for x, h in ((t, hw), (l
 
 
 def test_iterations_of_minutes_plan_and_simulate_as_milliseconds_do():
-    # The same problem in a unit of time 100,000 times larger (op times and latency up, bandwidths
-    # down): iterations of minutes, where a float64 clock cannot tell t from t + 1e-5 ns.
+    # The same problem in a unit of time 2^17 times larger (op times and latency up, bandwidths
+    # down): iterations of minutes, where a float64 clock cannot tell t from t + 1e-5 ns. A power
+    # of two, so the hardware lands on the same points of the planner's grid (its link steps are
+    # octaves).
     t = layered(12, act=64 << 20, weight=4 << 20)
     peak = plan.simulate(t, Hardware.g10_default(), "ideal").peak_device_bytes
     hw = Hardware.g10_default().replace(device_bytes=peak // 2, host_bytes=256 << 20)
-    out = subprocess.run([sys.executable, "-c", _LONG_RUN, t.to_json(), hw.to_json(), "100000"],
+    out = subprocess.run([sys.executable, "-c", _LONG_RUN, t.to_json(), hw.to_json(), str(1 << 17)],
                          capture_output=True, text=True, timeout=60, check=True,
                          cwd=os.path.dirname(os.path.dirname(__file__)))
     got = json.loads(out.stdout)
@@ -218,9 +220,11 @@ def test_planner_never_exceeds_capacity(demand):
     hw = Hardware.g10_default().replace(device_bytes=int(peak / demand))
     p = plan.make_plan(t, hw)
     assert p.demand_bytes == peak
-    assert p.capacity == hw.device_bytes
+    # A point of the planner's grid at or below the hardware: at most 2^(1/8) below it.
+    assert hw.device_bytes / 2 ** (1 / 8) <= p.capacity <= hw.device_bytes
+    assert p.host_capacity is not None and p.host_capacity <= hw.host_bytes
     assert p.migrations
-    assert p.peak_bytes <= hw.device_bytes
+    assert p.peak_bytes <= p.capacity
     for policy in plan.policies()[1:]:
         r = plan.simulate(t, hw, policy)
         assert r.feasible, r.error
@@ -262,7 +266,7 @@ def test_plan_prints_as_a_table():
     text = str(p)
     assert text == p.table()
     lines = text.strip("\n").splitlines()
-    assert lines[0].startswith(f"capacity {peak // 2} bytes, demand {peak}")
+    assert lines[0].startswith(f"capacity {p.capacity} bytes, demand {peak}")
     assert f"{len(p.migrations)} migrations" in lines[0]
     assert lines[1].split() == ["tensor", "bytes", "tier", "evict_after", "prefetch_at", "need"]
     assert len(lines) == 2 + len(p.migrations)
@@ -486,20 +490,22 @@ G10_TRACES = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "g10"
 
 
 @pytest.mark.skipif(not os.path.isdir(G10_TRACES), reason="G10's traces are not beside this checkout")
-@pytest.mark.parametrize("name", ["BERT_Base-768", "VIT-1280", "Inceptionv3-1280", "ResNet152-768", "SENet154-512"])
+@pytest.mark.parametrize("name", sorted(n.removesuffix(".json.gz") for n in os.listdir(G10_TRACES)
+                                        if n.endswith(".json.gz")) if os.path.isdir(G10_TRACES) else [])
 def test_g10_traces_more_resources_not_slower(name):
-    # One of each of G10's five models (the slowest to plan among them, SENet-154, in about a
-    # second): more device memory, host memory or faster links, at most 0.1% slower (the
-    # candidates MakePlan keeps the fastest of make regressions rare and small, not impossible).
+    # More device memory, host memory, faster links, a faster SSD or a faster host link: never
+    # slower (zero tolerance; MakePlan's candidates only grow with the hardware).
     t = Trace.load(os.path.join(G10_TRACES, f"{name}.json.gz"))
     hw = Hardware.g10_artifact()
     base = plan.simulate(t, hw, "g10")
     assert base.feasible and base.peak_device_bytes <= hw.device_bytes
     more = [hw.replace(device_bytes=hw.device_bytes + (8 << 30)), hw.replace(host_bytes=2 * hw.host_bytes),
             hw.replace(ssd_read_bps=1.25 * hw.ssd_read_bps, ssd_write_bps=1.25 * hw.ssd_write_bps,
-                       host_link_bps=1.25 * hw.host_link_bps)]
+                       host_link_bps=1.25 * hw.host_link_bps),
+            hw.replace(ssd_read_bps=2 * hw.ssd_read_bps, ssd_write_bps=2 * hw.ssd_write_bps),
+            hw.replace(host_link_bps=2 * hw.host_link_bps)]
     for h in more:
-        assert plan.simulate(t, h, "g10").time_ns <= base.time_ns * 1.001, h
+        assert plan.simulate(t, h, "g10").time_ns <= base.time_ns, h
 
 
 def test_bench_plan_on_g10_traces(tmp_path, capsys):

@@ -217,7 +217,8 @@ def _text(mplan: Any, decisions: list[dict[str, Any]], hw: Any) -> str:
         c[0] += 1
         c[1] += d["bytes"]
     per = ", ".join(f"{t} {n} ({b / mib:.1f} MiB)" for t, (n, b) in sorted(counts.items()))
-    return (f"offload plan (G10, policy='planned'): budget {mplan.capacity / mib:.1f} MiB, saved-tensor demand "
+    return (f"offload plan (G10, policy='planned'): budget {hw.device_bytes / mib:.1f} MiB "
+            f"(planned within {mplan.capacity / mib:.1f} MiB), saved-tensor demand "
             f"{mplan.demand_bytes / mib:.1f} MiB, planned peak {mplan.peak_bytes / mib:.1f} MiB; "
             f"SSD {hw.ssd_write_bps / 1e9:.2f}/{hw.ssd_read_bps / 1e9:.2f} GB/s write/read (measured), "
             f"host tier {hw.host_bytes / mib:.0f} MiB\n  tensors: {per}\n{mplan.table()}")
