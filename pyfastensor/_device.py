@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 import torch
 
-from . import _lib, config
+from . import _lib, _torch, config
 
 
 def memory_alignment() -> int:
@@ -84,7 +84,7 @@ class CudaBackend:
     def device(self, location: str) -> torch.device:
         # torch.load's own check and message ("Attempting to deserialize object on CUDA device 3
         # but torch.cuda.device_count() is 1..."), and its choice of index for a bare "cuda".
-        device = torch.serialization._validate_device(location, "cuda")
+        device = _torch.validate_device(location, "cuda")
         return device if device.index is not None else torch.device("cuda", torch.cuda.current_device())
 
     def empty(self, nbytes: int, device: torch.device) -> torch.Tensor:
@@ -281,7 +281,7 @@ class _Pooled:
     def __init__(self, base: torch.Tensor) -> None:
         self.base = base
         self.storage = base.untyped_storage()
-        self.baseline = torch._C._storage_Use_Count(self.storage._cdata)
+        self.baseline = _torch.storage_use_count(self.storage)
 
     def idle(self) -> bool:
-        return bool(torch._C._storage_Use_Count(self.storage._cdata) <= self.baseline)
+        return _torch.storage_use_count(self.storage) <= self.baseline

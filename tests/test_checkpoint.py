@@ -276,7 +276,7 @@ class Point:
 def test_usual_checkpoints_skip_torchs_python_unpickler(tmp_path, monkeypatch, mmap):
     """State dicts, Adam state, Parameters and every dtype load through the C unpickler;
     anything else (an allowlisted class, a refused global) goes to torch's, which decides."""
-    from torch import _weights_only_unpickler
+    from pyfastensor._torch import weights_only_unpickler as _weights_only_unpickler
 
     obj, odd = training_state(), odd_tensors()
     for name, o in (("state", obj), ("odd", odd)):

@@ -17,6 +17,7 @@ import pytest
 import torch
 from data_helpers import CLASSES, PER_CLASS, keep, serve, tag_process
 
+from pyfastensor._torch import new_shared_storage
 from pyfastensor.data import ChunkDataset, _client
 from pyfastensor.errors import ServerUnavailableError, UnsupportedError
 
@@ -191,7 +192,7 @@ def _client_process(address: str, batches: list[list[int]], die: bool, conn) -> 
             conn.recv()  # holding the batch until the other worker has its share
             os.kill(os.getpid(), signal.SIGKILL)
         total = sum(meta[3::4])
-        storage = torch.UntypedStorage._new_shared(max(total, 1))
+        storage = new_shared_storage(max(total, 1))
         fd, _ = storage._share_fd_cpu_()
         c.take(ticket, len(idx), fd, storage.nbytes())
         got.extend(positions)

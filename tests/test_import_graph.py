@@ -148,3 +148,57 @@ def test_benchmarks_use_only_the_public_api():
                          and any(p.startswith("_") for p in t.split(".")))
                for m, targets in GRAPH.items() if m.split(".")[0] == "benchmarks"}
     assert {m: t for m, t in private.items() if t} == {}
+
+
+def private_torch_names(source: str) -> set[str]:
+    """The private torch names ``source`` reaches: ``torch._C``, ``torch.serialization._load``,
+    ``from torch.utils._pytree import ...``, ``from torch import _weights_only_unpickler``.
+    Each is written up to its first private part (``torch._C`` for ``torch._C._foo``)."""
+    found: set[str] = set()
+
+    def private(parts: list[str]) -> str | None:
+        for i, p in enumerate(parts):
+            if p.startswith("_") and not p.startswith("__"):
+                return ".".join(parts[: i + 1])
+        return None
+
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute):
+            parts: list[str] = []
+            n: ast.AST = node
+            while isinstance(n, ast.Attribute):
+                parts.append(n.attr)
+                n = n.value
+            if isinstance(n, ast.Name) and n.id == "torch":
+                name = private(["torch", *reversed(parts)])
+                if name:
+                    found.add(name)
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split(".")[0] == "torch" and (name := private(a.name.split("."))):
+                    found.add(name)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "torch":
+            for a in node.names:
+                if name := private([*node.module.split("."), a.name]):
+                    found.add(name)
+    return found
+
+
+def test_private_torch_names_are_found():
+    src = ("import torch._guards\nfrom torch import _weights_only_unpickler, nn\n"
+           "from torch.utils._pytree import tree_flatten\nfrom torch.utils.data import DataLoader\n"
+           "x = torch._C._storage_Use_Count(s)\ny = torch.serialization._load(z)\n"
+           "z = torch.UntypedStorage._new_shared(1)\nw = torch.serialization.location_tag(s)\n")
+    assert private_torch_names(src) == {
+        "torch._guards", "torch._weights_only_unpickler", "torch.utils._pytree", "torch._C",
+        "torch.serialization._load", "torch.UntypedStorage._new_shared"}
+
+
+def test_only_the_torch_module_uses_torchs_private_names():
+    """pyfastensor/_torch.py is where every private torch name is reached, with what each
+    supported torch does; the package and the benchmarks import them from there."""
+    users = {m: sorted(private_torch_names(p.read_text())) for m, p in modules().items()
+             if m != "pyfastensor._torch"}
+    assert {m: names for m, names in users.items() if names} == {}
+    assert "torch.serialization._load" in private_torch_names(
+        (ROOT / "pyfastensor" / "_torch.py").read_text())

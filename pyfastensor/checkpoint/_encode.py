@@ -23,7 +23,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch._utils import _rebuild_tensor_v2
+
+from .._torch import rebuild_tensor_v2 as _rebuild_tensor_v2
 
 _BATCH = 1000  # pickle's BATCHSIZE
 _PACK_I = struct.Struct("<i").pack

@@ -32,9 +32,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch._utils import _rebuild_tensor_v2
 from torch.serialization import location_tag, normalize_storage_type
 
+from .._torch import new_dtypes, tensor_metadata
+from .._torch import rebuild_tensor_v2 as _rebuild_tensor_v2
 from ._encode import Unsupported, encode
 
 #: Types whose objects are never storages (exact types: a subclass could be anything).
@@ -130,7 +131,7 @@ def pickle_skeleton(obj: Any, pickle_module: Any = pickle, pickle_protocol: int 
 
 
 #: Dtypes torch pickles through an untyped storage (``_rebuild_tensor_v3``): left to torch.
-_V3_DTYPES = frozenset(torch.storage._new_dtypes())
+_V3_DTYPES = new_dtypes()
 
 
 def _plain(t: torch.Tensor) -> bool:
@@ -139,7 +140,7 @@ def _plain(t: torch.Tensor) -> bool:
     return (
         t.layout == torch.strided and (t.is_cpu or t.is_cuda) and not t.is_quantized
         and t.dtype not in _V3_DTYPES and not t.is_conj() and not t.is_neg()
-        and not t._backward_hooks and not t.__dict__ and not torch._C._get_tensor_metadata(t)
+        and not t._backward_hooks and not t.__dict__ and not tensor_metadata(t)
     )
 
 

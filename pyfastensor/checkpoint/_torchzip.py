@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from .. import _torch
 from .._buffers import PageArena, empty_aligned
 from ..errors import CorruptFileError
 from ._native import Archive
@@ -25,7 +26,7 @@ from ._native import Archive
 #: Device types other than the CPU, as storage locations name them.
 _DEVICE_NAMES = tuple(d.encode() for d in (
     "cuda", "mps", "xpu", "hpu", "meta", "xla", "lazy", "mtia", "ipu", "ve", "maia", "vulkan",
-    "privateuseone", torch._C._get_privateuse1_backend_name(),
+    "privateuseone", _torch.privateuse1_backend_name(),
 ))
 
 
@@ -202,8 +203,8 @@ def key_paths(archive: Archive, message: str) -> list[str]:
         return []
     name = m.group(1)[len(prefix):]
     zf = _MetaZip(archive)
-    obj = torch.serialization._load(zf, "cpu", torch.serialization._weights_only_unpickler,
-                                    weights_only=True, encoding="utf-8")
+    obj = _torch.load_records(zf, "cpu", _torch.weights_only_unpickler, weights_only=True,
+                              encoding="utf-8")
     target = zf.storages.get(name)
     if target is None:
         return []

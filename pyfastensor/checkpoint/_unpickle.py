@@ -30,6 +30,8 @@ from typing import Any
 
 import torch
 
+from .. import _torch
+
 #: The globals the C unpickler resolves, where torch allows them too.
 _FAST_NAMES = (
     "collections.OrderedDict",
@@ -44,9 +46,7 @@ _FAST_NAMES = (
 
 @functools.cache
 def _fast_globals() -> dict[tuple[str, str], Any]:
-    from torch import _weights_only_unpickler
-
-    allowed = _weights_only_unpickler._get_allowed_globals()
+    allowed = _torch.allowed_globals()
     out: dict[tuple[str, str], Any] = {}
     for full, obj in allowed.items():
         if full in _FAST_NAMES or isinstance(obj, torch.dtype):
@@ -96,16 +96,15 @@ def unpickle(zip_file: Any, map_location: Any, pickle_module: Any, *, weights_on
     """``torch.serialization._load`` over ``zip_file``; weights-only loads try :class:`FastUnpickler` first."""
     if weights_only and not callable(map_location):  # a callable's side effects must happen once
         try:
-            return torch.serialization._load(zip_file, map_location, _FastModule,
-                                             overall_storage=overall_storage, weights_only=True,
-                                             **pickle_load_args)
+            return _torch.load_records(zip_file, map_location, _FastModule, weights_only=True,
+                                       overall_storage=overall_storage, **pickle_load_args)
         except Exception:  # noqa: BLE001 - torch's unpickler decides, with its own message
             pass
-    return torch.serialization._load(zip_file, map_location, pickle_module, overall_storage=overall_storage,
-                                     weights_only=weights_only, **pickle_load_args)
+    return _torch.load_records(zip_file, map_location, pickle_module, weights_only=weights_only,
+                               overall_storage=overall_storage, **pickle_load_args)
 
 
-_slice = torch._C.StorageBase.__getitem__
+_slice = _torch.storage_slice
 
 
 def load_cpu(zip_file: Any, overall_storage: torch.UntypedStorage | None, **pickle_load_args: Any) -> Any:
@@ -173,7 +172,7 @@ def _rebuild_tensor_v2(storage: Any, storage_offset: int, size: Any, stride: Any
     if requires_grad:  # a new tensor's is False
         t.requires_grad = True
     if metadata:
-        torch._utils.set_tensor_metadata(t, metadata)
+        _torch.set_tensor_metadata(t, metadata)
     t._backward_hooks = backward_hooks
     return t
 
@@ -184,7 +183,7 @@ def _rebuild_tensor_v3(storage: Any, storage_offset: int, size: Any, stride: Any
     t = torch.empty((0,), dtype=dtype, requires_grad=requires_grad)
     t.set_(storage._untyped_storage, storage_offset, size, stride)
     if metadata:
-        torch._utils.set_tensor_metadata(t, metadata)
+        _torch.set_tensor_metadata(t, metadata)
     t._backward_hooks = backward_hooks
     return t
 

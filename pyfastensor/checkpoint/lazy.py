@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from .. import _torch
 from .._buffers import empty_bytes
 from ._native import Archive
 from ._torchzip import PreloadedZip
@@ -75,10 +76,10 @@ class CheckpointReader:
             self._locations[storage._cdata] = location
             return storage
 
-        module = torch.serialization._weights_only_unpickler if weights_only else pickle
+        module = _torch.weights_only_unpickler if weights_only else pickle
         self._skeleton = unpickle(self._zip, note_location, module, weights_only=weights_only,
                                   encoding="utf-8")
-        self._restore = torch.serialization._get_restore_location(map_location)
+        self._restore = _torch.restore_location(map_location)
         self._verify, self._engine = verify, engine
         # record name -> weak references to the tensors built on its storage, so
         # a storage loaded once is shared by later loads while any of them lives.

@@ -18,6 +18,7 @@ import torch
 if TYPE_CHECKING:
     from ..dictionary import Dictionaries
 
+from .. import _torch
 from ..errors import CorruptFileError
 from . import _cuda, _progress
 from ._native import Archive
@@ -142,9 +143,7 @@ def load(
                           mmap=mmap, **torch_args)
 
     if mmap is None:
-        from torch.utils.serialization import config as torch_config
-
-        mmap = bool(torch_config.load.mmap)
+        mmap = _torch.default_load_mmap()
     if _is_meta(map_location) or _fake_or_skip():
         return to_torch(f)
     if isinstance(f, (str, os.PathLike)):
@@ -184,12 +183,14 @@ def _resolve_weights_only(weights_only: bool | None, pickle_module: Any) -> bool
 
 
 def _is_meta(map_location: MapLocation) -> bool:
-    return bool(torch.serialization._is_meta_location(map_location))
+    """Whether ``map_location`` is the meta device by itself (a dict or callable is not)."""
+    if isinstance(map_location, str):
+        return map_location == "meta"
+    return isinstance(map_location, torch.device) and map_location.type == "meta"
 
 
 def _fake_or_skip() -> bool:
-    tls = getattr(torch.serialization, "_serialization_tls", None)
-    return torch._guards.detect_fake_mode(None) is not None or bool(getattr(tls, "skip_data", False))
+    return _torch.fake_mode_active() or _torch.skip_data()
 
 
 def _load_path(
@@ -198,7 +199,7 @@ def _load_path(
     progress: bool | None, pickle_load_args: dict[str, Any], *, mmap: bool = False,
 ) -> Any:
     if not mmap and _cuda.wants(map_location):  # records straight into device memory
-        module = torch.serialization._weights_only_unpickler if weights_only else pickle_module
+        module = _torch.weights_only_unpickler if weights_only else pickle_module
         return _cuda.load(path, to_torch, map_location, module, weights_only, verify, pickle_load_args,
                           engine=engine, progress=progress)
     # A load makes a few objects per tensor (entries, storages, tensors) and
@@ -265,7 +266,7 @@ def _load_archive(
         # using a storage saved elsewhere; torch's path is only safe to
         # overlap when the pickle names no device at all (cpu_only).
         to_cpu = _to_cpu(map_location)
-        module = torch.serialization._weights_only_unpickler if weights_only else pickle_module
+        module = _torch.weights_only_unpickler if weights_only else pickle_module
         try:
             obj = _NOT_LOADED
             if weights_only and to_cpu and zf.native_order():

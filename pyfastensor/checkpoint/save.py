@@ -17,6 +17,7 @@ import torch
 if TYPE_CHECKING:
     from ..dictionary import Dictionaries
 
+from .. import _torch
 from . import _progress
 from ._native import TorchArchive, write_archive
 from ._skeleton import Skeleton, pickle_skeleton
@@ -107,8 +108,7 @@ def save(
 
 
 def _skip_data() -> bool:
-    tls = getattr(torch.serialization, "_serialization_tls", None)
-    return bool(getattr(tls, "skip_data", False))
+    return _torch.skip_data()
 
 
 def _save_path(

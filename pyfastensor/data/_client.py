@@ -211,19 +211,20 @@ class BatchBuffers:
 
     def get(self, nbytes: int) -> Any:
         """A shared-memory ``UntypedStorage`` of at least ``nbytes`` bytes, free to overwrite."""
-        import torch
         from torch.multiprocessing.reductions import shared_cache
+
+        from .. import _torch
 
         shared = {getattr(ref, "cdata", None) for ref in list(shared_cache.values())}
         self._pool = [s for s in self._pool if s._cdata not in shared]
         for s in self._pool:
-            if s.nbytes() >= nbytes and torch._C._storage_Use_Count(s._cdata) == 1:
+            if s.nbytes() >= nbytes and _torch.storage_use_count(s) == 1:
                 return s
         # Room for batches an eighth larger (variable sample sizes), in whole pages of the
         # shared mapping (the OS's page size: the server maps the storage, it does no direct I/O).
         size = max(1, -(-(nbytes + nbytes // 8) // mmap.PAGESIZE) * mmap.PAGESIZE)
-        storage = torch.UntypedStorage._new_shared(size)
-        free = [k for k, s in enumerate(self._pool) if torch._C._storage_Use_Count(s._cdata) == 1]
+        storage = _torch.new_shared_storage(size)
+        free = [k for k, s in enumerate(self._pool) if _torch.storage_use_count(s) == 1]
         if len(self._pool) < self.size:
             self._pool.append(storage)
         elif free:  # a free one too small: replaced

@@ -12,12 +12,15 @@ from __future__ import annotations
 import os
 import secrets
 import threading
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any
 
 import torch.utils.data
 
 from .. import errors
 from . import _native
+
+if TYPE_CHECKING:  # typing.Self is Python 3.11's; annotations are strings here (PEP 563)
+    from typing_extensions import Self
 
 
 class _ServerOwner:

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from .. import _lib
+from .. import _lib, _torch
 from . import codecs
 
 
@@ -92,7 +92,7 @@ class Recorder:
         if rec is not None and rec["bwd_gap_ns"] < 0:
             rec["bwd_gap_ns"] = gap
         if rec is not None:
-            node = torch._C._current_autograd_node()
+            node = _torch.current_autograd_node()
             group = self.unpacks[-1][1] if self.unpacks else -1
             if node is None or node is not self._node:
                 group += 1

@@ -41,9 +41,8 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
+from .._torch import TorchDispatchMode, tree_flatten
 from .trace import Trace
 
 #: The phases of a step, as op-name prefixes.

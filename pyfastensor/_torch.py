@@ -1,0 +1,228 @@
+"""torch's private interfaces, in one place, with what each supported torch does.
+
+pyfastensor reads and writes torch's own checkpoint format, rebuilds tensors
+the way torch's unpickler does, times autograd nodes and shares storages
+between processes, so it needs a few names torch does not promise to keep.
+Every such name is reached through this module, and nothing else in the
+package imports one (``tests/test_import_graph.py`` checks). Each behaviour
+adapted here has a test of its own in ``tests/test_torch_compat.py``, so a
+torch that changes one of them fails the test that names it.
+
+Supported: torch :data:`FLOOR` (``pyproject.toml``'s floor) to the newest
+release, tested on each minor release between (``make test-compat``). What
+differs across that range, and how it is met:
+
+=====================================  =========================================================
+``torch.serialization._load``          takes ``weights_only=`` from 2.14 on; before, that
+                                       keyword would reach the unpickler (``TypeError``), so
+                                       :func:`load_records` passes it only where it is taken
+``torch.utils.serialization.config``   2.7 and later; before, ``torch.load`` never maps a
+                                       file unless asked (:func:`default_load_mmap` is False)
+``serialization._serialization_tls``   2.5 and later (``skip_data``); before, never skipped
+``_weights_only_unpickler``            raises ``pickle.UnpicklingError`` from 2.5 on; 2.4's
+                                       raises ``RuntimeError``, which its ``torch.load``
+                                       turned into ``UnpicklingError``: so does
+                                       :data:`weights_only_unpickler` there
+=====================================  =========================================================
+
+The rest is the same on every supported torch and is here so that it is
+named once: the weights-only unpickler and its allow-list, the restore
+location and device check of ``torch.load``, ``_rebuild_tensor_v2`` (which
+pickles by name, so it must be torch's own object), tensor metadata,
+storage reference counts, the current autograd node, the dispatch mode and
+pytree used by the trace recorder, and shared-memory storages.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import pickle
+import re
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+import torch
+import torch._utils
+import torch.serialization
+from torch import _weights_only_unpickler
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from .errors import UnsupportedError
+
+__all__ = [
+    "FLOOR", "VERSION", "TorchDispatchMode", "allowed_globals", "current_autograd_node",
+    "default_load_mmap", "fake_mode_active", "load_records", "new_dtypes",
+    "new_shared_storage", "privateuse1_backend_name", "rebuild_tensor_v2", "require",
+    "restore_location", "set_tensor_metadata", "skip_data", "storage_slice",
+    "storage_use_count", "tensor_metadata", "tree_flatten", "validate_device",
+    "weights_only_unpickler",
+]
+
+#: The oldest torch pyfastensor supports: the floor of ``pyproject.toml``'s ``torch>=``.
+FLOOR = (2, 4)
+
+
+def _parse(version: str) -> tuple[int, int]:
+    m = re.match(r"(\d+)\.(\d+)", version)
+    if m is None:
+        raise ValueError(f"cannot read torch's version from {version!r}")
+    return int(m.group(1)), int(m.group(2))
+
+
+#: The running torch's (major, minor).
+VERSION = _parse(torch.__version__)
+
+
+def require(feature: str, version: tuple[int, int]) -> None:
+    """Raise :class:`~pyfastensor.errors.UnsupportedError` naming ``version`` unless the running
+    torch is at least that.
+
+    Args:
+        feature: what needs it, as the user wrote it (``"load(..., mmap=True)"``).
+        version: the first torch (major, minor) that has it.
+
+    Raises:
+        UnsupportedError: on an older torch, naming the feature, the version it needs and the
+            version running.
+    """
+    if VERSION < version:
+        raise UnsupportedError(
+            f"{feature} needs torch {version[0]}.{version[1]} or later; this is torch "
+            f"{torch.__version__}")
+
+
+# ---------------------------------------------------------------------- serialization
+
+class _RaisesUnpicklingError:
+    """torch 2.4's weights-only unpickler, raising ``pickle.UnpicklingError`` as later ones do."""
+
+    __name__ = _weights_only_unpickler.__name__
+
+    class Unpickler(_weights_only_unpickler.Unpickler):
+        def load(self) -> Any:
+            try:
+                return super().load()
+            except RuntimeError as e:  # as torch 2.4's torch.load turns it
+                raise pickle.UnpicklingError(str(e)) from None
+
+    load = staticmethod(_weights_only_unpickler.load)
+
+
+#: torch's weights-only unpickler, the ``pickle_module`` ``torch.load(weights_only=True)`` uses.
+#: A refused stream raises ``pickle.UnpicklingError`` on every supported torch.
+weights_only_unpickler: ModuleType | type[_RaisesUnpicklingError] = (
+    _RaisesUnpicklingError if VERSION < (2, 5) else _weights_only_unpickler)
+
+
+def allowed_globals() -> dict[str, Any]:
+    """The globals torch's weights-only unpickler allows, by dotted name (the built-in allow-list
+    with ``add_safe_globals``' additions)."""
+    return dict(_weights_only_unpickler._get_allowed_globals())
+
+
+@functools.cache
+def _load_takes_weights_only() -> bool:
+    return "weights_only" in inspect.signature(torch.serialization._load).parameters
+
+
+def load_records(zip_file: Any, map_location: Any, pickle_module: Any, *, weights_only: bool,
+                 overall_storage: Any = None, **pickle_load_args: Any) -> Any:
+    """``torch.serialization._load``: the object pickled in ``zip_file``'s ``data.pkl``, its
+    storages read through ``zip_file`` and placed by ``map_location``.
+
+    ``weights_only`` is passed on only to a torch whose ``_load`` takes it (2.14 and later;
+    before, torch.load told ``_load`` nothing and the keyword would reach the unpickler).
+    """
+    if _load_takes_weights_only():
+        pickle_load_args["weights_only"] = weights_only
+    return torch.serialization._load(zip_file, map_location, pickle_module,
+                                     overall_storage=overall_storage, **pickle_load_args)
+
+
+def restore_location(map_location: Any) -> Callable[[Any, str], Any]:
+    """``torch.load``'s function that moves a storage saved at a location to where
+    ``map_location`` says."""
+    return torch.serialization._get_restore_location(map_location)
+
+
+def validate_device(location: str, backend: str) -> torch.device:
+    """``torch.load``'s check of a saved device location (``"cuda:3"``) against the devices
+    present, with torch's message when the index is out of range."""
+    return torch.serialization._validate_device(location, backend)
+
+
+def skip_data() -> bool:
+    """Whether ``torch.serialization.skip_data()`` is in force (torch 2.5 and later)."""
+    tls = getattr(torch.serialization, "_serialization_tls", None)
+    return bool(getattr(tls, "skip_data", False))
+
+
+def fake_mode_active() -> bool:
+    """Whether a fake tensor mode is active (tensors then hold no data: torch's path loads)."""
+    import torch._guards
+
+    return torch._guards.detect_fake_mode(None) is not None
+
+
+def default_load_mmap() -> bool:
+    """``torch.load``'s ``mmap`` when not given: ``torch.utils.serialization.config.load.mmap``
+    (torch 2.7 and later), else False."""
+    try:
+        from torch.utils.serialization import config
+    except ImportError:
+        return False
+    return bool(config.load.mmap)
+
+
+def privateuse1_backend_name() -> str:
+    """The name the private-use backend is registered under (``"privateuseone"`` unless renamed)."""
+    return torch._C._get_privateuse1_backend_name()
+
+
+# ---------------------------------------------------------------------- tensors and storages
+
+#: ``torch._utils._rebuild_tensor_v2``, torch's own object: it is pickled by its name.
+rebuild_tensor_v2: Callable[..., torch.Tensor] = torch._utils._rebuild_tensor_v2
+
+
+def new_dtypes() -> frozenset[torch.dtype]:
+    """The dtypes torch pickles through an untyped storage (``_rebuild_tensor_v3``)."""
+    return frozenset(torch.storage._new_dtypes())
+
+
+def tensor_metadata(t: torch.Tensor) -> dict[str, Any]:
+    """The metadata torch pickles with a tensor (empty for a plain one)."""
+    return torch._C._get_tensor_metadata(t)
+
+
+def set_tensor_metadata(t: torch.Tensor, metadata: dict[str, Any]) -> None:
+    """Give ``t`` the metadata torch pickled with it."""
+    torch._utils.set_tensor_metadata(t, metadata)
+
+
+#: ``StorageBase.__getitem__`` with a slice: a view of a storage's bytes, without
+#: ``UntypedStorage.__getitem__``'s check for the meta device.
+storage_slice: Callable[[torch.UntypedStorage, slice], torch.UntypedStorage] = (
+    torch._C.StorageBase.__getitem__)
+
+
+def storage_use_count(storage: torch.UntypedStorage) -> int:
+    """How many references the C++ side holds to ``storage``'s data (tensors, views, copies in
+    flight): 1 when only ``storage`` itself does."""
+    return int(torch._C._storage_Use_Count(storage._cdata))
+
+
+def new_shared_storage(nbytes: int) -> torch.UntypedStorage:
+    """A CPU storage of ``nbytes`` bytes in shared memory, as torch makes one to send to
+    another process."""
+    return torch.UntypedStorage._new_shared(nbytes)
+
+
+# ---------------------------------------------------------------------- autograd
+
+def current_autograd_node() -> Any:
+    """The autograd node running now on this thread (in backward), or None."""
+    return torch._C._current_autograd_node()
