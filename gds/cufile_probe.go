@@ -141,3 +141,21 @@ func openDriver(shim shimLib) string {
 	}
 	return msg + ": " + cuFileDriverHint(st.code)
 }
+
+// SetCuFileDriverLibrary makes the probes load libcuda (a soname or path)
+// as the CUDA driver library, and forgets every probe made, until restore
+// is called. For tests outside this package that run the cufile engine
+// over the fake libcufile and fake libcuda of testdata/fakecufile; the
+// driver open is then not guarded by the libcuda check (the fake needs
+// none).
+func SetCuFileDriverLibrary(libcuda string) (restore func()) {
+	cufileMu.Lock()
+	defer cufileMu.Unlock()
+	saved := cufileProbe
+	cufileProbe.libcuda, cufileProbe.requireLibcuda = libcuda, false
+	return func() {
+		cufileMu.Lock()
+		defer cufileMu.Unlock()
+		cufileProbe = saved
+	}
+}
