@@ -143,8 +143,7 @@ func openDriver(shim shimLib) string {
 }
 
 // SetCuFileDriverLibrary makes the probes load libcuda (a soname or path)
-// as the CUDA driver library, and forgets every probe made, until restore
-// is called. For tests outside this package that run the cufile engine
+// as the CUDA driver library until restore is called. For tests outside this package that run the cufile engine
 // over the fake libcufile and fake libcuda of testdata/fakecufile; the
 // driver open is then not guarded by the libcuda check (the fake needs
 // none).
