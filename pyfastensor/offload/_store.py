@@ -63,7 +63,6 @@ def shared(key: tuple[Any, ...], open_store: Callable[[], SpillStore]) -> SpillS
 def _spill_engines(directory: str) -> list[str]:
     """The engines that can write (and so read back) files in ``directory``."""
     from ..dictionary import Dictionaries
-
     from ..engines import cufile_driver_works, cufile_fallback
 
     with Dictionaries(path="", directory=directory) as probe:
