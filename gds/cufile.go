@@ -1,10 +1,15 @@
-// What has run where: nothing of the cufile engine (cufile*.go) has run on
-// a GPU. Its transfers, offsets, registration and error handling are
-// tested against a fake libcufile (testdata/fakecufile) that serves the
-// cuFile calls from host memory, and its probe against the real libcufile
-// of torch's wheels on a machine without an NVIDIA driver, where it must
-// say "unavailable" and why. The first run on a GPU with GPUDirect Storage
-// is still to come.
+// What has run where: the cufile engine (cufile*.go) ran once on a GPU, an
+// H100 with the libcufile of pip's nvidia-cufile wheel and no GPUDirect
+// Storage installed: cuFileDriverOpen printed "cuInit Failed" and
+// "cuFile initialization failed" yet returned success, and
+// cuFileHandleRegister then failed with CU_FILE_HANDLE_NOT_REGISTERED
+// (5027). That is what the filesystem probe (cufile_fs.go) and the
+// fallback of host-memory callers (transfer.Files) handle. A run with
+// working GPUDirect Storage is still to come. Everything else is tested
+// against a fake libcufile and a fake libcuda (testdata/fakecufile) that
+// serve the calls from host memory, and the library probe against the
+// real libcufile of torch's wheels on a machine without an NVIDIA driver,
+// where it must say "unavailable" and why.
 
 package gds
 
@@ -27,10 +32,14 @@ import (
 // offset and length works: cuFile handles unaligned transfers itself.
 //
 // A cufile File never falls back to another engine: no other engine can
-// touch device memory. When cuFile cannot serve a file, Open fails.
+// touch device memory. When cuFile cannot serve a file, Open fails with an
+// error wrapping ErrUnavailable or a CuFileError (IsCuFileFailure), and
+// callers that move host memory (transfer.Files) use a CPU engine instead.
+// Open serves only filesystems where ProbeCuFileDir's verdict is
+// "available"; a registration or transfer that fails turns that verdict to
+// unavailable for the rest of the process.
 //
-// Nothing of this engine has run on a GPU yet: see the comment at the top
-// of cufile.go.
+// What has run on a GPU: see the comment at the top of cufile.go.
 type CuFile struct {
 	opts Options
 	lib  *cufileLib
@@ -65,8 +74,10 @@ func (e *CuFile) Library() string { return e.lib.status.Library }
 
 // Open implements Engine. The file is opened with O_DIRECT, which GPUDirect
 // Storage needs; on a filesystem that refuses O_DIRECT it is opened without,
-// and cuFile serves it in its compatibility mode. The descriptor is
-// registered with cuFile until Close.
+// and cuFile serves it in its compatibility mode. The first file on a
+// filesystem runs the filesystem probe (ProbeCuFileDir) in its directory;
+// where the verdict is "unavailable" Open fails with ErrUnavailable and the
+// verdict's reason. The descriptor is registered with cuFile until Close.
 func (e *CuFile) Open(path string, flag int, perm os.FileMode) (File, error) {
 	fd, err := openFD(path, flag|unix.O_DIRECT, uint32(perm.Perm()))
 	if errors.Is(err, unix.EINVAL) {
@@ -76,12 +87,25 @@ func (e *CuFile) Open(path string, flag int, perm os.FileMode) (File, error) {
 	if err != nil {
 		return nil, opErr("cufile", "open", name, 0, 0, 0, err)
 	}
-	fh, st := e.lib.shim.handleRegister(fd)
-	if st.code != 0 {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
 		unix.Close(fd)
-		return nil, opErr("cufile", "open", name, 0, 0, 0, &CuFileError{"cuFileHandleRegister", st.code, st.cuResult})
+		return nil, opErr("cufile", "open", name, 0, 0, 0, err)
 	}
-	return &cufileFile{fd: fd, fh: fh, path: name, opts: e.opts, lib: e.lib}, nil
+	dev := uint64(st.Dev)
+	v := e.lib.fs.get(dev, func() string { return e.lib.probeDir(probeDirOf(name)) })
+	if !v.Available {
+		unix.Close(fd)
+		return nil, opErr("cufile", "open", name, 0, 0, 0, fmt.Errorf("%w: %s", ErrUnavailable, v.Reason))
+	}
+	fh, cst := e.lib.shim.handleRegister(fd)
+	if cst.code != 0 {
+		unix.Close(fd)
+		err := opErr("cufile", "open", name, 0, 0, 0, &CuFileError{"cuFileHandleRegister", cst.code, cst.cuResult})
+		e.lib.fs.fail(dev, err.Error())
+		return nil, err
+	}
+	return &cufileFile{fd: fd, fh: fh, dev: dev, path: name, opts: e.opts, lib: e.lib}, nil
 }
 
 // RegisterBuffer registers device memory p with cuFile, so that transfers

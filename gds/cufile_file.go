@@ -1,6 +1,7 @@
 package gds
 
 import (
+	"errors"
 	"io"
 	"sync/atomic"
 	"unsafe"
@@ -12,6 +13,7 @@ import (
 type cufileFile struct {
 	fd     int
 	fh     uintptr // cuFile's handle for fd
+	dev    uint64  // the filesystem's device number, for its cuFile verdict
 	path   string
 	opts   Options
 	lib    *cufileLib
@@ -46,7 +48,7 @@ func (f *cufileFile) ReadAt(p []byte, off int64) (int, error) {
 	}
 	n, err := readClamped(p, off, size, func(want []byte) (int, error) { return f.transfer(false, want, off) })
 	if err != nil {
-		return n, opErr("cufile", "read", f.path, off, len(p), n, err)
+		return n, f.failed(opErr("cufile", "read", f.path, off, len(p), n, err))
 	}
 	return n, nil
 }
@@ -58,9 +60,19 @@ func (f *cufileFile) WriteAt(p []byte, off int64) (int, error) {
 	}
 	n, err := f.transfer(true, p, off)
 	if err != nil {
-		return n, opErr("cufile", "write", f.path, off, len(p), n, err)
+		return n, f.failed(opErr("cufile", "write", f.path, off, len(p), n, err))
 	}
 	return n, nil
+}
+
+// failed records a cuFile status among a transfer's errors as the
+// filesystem's verdict (cuFile does not work there), and returns err.
+func (f *cufileFile) failed(err error) error {
+	var ce *CuFileError
+	if errors.As(err, &ce) {
+		f.lib.fs.fail(f.dev, err.Error())
+	}
+	return err
 }
 
 // transfer moves p at off in task-sized pieces across the engine's

@@ -11,7 +11,10 @@ import (
 
 // CuFileStatus says whether the cufile engine works with one libcufile.
 type CuFileStatus struct {
-	// Available is true when libcufile loaded and cuFileDriverOpen succeeded.
+	// Available is true when libcufile loaded and cuFileDriverOpen
+	// succeeded: the library level only. Whether cuFile moves bytes on a
+	// filesystem is ProbeCuFileDir's question (libcufile's driver open has
+	// been seen to print an error and return success anyway).
 	Available bool
 	// Library is the path the dynamic loader opened, or the name asked for
 	// when it could not be opened.
@@ -26,6 +29,7 @@ type cufileLib struct {
 	shim   shimLib
 	status CuFileStatus
 	bufs   bufRegistry
+	fs     fsVerdicts // per filesystem: does cuFile move bytes there
 }
 
 // The probe's state: outcomes cached per library name asked for, loaded
@@ -36,13 +40,17 @@ var (
 	cufileByName = map[string]*cufileLib{}
 	cufileByPath = map[string]*cufileLib{}
 	// cufileProbe holds the probe's knobs. requireLibcuda skips the
-	// driver-open test when libcuda.so.1 cannot be loaded (the fake
-	// libcufile of the tests needs no libcuda); timeout bounds the
-	// driver-open test.
+	// driver-open test when libcuda cannot be loaded (the fake
+	// libcufile of the tests needs no libcuda to open its driver);
+	// timeout bounds the driver-open test; libcuda is the CUDA driver
+	// library, whose calls give the filesystem probe its device memory
+	// (the tests' fake libcuda, testdata/fakecufile/fakecuda.c, serves
+	// them from host memory).
 	cufileProbe = struct {
 		requireLibcuda bool
 		timeout        time.Duration
-	}{true, 10 * time.Second}
+		libcuda        string
+	}{true, 10 * time.Second, "libcuda.so.1"}
 )
 
 // ProbeCuFile loads libcufile and opens the cuFile driver, once per library:
@@ -104,7 +112,7 @@ func loadCuFile(name string) *cufileLib {
 // ProbeCuFile explains, and returns "" or why it could not.
 func openDriver(shim shimLib) string {
 	if cufileProbe.requireLibcuda {
-		if ok, msg := shimDriverLoadable(); !ok {
+		if ok, msg := shimDriverLoadable(cufileProbe.libcuda); !ok {
 			return "no NVIDIA driver: libcuda.so.1 cannot be loaded (" + msg + "); cuFileDriverOpen not called"
 		}
 	}
@@ -132,4 +140,21 @@ func openDriver(shim shimLib) string {
 		msg += fmt.Sprintf(", CUresult %d", st.cuResult)
 	}
 	return msg + ": " + cuFileDriverHint(st.code)
+}
+
+// SetCuFileDriverLibrary makes the probes load libcuda (a soname or path)
+// as the CUDA driver library until restore is called. For tests outside this package that run the cufile engine
+// over the fake libcufile and fake libcuda of testdata/fakecufile; the
+// driver open is then not guarded by the libcuda check (the fake needs
+// none).
+func SetCuFileDriverLibrary(libcuda string) (restore func()) {
+	cufileMu.Lock()
+	defer cufileMu.Unlock()
+	saved := cufileProbe
+	cufileProbe.libcuda, cufileProbe.requireLibcuda = libcuda, false
+	return func() {
+		cufileMu.Lock()
+		defer cufileMu.Unlock()
+		cufileProbe = saved
+	}
 }

@@ -77,10 +77,10 @@ void pfcf_resolved(pfcf_lib *l, char *out, size_t outlen) {
 	}
 }
 
-int pfcf_need_driver(char *err, size_t errlen) {
+int pfcf_need_driver(const char *libcuda, char *err, size_t errlen) {
 	dlerror();
 	// Kept loaded: libcufile loads the same library when it opens the driver.
-	if (dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL)) {
+	if (dlopen(libcuda, RTLD_LAZY | RTLD_LOCAL)) {
 		return 1;
 	}
 	put_err(err, errlen, "");
@@ -210,6 +210,179 @@ ssize_t pfcf_read(pfcf_lib *l, uintptr_t fh, void *base, size_t size, off_t file
 
 ssize_t pfcf_write(pfcf_lib *l, uintptr_t fh, void *base, size_t size, off_t file_off, off_t buf_off) {
 	return l->write((void *)fh, base, size, file_off, buf_off);
+}
+
+// The CUDA driver calls the probe makes, resolved from libcuda.
+typedef struct {
+	int (*init)(unsigned);
+	int (*device_get)(int *, int);
+	int (*ctx_get_current)(void **);
+	int (*primary_retain)(void **, int);
+	int (*primary_release)(int);
+	int (*ctx_push)(void *);
+	int (*ctx_pop)(void **);
+	int (*mem_alloc)(unsigned long long *, size_t);
+	int (*mem_free)(unsigned long long);
+	int (*htod)(unsigned long long, const void *, size_t);
+	int (*dtoh)(void *, unsigned long long, size_t);
+	int (*memset8)(unsigned long long, unsigned char, size_t);
+} cuda_api;
+
+static int probe_fail(pfcf_probe *r, int stage, const char *call, long ret, int err_no) {
+	r->stage = stage;
+	snprintf(r->call, sizeof r->call, "%s", call);
+	r->ret = ret;
+	r->err_no = err_no;
+	return 0;
+}
+
+// load_cuda resolves the calls (the _v2 names are those cuda.h maps the
+// plain ones to).
+static int load_cuda(const char *libcuda, cuda_api *c, pfcf_probe *r) {
+	dlerror();
+	void *dl = dlopen(libcuda, RTLD_LAZY | RTLD_LOCAL);
+	if (!dl) {
+		put_err(r->msg, sizeof r->msg, "");
+		return probe_fail(r, PFCF_PROBE_CUDA, "dlopen", 0, 0);
+	}
+	struct {
+		void **slot;
+		const char *name;
+	} syms[] = {
+		{(void **)&c->init, "cuInit"},
+		{(void **)&c->device_get, "cuDeviceGet"},
+		{(void **)&c->ctx_get_current, "cuCtxGetCurrent"},
+		{(void **)&c->primary_retain, "cuDevicePrimaryCtxRetain"},
+		{(void **)&c->primary_release, "cuDevicePrimaryCtxRelease_v2"},
+		{(void **)&c->ctx_push, "cuCtxPushCurrent_v2"},
+		{(void **)&c->ctx_pop, "cuCtxPopCurrent_v2"},
+		{(void **)&c->mem_alloc, "cuMemAlloc_v2"},
+		{(void **)&c->mem_free, "cuMemFree_v2"},
+		{(void **)&c->htod, "cuMemcpyHtoD_v2"},
+		{(void **)&c->dtoh, "cuMemcpyDtoH_v2"},
+		{(void **)&c->memset8, "cuMemsetD8_v2"},
+	};
+	for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
+		dlerror();
+		*syms[i].slot = dlsym(dl, syms[i].name);
+		if (!*syms[i].slot) {
+			put_err(r->msg, sizeof r->msg, "");
+			return probe_fail(r, PFCF_PROBE_CUDA, syms[i].name, 0, 0);
+		}
+	}
+	return 1;
+}
+
+// probe_transfer runs one cuFileRead or cuFileWrite of n bytes at offset 0
+// and says whether it moved them all.
+static int probe_transfer(pfcf_lib *l, int write, uintptr_t fh, unsigned long long dev, size_t n, pfcf_probe *r) {
+	ssize_t got;
+	do {
+		errno = 0;
+		got = write ? pfcf_write(l, fh, (void *)(uintptr_t)dev, n, 0, 0) : pfcf_read(l, fh, (void *)(uintptr_t)dev, n, 0, 0);
+	} while (got == -1 && errno == EINTR);
+	if (got == (ssize_t)n) {
+		return 1;
+	}
+	return probe_fail(r, write ? PFCF_PROBE_WRITE : PFCF_PROBE_READ, write ? "cuFileWrite" : "cuFileRead", (long)got,
+			  got == -1 ? errno : 0);
+}
+
+// probe_io_in runs the probe's transfers with device memory dev (n bytes)
+// and host memory host and back (n bytes each, aligned for O_DIRECT).
+static void probe_io_in(pfcf_lib *l, cuda_api *c, int fd, size_t n, unsigned long long dev, unsigned char *host,
+			unsigned char *back, pfcf_probe *r) {
+	int cr;
+	for (size_t i = 0; i < n; i++) {
+		host[i] = (unsigned char)(i * 131 + 7);
+	}
+	if ((cr = c->htod(dev, host, n)) != 0) {
+		probe_fail(r, PFCF_PROBE_CUDA, "cuMemcpyHtoD", cr, 0);
+		return;
+	}
+	uintptr_t fh = 0;
+	pfcf_status st = pfcf_handle_register(l, fd, &fh);
+	if (st.err != 0) {
+		probe_fail(r, PFCF_PROBE_REGISTER, "cuFileHandleRegister", st.err, 0);
+		r->err_no = st.cu_err; // the CUresult, for CU_FILE_CUDA_DRIVER_ERROR
+		return;
+	}
+	if (!probe_transfer(l, 1, fh, dev, n, r)) {
+		goto out;
+	}
+	if ((cr = c->memset8(dev, 0, n)) != 0) {
+		probe_fail(r, PFCF_PROBE_CUDA, "cuMemsetD8", cr, 0);
+		goto out;
+	}
+	if (!probe_transfer(l, 0, fh, dev, n, r)) {
+		goto out;
+	}
+	if ((cr = c->dtoh(back, dev, n)) != 0) {
+		probe_fail(r, PFCF_PROBE_CUDA, "cuMemcpyDtoH", cr, 0);
+		goto out;
+	}
+	if (memcmp(host, back, n) != 0) {
+		probe_fail(r, PFCF_PROBE_COMPARE, "cuFileRead", 0, 0);
+		goto out;
+	}
+	memset(back, 0, n);
+	if (pread(fd, back, n, 0) != (ssize_t)n || memcmp(host, back, n) != 0) {
+		probe_fail(r, PFCF_PROBE_COMPARE, "cuFileWrite", 0, 0);
+	}
+out:
+	pfcf_handle_deregister(l, fh);
+}
+
+void pfcf_probe_io(pfcf_lib *l, const char *libcuda, int fd, size_t n, pfcf_probe *r) {
+	memset(r, 0, sizeof *r);
+	cuda_api c;
+	if (!load_cuda(libcuda, &c, r)) {
+		return;
+	}
+	int cr;
+	if ((cr = c.init(0)) != 0) {
+		probe_fail(r, PFCF_PROBE_CUDA, "cuInit", cr, 0);
+		return;
+	}
+	void *ctx = NULL, *pushed = NULL;
+	if ((cr = c.ctx_get_current(&ctx)) != 0) {
+		probe_fail(r, PFCF_PROBE_CUDA, "cuCtxGetCurrent", cr, 0);
+		return;
+	}
+	if (!ctx) { // none current on this thread: device 0's primary context, as torch uses
+		int dev0 = 0;
+		if ((cr = c.device_get(&dev0, 0)) != 0) {
+			probe_fail(r, PFCF_PROBE_CUDA, "cuDeviceGet", cr, 0);
+			return;
+		}
+		if ((cr = c.primary_retain(&pushed, dev0)) != 0) {
+			probe_fail(r, PFCF_PROBE_CUDA, "cuDevicePrimaryCtxRetain", cr, 0);
+			return;
+		}
+		if ((cr = c.ctx_push(pushed)) != 0) {
+			c.primary_release(dev0);
+			probe_fail(r, PFCF_PROBE_CUDA, "cuCtxPushCurrent", cr, 0);
+			return;
+		}
+	}
+	unsigned long long dev = 0;
+	unsigned char *host = NULL, *back = NULL;
+	if ((cr = c.mem_alloc(&dev, n)) != 0) {
+		probe_fail(r, PFCF_PROBE_CUDA, "cuMemAlloc", cr, 0);
+	} else if (posix_memalign((void **)&host, 4096, n) != 0 || posix_memalign((void **)&back, 4096, n) != 0) {
+		probe_fail(r, PFCF_PROBE_CUDA, "posix_memalign", 0, ENOMEM);
+	} else {
+		probe_io_in(l, &c, fd, n, dev, host, back, r);
+	}
+	free(host);
+	free(back);
+	if (dev) {
+		c.mem_free(dev);
+	}
+	if (pushed) {
+		c.ctx_pop(NULL);
+		c.primary_release(0);
+	}
 }
 
 int pfcf_aux(pfcf_lib *l, const char *name, long a, long b, long c, long *out) {

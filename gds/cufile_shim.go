@@ -46,14 +46,48 @@ func shimLoad(path string) (lib shimLib, resolved string, errMsg string) {
 	return shimLib{l}, resolved, ""
 }
 
-// shimDriverLoadable reports whether the CUDA driver library can be loaded,
-// with the loader's message when not.
-func shimDriverLoadable() (bool, string) {
+// shimDriverLoadable reports whether the CUDA driver library libcuda can
+// be loaded, with the loader's message when not.
+func shimDriverLoadable(libcuda string) (bool, string) {
+	clib := C.CString(libcuda)
+	defer C.free(unsafe.Pointer(clib))
 	var buf [shimErrLen]C.char
-	if C.pfcf_need_driver(&buf[0], shimErrLen) != 0 {
+	if C.pfcf_need_driver(clib, &buf[0], shimErrLen) != 0 {
 		return true, ""
 	}
 	return false, C.GoString(&buf[0])
+}
+
+// probeStage is the first step of pfcf_probe_io that failed.
+type probeStage int
+
+const (
+	probeOK       probeStage = C.PFCF_PROBE_OK
+	probeCUDA     probeStage = C.PFCF_PROBE_CUDA
+	probeRegister probeStage = C.PFCF_PROBE_REGISTER
+	probeWrite    probeStage = C.PFCF_PROBE_WRITE
+	probeRead     probeStage = C.PFCF_PROBE_READ
+	probeCompare  probeStage = C.PFCF_PROBE_COMPARE
+)
+
+// probeResult is what pfcf_probe_io found (see cufile_shim.h).
+type probeResult struct {
+	stage probeStage
+	call  string // the call that failed
+	ret   int64  // its result: cuFile status, transfer result or CUresult
+	errno syscall.Errno
+	msg   string // the loader's message
+}
+
+// probeIO moves n bytes from device memory to fd and back through cuFile
+// (pfcf_probe_io), with device memory from libcuda.
+func (l shimLib) probeIO(libcuda string, fd, n int) probeResult {
+	clib := C.CString(libcuda)
+	defer C.free(unsafe.Pointer(clib))
+	var r C.pfcf_probe
+	C.pfcf_probe_io(l.c, clib, C.int(fd), C.size_t(n), &r)
+	return probeResult{stage: probeStage(r.stage), call: C.GoString(&r.call[0]), ret: int64(r.ret),
+		errno: syscall.Errno(r.err_no), msg: C.GoString(&r.msg[0])}
 }
 
 // canaryOutcome is how cuFileDriverOpen fared in the probe's child process.

@@ -52,9 +52,39 @@ pfcf_lib *pfcf_load(const char *path, char *err, size_t errlen);
 // pfcf_resolved writes the path the dynamic loader actually opened for l.
 void pfcf_resolved(pfcf_lib *l, char *out, size_t outlen);
 
-// pfcf_need_driver reports whether the CUDA driver library (libcuda.so.1)
-// can be loaded; when not, it writes dlerror to err and returns 0.
-int pfcf_need_driver(char *err, size_t errlen);
+// pfcf_need_driver reports whether the CUDA driver library libcuda (a
+// soname or path: "libcuda.so.1" but in tests) can be loaded; when not, it
+// writes dlerror to err and returns 0.
+int pfcf_need_driver(const char *libcuda, char *err, size_t errlen);
+
+// Stages of pfcf_probe_io, the first one that failed.
+enum {
+	PFCF_PROBE_OK = 0,
+	PFCF_PROBE_CUDA = 1,     // device memory: libcuda missing a call, or a call failed
+	PFCF_PROBE_REGISTER = 2, // cuFileHandleRegister failed
+	PFCF_PROBE_WRITE = 3,    // cuFileWrite failed or was short
+	PFCF_PROBE_READ = 4,     // cuFileRead failed or was short
+	PFCF_PROBE_COMPARE = 5,  // the bytes read back, or those in the file, differ
+};
+
+// pfcf_probe is what pfcf_probe_io found.
+typedef struct {
+	int stage;     // PFCF_PROBE_*
+	char call[48]; // the call that failed
+	long ret;      // its result: a cuFile status, a transfer's result, or a CUresult
+	int err_no;    // errno, for a transfer that returned -1
+	char msg[256]; // the loader's message, when libcuda lacks a call
+} pfcf_probe;
+
+// pfcf_probe_io checks that cuFile moves bytes between device memory and
+// the file fd (open read-write, empty, never seen by cuFile): it registers
+// fd, writes n bytes of a pattern from device memory at offset 0, reads
+// them back into cleared device memory, and compares both the bytes read
+// back and the file's own bytes (pread) with the pattern. Device memory
+// comes from libcuda (cuMemAlloc in the context current on this thread,
+// else in device 0's primary context), all on the calling thread, as CUDA
+// contexts are per thread. Everything is released before it returns.
+void pfcf_probe_io(pfcf_lib *l, const char *libcuda, int fd, size_t n, pfcf_probe *r);
 
 // Outcomes of pfcf_canary.
 enum {

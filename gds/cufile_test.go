@@ -87,18 +87,32 @@ func (f *fakeLib) logOf(op int64) []fakeCall {
 
 // buildFake compiles the fake libcufile into a directory of the test's own,
 // so each test loads a fresh copy with its own counters (a second dlopen of
-// one path would return the copy already loaded). It skips the test when
-// gcc is missing.
+// one path would return the copy already loaded), and the fake libcuda
+// beside it, which the filesystem probe then gets its device memory from
+// (for the rest of the test). It skips the test when gcc is missing.
 func buildFake(t *testing.T) string {
 	t.Helper()
 	gcc, err := exec.LookPath("gcc")
 	if err != nil {
 		t.Skipf("gcc not found, cannot build the fake libcufile: %v", err)
 	}
-	out := filepath.Join(t.TempDir(), "libcufile.so.0")
-	cmd := exec.Command(gcc, "-shared", "-fPIC", "-Wall", "-o", out, filepath.Join("testdata", "fakecufile", "fakecufile.c"))
-	msg, err := cmd.CombinedOutput()
-	require.NoError(t, err, "building the fake libcufile: %s", msg)
+	dir := t.TempDir()
+	out := filepath.Join(dir, "libcufile.so.0")
+	cuda := filepath.Join(dir, "libcuda.so.1")
+	for src, dst := range map[string]string{"fakecufile.c": out, "fakecuda.c": cuda} {
+		cmd := exec.Command(gcc, "-shared", "-fPIC", "-Wall", "-o", dst, filepath.Join("testdata", "fakecufile", src))
+		msg, err := cmd.CombinedOutput()
+		require.NoError(t, err, "building %s: %s", src, msg)
+	}
+	cufileMu.Lock()
+	saved := cufileProbe.libcuda
+	cufileProbe.libcuda = cuda
+	cufileMu.Unlock()
+	t.Cleanup(func() {
+		cufileMu.Lock()
+		cufileProbe.libcuda = saved
+		cufileMu.Unlock()
+	})
 	return out
 }
 
@@ -135,6 +149,10 @@ func fakeEngine(t *testing.T, opts Options) (*CuFile, *fakeLib) {
 	opts.CuFileLibrary = path
 	e, err := NewCuFile(opts)
 	require.NoError(t, err)
+	// The filesystem probe of the test's temporary directories, before
+	// the counters start.
+	st := ProbeCuFileDir(path, t.TempDir())
+	require.True(t, st.Available, "the fake passes the filesystem probe: %+v", st)
 	fake := &fakeLib{t: t, path: path, shim: e.lib.shim}
 	fake.reset()
 	return e, fake
@@ -510,7 +528,7 @@ func realLibrary(t *testing.T) string {
 	if _, err := os.Stat(realCuFileLib); err != nil {
 		t.Skipf("no real libcufile at %s: %v", realCuFileLib, err)
 	}
-	if ok, _ := shimDriverLoadable(); ok {
+	if ok, _ := shimDriverLoadable("libcuda.so.1"); ok {
 		t.Skip("libcuda.so.1 loads here: this machine has an NVIDIA driver, the no-driver tests do not apply")
 	}
 	t.Setenv("CUFILE_LOGFILE_PATH", filepath.Join(t.TempDir(), "cufile.log"))

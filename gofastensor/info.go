@@ -18,7 +18,8 @@ import (
 
 // pft_info returns, as JSON, what the library knows of this machine and of
 // the filesystem holding dir: versions, CPU features, each engine's
-// availability with the reason when it is not available, the directory's
+// availability with the reason when it is not available (cufile's for
+// dir's filesystem: see transfer.DirProbe), the directory's
 // probe (transfer.Probe: the same one every engine choice uses, with the
 // libcufile actually loaded) and the data path's thresholds. cufileLib,
 // when not NULL, is a libcufile path to probe instead of the one resolved.
@@ -122,7 +123,12 @@ func collectInfo(dir string, opts gds.Options) map[string]any {
 		"engines": engines,
 	}
 	if dir != "" {
-		info["dir"] = transfer.Probe(dir)
+		p := transfer.Probe(dir)
+		info["dir"] = p
+		// cufile is available only where it moves bytes: on dir's filesystem.
+		if e := engines["cufile"]; e.Available && !p.CuFile {
+			engines["cufile"] = engineInfo{Reason: fmt.Sprintf("%v: cufile: %s", gds.ErrUnavailable, p.CuFileReason)}
+		}
 	}
 	info["settings"] = transfer.Settings()
 	return info

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -98,7 +99,9 @@ func openSpill(dir string, pick func() Picker, opts gds.Options) (_ *spillFile, 
 	}
 
 	s.picker = pick()
-	s.files = transfer.NewFiles(path, os.O_RDWR, opts, nil)
+	// Slots hold host memory (the offload stages device tensors through
+	// pinned buffers): where cuFile fails, a CPU engine serves the file.
+	s.files = transfer.NewFiles(path, os.O_RDWR, opts, nil).HostMemory()
 	engines := s.picker.Engines()
 	if err := s.files.Open(engines...); err != nil {
 		return nil, fmt.Errorf("spill file in %s: %w", dir, err)
@@ -185,7 +188,7 @@ func (s *spillFile) transfer(op Op, e extent, p []byte) (string, error) {
 		// offset; add the directory, which is what the user chose.
 		return name, fmt.Errorf("spill file in %s: %w", s.dir, err)
 	}
-	return name, nil
+	return s.files.Serving(name), nil
 }
 
 func (s *spillFile) usage() (int64, int64, int64) {
@@ -201,12 +204,17 @@ func (s *spillFile) describe() Description {
 		d.Engines = s.picker.Engines()
 	}
 	if s.files != nil {
+		var why []string
+		if fb := s.files.Fallback(); fb != "" {
+			why = append(why, fb)
+		}
 		_ = s.files.Each(func(_ string, f gds.File) error {
 			if f.Fallback() != "" {
-				d.Fallback = f.Fallback()
+				why = append(why, f.Fallback())
 			}
 			return nil
 		})
+		d.Fallback = strings.Join(why, "; ")
 	}
 	return d
 }

@@ -88,6 +88,10 @@ type Stats struct {
 	PeakPrefetchBytes int64            `json:"peak_prefetch_bytes"`
 	LiveSlots         int              `json:"live_slots"`
 	EngineBytes       map[string]int64 `json:"engine_bytes"` // bytes written per engine
+	// Fallback says why an engine other than the one asked for serves
+	// the spill file (Description.Fallback, as of now: a cuFile failure
+	// during the run shows here).
+	Fallback string `json:"fallback,omitempty"`
 }
 
 // Stats returns the store's totals.
@@ -103,6 +107,7 @@ func (s *Store) Stats() Stats {
 // account is an error.
 func (s *Store) StatsOf(acct Account) (Stats, error) {
 	used, peak, size := s.be.usage()
+	fallback := s.be.describe().Fallback
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	c := &s.c
@@ -118,7 +123,7 @@ func (s *Store) StatsOf(acct Account) (Stats, error) {
 		WriteNs: int64(c.writeTime), ReadNs: int64(c.readTime), StallNs: int64(c.stall),
 		StoredBytes: used, PeakStoredBytes: peak, FileBytes: size,
 		PrefetchBytes: c.prefetchBytes, PeakPrefetchBytes: c.peakPrefetch,
-		LiveSlots: len(s.slots), EngineBytes: maps.Clone(c.engineBytes),
+		LiveSlots: len(s.slots), EngineBytes: maps.Clone(c.engineBytes), Fallback: fallback,
 	}, nil
 }
 

@@ -11,12 +11,40 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
+import warnings
 from typing import Any
 
 from . import _lib, config
 from ._buffers import address_of
 
 ENGINES = ("posix", "direct", "uring", "mmap", "cufile")
+
+_cufile_warned = threading.Lock()
+
+
+def cufile_fallback(reason: str) -> None:
+    """Warn, once per process, that cuFile is installed but did not work and the CPU
+    engines served instead (staging device memory through pinned host memory).
+
+    The one place that decides the warning: the CUDA load and the spill store call it
+    with the reason the Go core recorded (:func:`pyfastensor.info` reports the same
+    reason for the filesystem). Nothing fails: the operation went through the CPU path.
+
+    Args:
+        reason: why cuFile was not used, as the Go core says it.
+    """
+    if _cufile_warned.acquire(blocking=False):  # held for good: the first caller warns
+        warnings.warn(f"pyfastensor: cuFile does not work here, the CPU engines serve instead: {reason}",
+                      RuntimeWarning, stacklevel=3)
+
+
+def cufile_driver_works(directory: str | os.PathLike[str]) -> bool:
+    """Whether libcufile loaded and its driver opened (the library level of
+    ``info(directory)["dir"]``), so a cuFile failure there is worth a warning; where
+    libcufile or the NVIDIA driver is simply missing, the CPU path is the normal one."""
+    d = _lib.call_json("pft_info", _lib.cstr(directory), None)
+    return bool(d.get("dir", {}).get("cufile_driver"))
 
 _MODES = {
     "r": os.O_RDONLY,

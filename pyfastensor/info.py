@@ -18,13 +18,29 @@ def info(path: str | os.PathLike[str] = ".") -> dict[str, Any]:
     Returns:
         A dict with ``version``, ``go_version``, ``cpu`` (brand and the features
         that matter), ``engines`` (each engine's availability and, when not
-        available, the reason in words: this is where a missing libcufile or
-        NVIDIA driver is explained), ``dir`` (the directory's probe, the one
+        available, the reason in words; ``cufile`` is available only where it
+        works on ``path``'s filesystem), ``dir`` (the directory's probe, the one
         every engine choice uses: filesystem type, whether O_DIRECT works and
-        with what alignment, io_uring, the libcufile actually loaded and where
-        its name came from, and the fallback with its reason), ``settings``
-        (the data path's thresholds) and ``python`` (versions, library path,
-        the libcufile candidates found).
+        with what alignment, io_uring, cuFile, the fallback with its reason),
+        ``settings`` (the data path's thresholds) and ``python`` (versions,
+        library path, the libcufile candidates found).
+
+        cuFile in ``dir``, in two levels:
+
+        - ``cufile_driver`` (bool) and ``cufile_driver_reason``: the library
+          level, once per process: libcufile (``cufile_library``, found by
+          ``cufile_library_source``) loads and ``cuFileDriverOpen`` returns
+          success (guarded: first in a child process, killed after 10 s).
+        - ``cufile`` (bool) and ``cufile_reason``: whether cuFile moves bytes on
+          this filesystem, once per filesystem (by ``st_dev``) and process: a
+          temporary file in ``path`` is registered with cuFile, 64 KiB are
+          written to it from device memory and read back through cuFile, and
+          the bytes compared. ``cufile_verdict`` says how it was decided:
+          ``"library"`` (the library level failed; nothing tried here),
+          ``"probe"``, or ``"failure"`` (a file's registration or transfer
+          failed since, e.g. ``CU_FILE_HANDLE_NOT_REGISTERED (5027)`` where
+          GPUDirect Storage is not installed; the engine choices stopped using
+          cuFile there and the CPU engines served instead).
 
     Example::
 

@@ -148,7 +148,8 @@ class FakeCuda:
 
 
 def build_fake_cufile(where: Path) -> Path | None:
-    """Build the fake libcufile (gds/testdata/fakecufile) and a stand-in libcuda.so.1 into
+    """Build the fake libcufile and the fake libcuda.so.1 (gds/testdata/fakecufile: the
+    driver calls the cuFile probe gets device memory from, served from host memory) into
     ``where``; None when there is no C compiler."""
     gcc = shutil.which("gcc") or shutil.which("cc")
     if gcc is None:
@@ -157,16 +158,14 @@ def build_fake_cufile(where: Path) -> Path | None:
     lib = where / "libcufile.so.0"
     subprocess.run([gcc, "-shared", "-fPIC", "-o", str(lib), str(ROOT / "gds/testdata/fakecufile/fakecufile.c")],
                    check=True, capture_output=True)
-    stub = where / "stub.c"
-    stub.write_text("int pyfastensor_fake_libcuda;\n")
-    subprocess.run([gcc, "-shared", "-fPIC", "-o", str(where / "libcuda.so.1"), str(stub)],
-                   check=True, capture_output=True)
+    subprocess.run([gcc, "-shared", "-fPIC", "-o", str(where / "libcuda.so.1"),
+                    str(ROOT / "gds/testdata/fakecufile/fakecuda.c")], check=True, capture_output=True)
     return lib
 
 
 def fake_cufile_env(lib: Path, **extra: str) -> dict[str, str]:
-    """The environment of a child process that loads the fake libcufile: the probe finds a
-    (stand-in) NVIDIA driver library beside it."""
+    """The environment of a child process that loads the fake libcufile: the probe finds the
+    fake NVIDIA driver library beside it."""
     env = dict(os.environ)
     env["LD_LIBRARY_PATH"] = f"{lib.parent}:{env.get('LD_LIBRARY_PATH', '')}"
     env["PYFASTENSOR_CUFILE_LIB"] = str(lib)
@@ -175,13 +174,17 @@ def fake_cufile_env(lib: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def run_child(path: Path, map_location: str, env: dict[str, str], *, fail_read: bool = False) -> dict[str, Any]:
+def run_child(path: Path, map_location: str, env: dict[str, str], *, fail_read: bool = False,
+              twice: bool = False) -> dict[str, Any]:
     """Run this file as a script in a child process (see the module docstring); its JSON line.
-    ``fail_read``: the fake libcufile fails the third cuFileRead."""
+    ``fail_read``: the fake libcufile fails the third cuFileRead. ``twice``: load twice (the
+    second result is reported). The line also holds ``warnings`` (the warnings the loads
+    issued) and ``info`` (``info()["dir"]`` of the file's directory, cuFile fields, after)."""
     import json
     import sys
 
     extra = ["fail-read"] if fail_read else []
+    extra += ["twice"] if twice else []
     out = subprocess.run([sys.executable, __file__, str(path), map_location, *extra], env=env,
                          capture_output=True, text=True, timeout=300)
     if out.returncode != 0:
@@ -189,9 +192,10 @@ def run_child(path: Path, map_location: str, env: dict[str, str], *, fail_read: 
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
-def _child(path: str, map_location: str, fault: bool) -> None:
+def _child(path: str, map_location: str, fault: bool, twice: bool = False) -> None:
     import ctypes
     import json
+    import warnings
 
     import pyfastensor
     from pyfastensor import _device
@@ -210,9 +214,12 @@ def _child(path: str, map_location: str, fault: bool) -> None:
         pyfastensor.info()  # the probe loads the library first
         fake_lib.fake_fail_next(7, 5030, 2)  # the third cuFileRead fails: CU_FILE_INTERNAL_ERROR
     try:
-        with _device.using(fake):
-            got = pyfastensor.load(path, map_location=map_location,
-                                   engine=os.environ.get("PFT_TEST_ENGINE") or None)  # load's engine=, for the tests
+        with _device.using(fake), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(2 if twice else 1):
+                got = pyfastensor.load(path, map_location=map_location,
+                                       engine=os.environ.get("PFT_TEST_ENGINE") or None)  # load's engine=, for the tests
+        result["warnings"] = [str(w.message) for w in caught]
         want = torch.load(path, map_location="cpu")
         result["equal"] = sorted(got) == sorted(want) and all(
             bytes(got[k].untyped_storage()) == bytes(want[k].untyped_storage())
@@ -222,6 +229,8 @@ def _child(path: str, map_location: str, fault: bool) -> None:
         result.update(_cuda.last_route)
     except Exception as e:  # noqa: BLE001 - reported to the parent
         result["error"] = f"{type(e).__name__}: {e}"
+    d = pyfastensor.info(os.path.dirname(path))["dir"]
+    result["info"] = {k: v for k, v in d.items() if k.startswith("cufile")}
     if fake_lib is not None:
         result["cufile_reads"] = fake_lib.fake_calls(7, 0, 0)
     result["copies"] = len(fake.copies)
@@ -231,4 +240,4 @@ def _child(path: str, map_location: str, fault: bool) -> None:
 if __name__ == "__main__":
     import sys
 
-    _child(sys.argv[1], sys.argv[2], sys.argv[3:] == ["fail-read"])
+    _child(sys.argv[1], sys.argv[2], "fail-read" in sys.argv[3:], "twice" in sys.argv[3:])

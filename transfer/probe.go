@@ -18,13 +18,22 @@ type DirProbe struct {
 	// Uring is whether io_uring works on this machine; UringReason why not.
 	Uring       bool   `json:"io_uring"`
 	UringReason string `json:"io_uring_reason,omitempty"`
-	// CuFile is whether GPUDirect Storage works; CuFileLibrary is the one
-	// libcufile every engine choice loads (gds.CuFileLibrary), with where
-	// that name came from, and CuFileReason why it does not work.
-	CuFile        bool   `json:"cufile"`
-	CuFileLibrary string `json:"cufile_library"`
-	CuFileSource  string `json:"cufile_library_source"`
-	CuFileReason  string `json:"cufile_reason,omitempty"`
+	// CuFile is whether cuFile moves bytes on this directory's filesystem
+	// (gds.ProbeCuFileDir: the library and its driver open, then a small
+	// write and read through cuFile from device memory, once per
+	// filesystem; a later failure on a file there turns it off), and
+	// CuFileReason why not. CuFileVerdict is how that was decided:
+	// "library", "probe" or "failure". CuFileDriver is the library level
+	// alone (libcufile loaded, cuFileDriverOpen returned success), with
+	// CuFileDriverReason. CuFileLibrary is the one libcufile every engine
+	// choice loads (gds.CuFileLibrary), with where that name came from.
+	CuFile             bool   `json:"cufile"`
+	CuFileReason       string `json:"cufile_reason,omitempty"`
+	CuFileVerdict      string `json:"cufile_verdict"`
+	CuFileDriver       bool   `json:"cufile_driver"`
+	CuFileDriverReason string `json:"cufile_driver_reason,omitempty"`
+	CuFileLibrary      string `json:"cufile_library"`
+	CuFileSource       string `json:"cufile_library_source"`
 	// Fallback says, in words, what the default choice does instead of
 	// O_DIRECT in this directory; "" when O_DIRECT works.
 	Fallback string `json:"fallback,omitempty"`
@@ -33,28 +42,34 @@ type DirProbe struct {
 var probes sync.Map // absolute dir -> DirProbe
 
 // Probe returns dir's probe, probing it on first use (a small unlinked
-// file moved through O_DIRECT; io_uring and libcufile once per process).
-// Safe for concurrent use.
+// file moved through O_DIRECT; io_uring and libcufile once per process;
+// cuFile once per filesystem). The cuFile fields are the verdict of now:
+// a failure of cuFile on a file since the first probe shows. Safe for
+// concurrent use.
 func Probe(dir string) DirProbe {
 	if abs, err := filepath.Abs(dir); err == nil {
 		dir = abs
 	}
-	if p, ok := probes.Load(dir); ok {
-		return p.(DirProbe)
+	p, ok := probes.Load(dir)
+	if !ok {
+		p = DirProbe{DirInfo: gds.ProbeDir(dir)}
+		d := p.(DirProbe)
+		d.Uring, d.UringReason = gds.ProbeUring()
+		if !d.Direct {
+			d.Fallback = "posix (page cache) for every transfer: " + d.DirectReason
+		}
+		p, _ = probes.LoadOrStore(dir, d)
 	}
-	p := DirProbe{DirInfo: gds.ProbeDir(dir)}
-	p.Uring, p.UringReason = gds.ProbeUring()
-	p.CuFileLibrary, p.CuFileSource = gds.CuFileLibrary(gds.Options{})
-	cf := gds.ProbeCuFile(p.CuFileLibrary)
-	p.CuFile, p.CuFileReason = cf.Available, cf.Reason
-	if cf.Library != "" {
-		p.CuFileLibrary = cf.Library
+	d := p.(DirProbe)
+	d.CuFileLibrary, d.CuFileSource = gds.CuFileLibrary(gds.Options{})
+	lib := gds.ProbeCuFile(d.CuFileLibrary)
+	d.CuFileDriver, d.CuFileDriverReason = lib.Available, lib.Reason
+	if lib.Library != "" {
+		d.CuFileLibrary = lib.Library
 	}
-	if !p.Direct {
-		p.Fallback = "posix (page cache) for every transfer: " + p.DirectReason
-	}
-	actual, _ := probes.LoadOrStore(dir, p)
-	return actual.(DirProbe)
+	fs := gds.ProbeCuFileDir(d.CuFileLibrary, dir)
+	d.CuFile, d.CuFileReason, d.CuFileVerdict = fs.Available, fs.Reason, fs.Source
+	return d
 }
 
 // ShownName returns what errors call the file at path: for

@@ -69,6 +69,9 @@ type Stats struct {
 	Bytes   int64            `json:"data_bytes"`
 	Engines map[string]int64 `json:"engines"` // bytes per engine that served them
 	Seconds float64          `json:"seconds"`
+	// Fallback says why a CPU engine served what was asked of cufile
+	// (Files); "" when nothing fell back.
+	Fallback string `json:"fallback,omitempty"`
 }
 
 // Options tune a transfer. The zero value means the defaults.
@@ -133,11 +136,14 @@ func Read(path string, exts []Extent, o Options) ([]Result, Stats, error) {
 		}
 	}
 	files := NewFiles(path, os.O_RDONLY, o.Engine, o.Progress)
+	if o.hostMemory() {
+		files.HostMemory()
+	}
 	res, err := run(files, exts, engines, OpRead, cmp.Or(o.Workers, ReadWorkers(engines)), o)
 	if cerr := files.Close(); err == nil && cerr != nil {
 		err = cerr
 	}
-	st := Stats{Engines: files.Engines(), Seconds: time.Since(start).Seconds()}
+	st := Stats{Engines: files.Engines(), Seconds: time.Since(start).Seconds(), Fallback: files.Fallback()}
 	for _, n := range sizes {
 		st.Bytes += n
 	}
@@ -190,6 +196,12 @@ func run(files *Files, exts []Extent, engines []string, op Op, workers int, o Op
 			p = e.Data[pc.Lo:pc.Hi]
 		}
 		crc, _, err := MoveSummed(f, op == OpWrite, p, off, e.Sum)
+		if err != nil {
+			if g := files.retry(f, err); g != nil { // cuFile failed on host memory: redo it on the CPU
+				f = g
+				crc, _, err = MoveSummed(f, op == OpWrite, p, off, e.Sum)
+			}
+		}
 		if err != nil {
 			return &ExtentError{Ext: pc.Ext, Off: off, Err: err}
 		}
@@ -258,8 +270,22 @@ func Create(path string, size int64, durable bool, fsys FS, o Options) (*Writer,
 	if err != nil {
 		return nil, err
 	}
+	files := NewFiles(tmp, os.O_RDWR, o.Engine, o.Progress)
+	if o.hostMemory() {
+		files.HostMemory()
+	}
 	return &Writer{target: target, tmp: tmp, durable: durable, o: o, fs: fsys,
-		files: NewFiles(tmp, os.O_RDWR, o.Engine, o.Progress), start: time.Now()}, nil
+		files: files, start: time.Now()}, nil
+}
+
+// hostMemory says whether the transfer's memory is known to be host memory,
+// so that cuFile failing falls back to a CPU engine (Files): always, but
+// where the caller named cufile itself (Fixed("cufile")), whose memory may
+// be device memory. Engines the chooser picks (the adaptive dictionaries)
+// serve host memory.
+func (o Options) hostMemory() bool {
+	f, fixed := o.Chooser.(Fixed)
+	return !fixed || f != "cufile"
 }
 
 // Write writes the extents, in parallel pieces, each through its engine,
@@ -337,7 +363,7 @@ func (w *Writer) Commit() (Stats, error) {
 		_ = w.fs.Remove(w.tmp)
 		return Stats{}, err
 	}
-	return Stats{Bytes: w.bytes, Engines: w.files.Engines(), Seconds: time.Since(w.start).Seconds()}, nil
+	return Stats{Bytes: w.bytes, Engines: w.files.Engines(), Seconds: time.Since(w.start).Seconds(), Fallback: w.files.Fallback()}, nil
 }
 
 // Abort drops the write: the temporary file is closed and removed, the

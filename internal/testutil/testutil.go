@@ -1,11 +1,15 @@
 // Package testutil holds the helpers the Go tests of several packages
-// share: deterministic test bytes and a scratch filesystem. Only tests
+// share: deterministic test bytes, a scratch filesystem and the fake
+// libcufile. Only tests
 // import it.
 package testutil
 
 import (
 	"encoding/binary"
 	"math/rand/v2"
+	"os/exec"
+	"path/filepath"
+	"runtime"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -34,4 +38,27 @@ func MountFS(t testing.TB, fstype string, flags uintptr, opts string) string {
 	}
 	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
 	return dir
+}
+
+// BuildFakeCuFile compiles the fake libcufile and the fake libcuda of
+// gds/testdata/fakecufile into a directory of the test's own and returns
+// their paths (a fresh copy per test: its own counters). It skips the test
+// when gcc is missing. The caller points gds at them
+// (gds.SetCuFileDriverLibrary, PYFASTENSOR_CUFILE_LIB).
+func BuildFakeCuFile(t testing.TB) (libcufile, libcuda string) {
+	t.Helper()
+	gcc, err := exec.LookPath("gcc")
+	if err != nil {
+		t.Skipf("gcc not found, cannot build the fake libcufile: %v", err)
+	}
+	_, here, _, _ := runtime.Caller(0)
+	src := filepath.Join(filepath.Dir(here), "..", "..", "gds", "testdata", "fakecufile")
+	dir := t.TempDir()
+	libcufile, libcuda = filepath.Join(dir, "libcufile.so.0"), filepath.Join(dir, "libcuda.so.1")
+	for in, out := range map[string]string{"fakecufile.c": libcufile, "fakecuda.c": libcuda} {
+		if msg, err := exec.Command(gcc, "-shared", "-fPIC", "-o", out, filepath.Join(src, in)).CombinedOutput(); err != nil {
+			t.Fatalf("building %s: %v: %s", in, err, msg)
+		}
+	}
+	return libcufile, libcuda
 }

@@ -10,9 +10,13 @@ are then moved by one of two routes, decided once per load
   memory (the Go core's cufile engine, every record in one parallel call;
   libcufile loaded at run time; destinations are not registered with
   ``cuFileBufRegister``, which pays only for buffers reused many times). Taken
-  where cuFile can open the file; where it cannot (no libcufile, no NVIDIA
-  driver, nvidia-fs missing...), the load falls back to the pinned ring and
-  :data:`last_route` says why. CRC-32s are checked by reading each record
+  where cuFile works on the file's filesystem (``info()["dir"]["cufile"]``:
+  the driver opens and a small write and read through cuFile succeed) and
+  can open the file; where it cannot (no libcufile, no NVIDIA driver,
+  GPUDirect Storage not installed, a registration or read that fails), the
+  load falls back to the pinned ring, :data:`last_route` says why, and a
+  failure of an installed libcufile warns once per process
+  (:func:`pyfastensor.engines.cufile_fallback`). CRC-32s are checked by reading each record
   back through the pinned ring (a device-to-host copy at PCIe speed, well
   above any disk's) and summing it in the Go core, in parallel pieces;
   ``verify=False`` skips that. (Summing on the device with torch ops would
@@ -61,7 +65,7 @@ from typing import Any
 import torch
 
 from .. import _device, _lib, config
-from ..engines import EngineFile
+from ..engines import EngineFile, cufile_driver_works, cufile_fallback
 from ..errors import CorruptFileError, EngineUnavailableError, FastensorError
 from . import _progress
 from ._native import Archive
@@ -233,7 +237,7 @@ def fill(archive: Archive, records: list[tuple[int, torch.Tensor]], *, verify: b
                     raise
                 route, reason = "pinned", f"cuFile read failed, the load went through the pinned ring: {e}"
                 last_route.update(route=route, reason=reason)
-                _log.warning("pyfastensor.load %s: %s", archive.path, reason)
+                cufile_fallback(reason)
                 cufile = None
         if cufile is None:
             _Upload(archive, ring, backend, verify, engine, done).run(records)
@@ -258,7 +262,10 @@ def _choose(archive: Archive, engine: Any = None) -> tuple[str, str, EngineFile 
             raise EngineUnavailableError(
                 f"PYFASTENSOR_CUDA_LOAD=cufile, but cuFile cannot read {archive.path}: {e}"
             ) from None
-        return "pinned", f"cuFile unavailable: {e}", None
+        reason = f"cuFile unavailable: {e}"
+        if cufile_driver_works(os.path.dirname(os.path.abspath(archive.path))):
+            cufile_fallback(reason)  # installed, yet it failed on this filesystem
+        return "pinned", reason, None
 
 
 class _Upload:

@@ -63,9 +63,14 @@ def shared(key: tuple[Any, ...], open_store: Callable[[], SpillStore]) -> SpillS
 def _spill_engines(directory: str) -> list[str]:
     """The engines that can write (and so read back) files in ``directory``."""
     from ..dictionary import Dictionaries
+    from ..engines import cufile_driver_works, cufile_fallback
 
     with Dictionaries(path="", directory=directory) as probe:
-        return list(probe.describe()["write"])
+        d = probe.describe()
+    why = (d.get("excluded") or {}).get("cufile")
+    if why and cufile_driver_works(directory):  # installed, yet it failed on this filesystem
+        cufile_fallback(why)
+    return list(d["write"])
 
 
 class SpillStore:
@@ -97,6 +102,10 @@ class SpillStore:
         )
         self._handle = out.value
         self.description: dict[str, Any] = self._json("pft_store_describe")
+        if "cuFile" in (self.description.get("fallback") or ""):
+            from ..engines import cufile_fallback
+
+            cufile_fallback(self.description["fallback"])
         self.last_stats: dict[str, Any] = {}
         self._accounts: dict[int, dict[str, Any]] = {}  # account -> its figures when the store closed
         # put_after: ids handed out -> their puts; native slot -> id; the thread issuing them.

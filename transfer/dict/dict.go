@@ -11,6 +11,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Adaptive engine choice: Fastensor's three dictionaries (WDic, RDic, WRDic).
@@ -223,6 +225,10 @@ type Decision struct {
 type Dictionaries struct {
 	cfg DictConfig
 	wr  []string // engines that can do both directions, in write order
+	// dev is the filesystem's device number (cfg.Key.Device), whose cuFile
+	// verdict decides whether cufile stays a candidate; hasDev when known.
+	dev    uint64
+	hasDev bool
 
 	mu       sync.Mutex
 	tables   [3]map[int]*entry
@@ -244,6 +250,10 @@ func NewDictionaries(cfg DictConfig) (*Dictionaries, error) {
 		return nil, err
 	}
 	d := &Dictionaries{cfg: cfg, lastSave: time.Now()}
+	var major, minor uint32
+	if _, err := fmt.Sscanf(cfg.Key.Device, "%d:%d", &major, &minor); err == nil {
+		d.dev, d.hasDev = unix.Mkdev(major, minor), true
+	}
 	for _, w := range cfg.Write {
 		if slices.Contains(cfg.Read, w) {
 			d.wr = append(d.wr, w)
@@ -274,11 +284,25 @@ func (d *Dictionaries) Engines(op Op, t Table) []string { return d.candidates(op
 func (d *Dictionaries) candidates(op Op, t Table) []string {
 	switch {
 	case t == WRDic && len(d.wr) > 0:
-		return d.wr
+		return d.withoutFailedCuFile(d.wr)
 	case op == OpRead:
-		return d.cfg.Read
+		return d.withoutFailedCuFile(d.cfg.Read)
 	}
-	return d.cfg.Write
+	return d.withoutFailedCuFile(d.cfg.Write)
+}
+
+// withoutFailedCuFile drops cufile from cands once cuFile is known not to
+// work on the dictionaries' filesystem (gds.CuFileFailedOn: its probe
+// failed, or a file's open or transfer failed since): the dictionaries stop
+// choosing it there, for the rest of the process. A lone candidate stays.
+func (d *Dictionaries) withoutFailedCuFile(cands []string) []string {
+	if !d.hasDev || len(cands) < 2 || !slices.Contains(cands, "cufile") {
+		return cands
+	}
+	if _, failed := gds.CuFileFailedOn(d.dev); !failed {
+		return cands
+	}
+	return slices.DeleteFunc(slices.Clone(cands), func(s string) bool { return s == "cufile" })
 }
 
 // Use says which dictionary answers each direction for one consumer.

@@ -150,9 +150,9 @@ var enginePreference = []string{"posix", "direct", "uring", "mmap", "cufile"}
 // Candidates lists the engines that can write and read files in dir on this
 // machine, in order of preference, and why each other engine is left out:
 // unavailable engines; direct and uring where O_DIRECT does not work (they
-// would fall back to posix); mmap for writes (it only reads). cufile is
-// listed where it is available; it moves device memory, so a consumer with
-// host buffers drops it.
+// would fall back to posix); mmap for writes (it only reads); cufile where
+// cuFile does not move bytes on dir's filesystem (gds.ProbeCuFileDir:
+// library, driver, then a write and read through cuFile).
 func Candidates(dir string, opts gds.Options) (write, read []string, excluded map[string]string) {
 	excluded = map[string]string{}
 	names := gds.Names()
@@ -162,6 +162,12 @@ func Candidates(dir string, opts gds.Options) (write, read []string, excluded ma
 		if _, err := gds.New(n, opts); err != nil {
 			excluded[n] = err.Error()
 			continue
+		}
+		if n == "cufile" {
+			if v := gds.ProbeCuFileDir(opts.CuFileLibrary, dir); !v.Available {
+				excluded[n] = fmt.Sprintf("cuFile does not work on %s: %s", dir, v.Reason)
+				continue
+			}
 		}
 		if n == "direct" || n == "uring" {
 			if direct == nil {

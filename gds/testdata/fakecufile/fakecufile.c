@@ -12,10 +12,18 @@
 // buffer is addressed through its registered base, and a buffer is
 // registered at most once.
 //
-// Environment, read when cuFileDriverOpen is called:
-//   FAKECUFILE_DRIVER_OPEN=hang   never return
-//   FAKECUFILE_DRIVER_OPEN=crash  die of SIGSEGV
-//   FAKECUFILE_DRIVER_OPEN=<n>    fail with CUfileOpError n
+// Environment, read at each call of the function it names:
+//   FAKECUFILE_DRIVER_OPEN=hang    never return
+//   FAKECUFILE_DRIVER_OPEN=crash   die of SIGSEGV
+//   FAKECUFILE_DRIVER_OPEN=<n>     fail with CUfileOpError n
+//   FAKECUFILE_DRIVER_OPEN=noinit  what pip's libcufile does on a GPU machine
+//                                  without GPUDirect Storage: print cuInit and
+//                                  initialization errors to stderr, return
+//                                  success, then refuse every handle with
+//                                  CU_FILE_HANDLE_NOT_REGISTERED (5027)
+//   FAKECUFILE_HANDLE_REGISTER=<n> every cuFileHandleRegister fails with n
+//   FAKECUFILE_READ=<n>            every cuFileRead returns -n (a CUfileOpError)
+//   FAKECUFILE_WRITE=<n>           every cuFileWrite returns -n
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -77,6 +85,7 @@ typedef struct {
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static long calls[OP_COUNT];
 static long driver_opened, handles;
+static int driver_broken; // opened in "noinit" mode: handles are refused
 static struct {
 	long op, code, skip;
 } fault;
@@ -114,6 +123,13 @@ static long injected(long op) {
 
 static status_t st(int err) { return (status_t){err, 0}; }
 
+// env_code returns the CUfileOpError the environment variable name asks
+// for, or 0.
+static long env_code(const char *name) {
+	const char *v = getenv(name);
+	return v && *v ? atol(v) : 0;
+}
+
 status_t cuFileDriverOpen(void) {
 	const char *mode = getenv("FAKECUFILE_DRIVER_OPEN");
 	if (mode && strcmp(mode, "hang") == 0) {
@@ -124,13 +140,19 @@ status_t cuFileDriverOpen(void) {
 	if (mode && strcmp(mode, "crash") == 0) {
 		raise(SIGSEGV);
 	}
+	int noinit = mode && strcmp(mode, "noinit") == 0;
+	if (noinit) { // the messages of pip's libcufile where cuInit fails
+		fprintf(stderr, "cuInit Failed, error CUDA_ERROR_NOT_INITIALIZED\n");
+		fprintf(stderr, "cuFile initialization failed\n");
+	}
 	pthread_mutex_lock(&mu);
 	long code = injected(OP_DRIVER_OPEN);
-	if (code == 0 && mode && *mode) {
+	if (code == 0 && mode && *mode && !noinit) {
 		code = atol(mode);
 	}
 	if (code == 0) {
 		driver_opened++;
+		driver_broken = noinit;
 	}
 	record(OP_DRIVER_OPEN, 0, 0, 0, 0, code);
 	pthread_mutex_unlock(&mu);
@@ -155,6 +177,12 @@ status_t cuFileHandleRegister(void **fh, descr_t *d) {
 	long code = injected(OP_HANDLE_REGISTER);
 	if (!code && driver_opened == 0) {
 		code = DRIVER_NOT_INITIALIZED;
+	}
+	if (!code && driver_broken) {
+		code = HANDLE_NOT_REGISTERED;
+	}
+	if (!code) {
+		code = env_code("FAKECUFILE_HANDLE_REGISTER");
 	}
 	if (!code && (d->type != 1 || d->fs_ops != NULL)) {
 		code = INVALID_VALUE;
@@ -239,6 +267,9 @@ static ssize_t io(long op, void *fh, char *base, size_t size, off_t file_off, of
 	handle_t *h = fh;
 	pthread_mutex_lock(&mu);
 	long code = injected(op);
+	if (!code) {
+		code = env_code(op == OP_READ ? "FAKECUFILE_READ" : "FAKECUFILE_WRITE");
+	}
 	if (!code && (!h || h->magic != MAGIC)) {
 		code = HANDLE_NOT_REGISTERED;
 	}
