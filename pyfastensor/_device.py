@@ -235,7 +235,8 @@ class PinnedPool:
     have been freed, and the last copy that used it (the event given to :meth:`fence`) has
     completed: :meth:`take` hands out such a buffer, or grows; once sealed (:meth:`seal`), or
     at its limit, it waits for the copy of a free one (counted in :attr:`waits`) rather than
-    grow. The pool holds
+    grow, and once sealed it hands out the start of the smallest larger free buffer before
+    asking its caller to reclaim one. The pool holds
     at most ``limit`` bytes; past that, :meth:`take` returns a buffer of the backend's own
     (torch's caching host allocator), counted in :attr:`overflows`.
 
@@ -278,8 +279,11 @@ class PinnedPool:
                 pick = next((b for b in idle if b.ready()), None)
                 if pick is None and idle and (self.sealed or self.reserved + nbytes > self.limit):
                     pick = idle[0]  # its copy is still running: wait for it rather than grow
+                if pick is None and self.sealed:  # the smallest larger free buffer, sliced
+                    pick = min((x for size, xs in self._bufs.items() if size > nbytes for x in xs
+                                if x.idle() and x.ready()), key=lambda x: x.base.numel(), default=None)
                 if pick is not None:
-                    out = pick.base[:]  # taken: no longer idle
+                    out = pick.base[:nbytes]  # taken: no longer idle
                     event, pick.event = pick.event, None
                     break
                 if not self.sealed or reclaim is None:

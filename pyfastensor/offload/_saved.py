@@ -231,9 +231,10 @@ class Entry:
             return self.staging.pinned(self.payload_nbytes, self.reclaim)
         return self.pool.take(self.payload_nbytes)
 
-    def prefetch_hosted(self) -> int:
-        """:meth:`prefetch` for the host tier's entries only, not yet unpacked; 0 for others."""
-        if self.hosted is None or self.seen:
+    def prefetch_staged(self) -> int:
+        """:meth:`prefetch` for entries staged through pinned memory (accelerator tensors) not
+        yet unpacked; 0 for others."""
+        if self.staging is None or self.seen:
             return 0
         return self.prefetch()
 

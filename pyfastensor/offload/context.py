@@ -480,9 +480,10 @@ class Offload:
     def _prefetch_after(self, entry: Entry | None) -> None:
         """Prefetch along the recorded order after ``entry``'s unpack (None: before the first).
 
-        Before an order was recorded (the first step), the host tier's entries are uploaded
-        ahead along the reverse of the pack order, backward's usual one: a wrong guess costs
-        device memory within the window, and no read.
+        Before an order was recorded (the first step), the accelerator tensors' entries are
+        fetched ahead along the reverse of the pack order, backward's usual one (so the first
+        step also sizes the pinned pool for the prefetches of the next): a wrong guess costs
+        memory within the window.
         """
         pf = self._prefetcher
         entries = self._step.entries
@@ -492,7 +493,7 @@ class Offload:
                 meter = self._meter  # not self: no reference cycle
                 pf = self._prefetcher = Prefetcher(list(range(len(entries) - 1, -1, -1)), self.budget or 0,
                                                    lambda: meter.now)
-            issue = Entry.prefetch_hosted
+            issue = Entry.prefetch_staged
         elif len(entries) != self._order_count:
             return
         if pf is None:
