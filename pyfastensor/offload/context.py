@@ -55,6 +55,15 @@ class Offload:
     slots at once (and closes the store if no other object uses it).
     ``policy="none"`` opens no store.
 
+    Accelerator (CUDA) tensors are copied through pinned host memory on a
+    side stream of the object's own, ordered by events: neither pack nor
+    unpack waits for a copy on the CPU, and uploads are issued ahead of
+    backward. With ``tier="host"`` the pinned buffer a tensor is copied
+    into is its stored copy. The object's pinned pool is grown in its first
+    step (after the profiling step, for ``"scheduled"`` and ``"planned"``)
+    and reused after it, bounded by ``PYFASTENSOR_OFFLOAD_PINNED``;
+    :meth:`close` lets it go.
+
     ``policy="planned"`` is G10's tensor migration (the G10 paper's sections 4.2
     to 4.4) at run time. The profiling step offloads every eligible tensor
     while recording the saved tensors (pack order, sizes), their unpack
@@ -89,8 +98,10 @@ class Offload:
     the saved tensor.
 
     Args:
-        tier: ``"ssd"`` (spill file in ``spill_dir``), ``"host"`` (memory
-            owned by the native library) or ``"auto"`` (ssd, unless
+        tier: ``"ssd"`` (spill file in ``spill_dir``), ``"host"`` (host memory:
+            for CPU tensors, memory owned by the native library; for
+            accelerator tensors, the pinned buffers their device-to-host
+            copies land in, kept as the stored copy) or ``"auto"`` (ssd, unless
             ``spill_dir`` is itself memory: tmpfs). Default ``"ssd"``.
         spill_dir: directory of the spill file. Default: the system's
             temporary directory. Checked when the context is entered.
