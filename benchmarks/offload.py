@@ -1,5 +1,10 @@
 """``python -m benchmarks offload``: activation offload against its peers (FlashNeuron tables 10-12).
 
+With ``--device cuda`` (``--workload gpt``, its default there) it runs the
+GPT-like model of :mod:`benchmarks.offload_cuda` instead: CUDA activations
+against no offload, checkpointing, ``save_on_cpu``, TRL's offload and the
+PCIe bound. Otherwise (``--workload train``):
+
 CPU training of models built in code (a deep MLP and a CNN of
 conv+BN+ReLU blocks), one row per way of handling the saved tensors:
 
@@ -43,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .harness import add_command, disk, temp_dir, write_json
+from .harness import progress as say
 from .workloads import TrainWorkload, train_workloads
 
 if TYPE_CHECKING:  # torch (and pyfastensor.offload) load where a benchmark runs: `--help` stays fast
@@ -460,14 +466,31 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--min-size", type=int, default=256 << 10, help="bytes below which tensors stay (default 256K)")
     p.add_argument("--no-batch-search", action="store_true", help="skip the largest-batch search")
     p.add_argument("--device", default="cpu", help="where the models train: cpu (default) or cuda")
+    p.add_argument("--workload", choices=("gpt", "train"), default=None,
+                   help="gpt: the GPT-like model against no offload, checkpointing, save_on_cpu, TRL and the "
+                        "PCIe bound (CUDA only; the default with --device cuda); train: the MLP and CNN tables "
+                        "(the default on cpu)")
 
 
 def _cmd_offload(args: argparse.Namespace) -> int:
+    workload = args.workload or ("gpt" if args.device.startswith("cuda") else "train")
     with temp_dir(args.dir, "offload") as d:
-        result = run(d, quick=args.quick, min_size=args.min_size, budget_fraction=args.budget_fraction,
-                     scheduled_fraction=args.scheduled_fraction, steps=args.steps, limit=not args.no_limit,
-                     batch_search=not args.no_batch_search, device=args.device)
-    print(format_report(result))
+        if workload == "gpt":
+            if not args.device.startswith("cuda"):
+                raise SystemExit("offload --workload gpt trains on a GPU: add --device cuda")
+            from . import offload_cuda
+
+            lim = None
+            if not args.no_limit:
+                lim = disk.measure_limit(d, size=(64 if args.quick else 1024) * MiB, use_fio=not args.quick)
+            result = offload_cuda.run(d, quick=args.quick, steps=args.steps, disk_limit=lim, progress=say)
+            text = offload_cuda.format_report(result) + ("\n" + lim.describe() if lim is not None else "")
+        else:
+            result = run(d, quick=args.quick, min_size=args.min_size, budget_fraction=args.budget_fraction,
+                         scheduled_fraction=args.scheduled_fraction, steps=args.steps, limit=not args.no_limit,
+                         batch_search=not args.no_batch_search, device=args.device)
+            text = format_report(result)
+    print(text)
     if args.json:
         write_json(result, args.json)
     return 0

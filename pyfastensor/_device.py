@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 import torch
@@ -42,7 +42,7 @@ def memory_alignment() -> int:
 class Backend(Protocol):
     """The accelerator calls the CUDA paths make (``torch.cuda``'s, by default).
 
-    Streams have ``wait_stream(other)``; events have ``record(stream)``,
+    Streams have ``wait_stream(other)`` and ``wait_event(event)``; events have ``record(stream)``,
     ``query()`` and ``synchronize()``, as torch.cuda's do.
     """
 
@@ -229,11 +229,16 @@ class Ring:
 
 class PinnedPool:
     """Pinned host buffers by exact size, reused: activations offloaded step after step have the
-    same sizes, so after the first step no pinned memory is allocated.
+    same sizes, so once the pool has grown to a step's need no pinned memory is allocated.
 
     A buffer is free again when the tensor :meth:`take` made over it, and every view of it,
-    have been freed. The pool holds at most ``limit`` bytes; past that, :meth:`take` returns
-    a buffer of the backend's own (torch's caching host allocator), counted in :attr:`overflows`.
+    have been freed, and the last copy that used it (the event given to :meth:`fence`) has
+    completed: :meth:`take` hands out such a buffer, or grows; once sealed (:meth:`seal`), or
+    at its limit, it waits for the copy of a free one (counted in :attr:`waits`) rather than
+    grow, and once sealed it hands out the start of the smallest larger free buffer before
+    asking its caller to reclaim one. The pool holds
+    at most ``limit`` bytes; past that, :meth:`take` returns a buffer of the backend's own
+    (torch's caching host allocator), counted in :attr:`overflows`.
 
     Args:
         backend: allocates the buffers.
@@ -245,24 +250,80 @@ class PinnedPool:
         self.limit = config.pinned_pool() if limit is None else limit
         self._lock = threading.Lock()
         self._bufs: dict[int, list[_Pooled]] = {}
+        self._by_ptr: dict[int, _Pooled] = {}
         self.reserved = 0  # bytes the pool holds
         self.allocations = 0  # buffers it allocated
         self.overflows = 0  # buffers handed out past the limit
+        self.sealed = False  # sized: grow only when nothing can be reclaimed
+        self.late = 0  # buffers allocated after seal()
+        self.waits = 0  # takes that waited for the last copy of the buffer they got
 
-    def take(self, nbytes: int) -> torch.Tensor:
-        """An uninitialised uint8 pinned tensor of ``nbytes`` (a view of a pooled buffer)."""
+    def seal(self) -> None:
+        """The pool has grown to what a step needs: from now on :meth:`take` asks its
+        ``reclaim`` for a buffer before allocating one (counted in :attr:`late`)."""
+        self.sealed = True
+
+    def take(self, nbytes: int, reclaim: Callable[[], bool] | None = None) -> torch.Tensor:
+        """An uninitialised uint8 pinned tensor of ``nbytes`` (a view of a pooled buffer).
+
+        Args:
+            nbytes: its size.
+            reclaim: after :meth:`seal`, called while no buffer of that size is free: lets
+                one go (waits for a write that reads one, say) and returns True, or returns
+                False when nothing can be let go (then the pool grows).
+        """
+        while True:
+            with self._lock:
+                bufs = self._bufs.setdefault(nbytes, [])
+                idle = [b for b in bufs if b.idle()]
+                pick = next((b for b in idle if b.ready()), None)
+                if pick is None and idle and (self.sealed or self.reserved + nbytes > self.limit):
+                    pick = idle[0]  # its copy is still running: wait for it rather than grow
+                if pick is None and self.sealed:  # the smallest larger free buffer, sliced
+                    pick = min((x for size, xs in self._bufs.items() if size > nbytes for x in xs
+                                if x.idle() and x.ready()), key=lambda x: x.base.numel(), default=None)
+                if pick is not None:
+                    out = pick.base[:nbytes]  # taken: no longer idle
+                    event, pick.event = pick.event, None
+                    break
+                if not self.sealed or reclaim is None:
+                    return self._grow(bufs, nbytes)
+            if not reclaim():
+                with self._lock:
+                    return self._grow(self._bufs[nbytes], nbytes)
+        if event is not None:
+            self.waits += 1
+            event.synchronize()
+        return out
+
+    def _grow(self, bufs: list[_Pooled], nbytes: int) -> torch.Tensor:
+        if self.reserved + nbytes > self.limit:
+            self.overflows += 1
+            return self.backend.pinned(nbytes)
+        free = _Pooled(self.backend.pinned(nbytes))
+        bufs.append(free)
+        self._by_ptr[free.storage.data_ptr()] = free
+        self.reserved += nbytes
+        self.allocations += 1
+        self.late += self.sealed
+        return free.base[:]
+
+    def fence(self, t: torch.Tensor, event: Any) -> bool:
+        """``t`` (taken from the pool) is used by a copy until ``event`` completes: its buffer is
+        not handed out again before. Returns False when ``t`` is not the pool's (an overflow)."""
         with self._lock:
-            bufs = self._bufs.setdefault(nbytes, [])
-            free = next((b for b in bufs if b.idle()), None)
-            if free is None:
-                if self.reserved + nbytes > self.limit:
-                    self.overflows += 1
-                    return self.backend.pinned(nbytes)
-                free = _Pooled(self.backend.pinned(nbytes))
-                bufs.append(free)
-                self.reserved += nbytes
-                self.allocations += 1
-            return free.base[:]
+            b = self._by_ptr.get(t.untyped_storage().data_ptr())
+            if b is None:
+                return False
+            b.event = event
+            return True
+
+    def clear(self) -> None:
+        """Let go of every buffer (those still in use go with their tensors)."""
+        with self._lock:
+            self._bufs.clear()
+            self._by_ptr.clear()
+            self.reserved = 0
 
 
 class _Pooled:
@@ -276,12 +337,19 @@ class _Pooled:
     allocation it came from, which torch finds through the storage.)
     """
 
-    __slots__ = ("base", "baseline", "storage")
+    __slots__ = ("base", "baseline", "event", "storage")
 
     def __init__(self, base: torch.Tensor) -> None:
         self.base = base
         self.storage = base.untyped_storage()
         self.baseline = _torch.storage_use_count(self.storage)
+        self.event: Any = None  # the last copy using it (fence), until seen complete
 
     def idle(self) -> bool:
         return _torch.storage_use_count(self.storage) <= self.baseline
+
+    def ready(self) -> bool:
+        """No copy uses it (its last one has completed)."""
+        if self.event is not None and self.event.query():
+            self.event = None
+        return self.event is None

@@ -13,6 +13,7 @@ naming the variable and what it accepts.
 ``PYFASTENSOR_LIB``            path of the native library (development)
 ``PYFASTENSOR_DATA_HOST``      address a distributed ChunkDataset listens on
 ``PYFASTENSOR_PINNED_POOL``    bytes of pinned host memory for CUDA staging (default 64M)
+``PYFASTENSOR_OFFLOAD_PINNED``  pinned host memory one CUDA offload may hold (default: half of RAM)
 ``PYFASTENSOR_CUDA_LOAD``      ``auto``, ``cufile`` or ``pinned``: how loads reach CUDA
 ``PYFASTENSOR_KEEP_FREED``     bytes of freed load memory kept for the next load (default 1G)
 =============================  ==========================================
@@ -164,8 +165,8 @@ def keep_freed() -> int:
 def pinned_pool() -> int:
     """``PYFASTENSOR_PINNED_POOL``: bytes of pinned host memory each CUDA path may stage
     through, allocated once per process and reused (default 64M; at least 1M): CUDA
-    loads (a ring of :data:`PINNED_RING_SLOTS` slots), CUDA ``async_save`` snapshots
-    (waves past it) and CUDA offload (buffers past it come from torch's allocator)."""
+    loads (a ring of :data:`PINNED_RING_SLOTS` slots) and CUDA ``async_save`` snapshots
+    (waves past it); offload has its own bound (:func:`offload_pinned`)."""
     raw = os.environ.get("PYFASTENSOR_PINNED_POOL")
     if not raw:
         return PINNED_POOL_DEFAULT
@@ -175,6 +176,27 @@ def pinned_pool() -> int:
         raise ValueError(f"PYFASTENSOR_PINNED_POOL: {e}") from None
     if value < 1 << 20:
         raise ValueError(f"PYFASTENSOR_PINNED_POOL={raw!r}: expected at least 1M")
+    return value
+
+
+def offload_pinned() -> int:
+    """``PYFASTENSOR_OFFLOAD_PINNED``: bytes of pinned host memory the staging of one
+    offload object may hold (CUDA activations: the host tier's stored copies, the SSD
+    tier's writes in flight and read-backs), grown in its first step to what a step
+    needs and reused after (default: half of the machine's physical memory; at least 1M).
+    Buffers past it come from torch's pinned allocator, allocated as they are needed."""
+    raw = os.environ.get("PYFASTENSOR_OFFLOAD_PINNED")
+    if not raw:
+        try:
+            return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+        except (ValueError, OSError):
+            return 8 << 30
+    try:
+        value = parse_size(raw)
+    except ValueError as e:
+        raise ValueError(f"PYFASTENSOR_OFFLOAD_PINNED: {e}") from None
+    if value < 1 << 20:
+        raise ValueError(f"PYFASTENSOR_OFFLOAD_PINNED={raw!r}: expected at least 1M")
     return value
 
 

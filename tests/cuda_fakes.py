@@ -10,6 +10,9 @@ just as it would on a GPU. "Device memory" is CPU memory.
 
 ``gate``: while cleared, synchronizing an event blocks (a copy still in
 flight), so a test can check what happens before a copy completes.
+``syncs`` records the thread of every ``event.synchronize()`` (a CPU wait),
+``pinned_calls`` every pinned allocation (what torch's caching host
+allocator would get a ``cudaHostAlloc`` for when it has no free block).
 
 Run as a script (``python cuda_fakes.py <checkpoint> <map_location>``), it
 loads the checkpoint to "cuda" through the fake backend and prints a JSON
@@ -53,6 +56,13 @@ class FakeStream:
         self.backend.log.append(("wait", self.name, other.name))
         other.run_until(len(other.ops))  # conservative: what self runs next comes after all of it
 
+    def wait_event(self, event: FakeEvent) -> None:
+        """What self runs next comes after the event's stream's ops up to it (a device-side wait:
+        the CPU does not block; here the ops simply run now)."""
+        self.backend.log.append(("wait_event", self.name, event.stream.name if event.stream else ""))
+        if event.stream is not None:
+            event.stream.run_until(event.at)
+
     def synchronize(self) -> None:
         self.run_until(len(self.ops))
 
@@ -74,6 +84,7 @@ class FakeEvent:
         return self.completed
 
     def synchronize(self) -> None:
+        self.backend.syncs.append(threading.current_thread())
         if not self.backend.gate.wait(timeout=60):
             raise AssertionError("a copy's event was waited for while the test held copies in flight")
         if self.stream is not None:
@@ -98,6 +109,7 @@ class FakeCuda:
         self.current = self.compute
         self.sides = 0
         self.pinned_calls: list[int] = []  # sizes of pinned allocations
+        self.syncs: list[threading.Thread] = []  # the thread of each event.synchronize()
         self.empties: list[tuple[int, str]] = []  # (bytes, location asked for) of device allocations
         self.copies: list[tuple[str, int]] = []  # (stream, bytes) of copies issued
         self._asked = ""

@@ -35,3 +35,36 @@ def test_help_explains_the_benchmark():
     out = subprocess.run([sys.executable, "-m", "benchmarks", "offload", "--help"],
                          capture_output=True, text=True, check=True, cwd=ROOT).stdout
     assert "--quick" in out and "torch.save" in out
+
+
+def test_cuda_table_reports_bounds_targets_and_a_missing_trl():
+    from benchmarks import offload_cuda
+
+    def row(step: float, peak: float, **extra: float) -> dict:
+        return {"step_s": step, "peak_bytes": int(peak * 1e9), **extra}
+
+    rows = {"none": row(0.040, 5.85), "checkpoint": row(0.049, 3.13), "save_on_cpu": row(0.348, 2.76),
+            "trl": {"missing": "not installed"},
+            "pft-host": row(0.180, 2.76, bytes=4_000_000_000, pinned_allocations=0, pinned_bytes=1),
+            "pft-ssd": row(0.900, 2.76, bytes=4_000_000_000, pinned_allocations=0, pinned_bytes=1),
+            "scheduled": row(0.050, 4.4, bytes=1, pinned_allocations=0, pinned_bytes=1, resident_peak=2, budget=3),
+            "planned": row(0.060, 4.6, bytes=1, pinned_allocations=0, pinned_bytes=1, resident_peak=4, budget=3)}
+    for name, r in rows.items():
+        if name in offload_cuda.OFFLOAD_ROWS and "step_s" in r:
+            r["bound_s"] = 0.160 if name.startswith("pft") else 0.045
+            r["bound_ratio"] = r["step_s"] / r["bound_s"]
+    bound = {"forward_s": 0.013, "backward_s": 0.027, "d2h_bps": 52e9, "h2d_bps": 50e9, "bytes": 4e9}
+    text = offload_cuda.format_report({"model": offload_cuda.GPT_QUICK, "rows": rows, "bound": bound})
+    assert "trl" in text and "not installed" in text
+    assert "pft-host / bound: 1.12 (target <= 1.25: met)" in text
+    assert "save_on_cpu / pft-host: 1.93x (target >= 1.5x: met)" in text
+    assert ("scheduled: saved tensors' resident peak 0.00 GB of a 0.00 GB budget (within); step 1.02x checkpoint's, "
+            "bound 0.92x (target: no slower where the bound is below it: MISSED)") in text
+    assert "planned: saved tensors' resident peak 0.00 GB of a 0.00 GB budget (OVER)" in text
+
+
+def test_gpt_workload_needs_cuda():
+    out = subprocess.run([sys.executable, "-m", "benchmarks", "offload", "--workload", "gpt", "--quick"],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode != 0
+    assert "offload --workload gpt trains on a GPU: add --device cuda" in out.stderr

@@ -117,7 +117,7 @@ def test_decisions_are_honoured_on_every_tier(tmp_path, monkeypatch):
     assert s.bytes_offloaded["host"] == sum(d["bytes"] for d in decisions if d["tier"] == "host")
     # The host tier went through the staging: a copy on the side stream after compute, per tensor.
     assert fake.log.count(("wait", "side", "compute")) >= len(planned["host"])
-    assert ("wait", "compute", "side") in fake.log, "uploads make compute wait for the side stream"
+    assert ("wait_event", "compute", "side") in fake.log, "uploads make compute wait for their events"
     # One more step, looked at between forward and backward: every entry is where the plan put it.
     where = _entries_after_forward(off, model, batch_of, 3)
     assert where == planned

@@ -21,12 +21,16 @@ class FakeStream:
     def wait_stream(self, other: FakeStream) -> None:
         self.log.append(("wait", self.name, other.name))
 
+    def wait_event(self, event: FakeEvent) -> None:
+        self.log.append(("wait_event", self.name, event.stream))
+
 
 class FakeEvent:
     def __init__(self, log: list[tuple[Any, ...]]) -> None:
-        self.log, self.done = log, False
+        self.log, self.done, self.stream = log, False, ""
 
     def record(self, stream: FakeStream) -> None:
+        self.stream = stream.name
         self.log.append(("event", stream.name))
 
     def query(self) -> bool:
@@ -91,24 +95,40 @@ def test_to_host_copies_on_the_side_stream_after_compute():
     assert torch.equal(host.view(torch.float16), payload)
 
 
-def test_to_device_makes_compute_wait_and_keeps_the_pinned_source():
+def test_to_device_issues_the_copy_and_join_makes_compute_wait_for_its_event():
     b = FakeBackend()
     st = Staging(b)
     host = st.pinned(4096)
     host.copy_(torch.arange(4096) % 251)
-    out = st.to_device(host, torch.device("cpu"))
+    up = st.to_device(host, torch.device("cpu"))
+    assert not any(e[0] in ("wait", "wait_event") and e[1] == "compute" for e in b.log), \
+        "issuing an upload (a prefetch) does not hold up the compute stream"
+    out = st.join(up, torch.device("cpu"))
     assert torch.equal(out, host)
-    assert ("wait", "compute", "side") in b.log, "compute waits for the upload, not the CPU"
-    assert ("sync",) not in b.log
-    assert len(st._inflight) == 1 and st._inflight[0][1] is host
-    st.to_device(host, torch.device("cpu"))
-    assert len(st._inflight) == 2, "an upload whose event has not completed keeps its buffer"
-    b.events[0].done = True
-    st.to_device(host, torch.device("cpu"))
-    assert len(st._inflight) == 2, "finished uploads drop their buffers"
-    st.close()
-    assert st._inflight == [] and b.log.count(("sync",)) == 2
+    assert b.log[-2:] == [("wait_event", "compute", "side"), ("record", "compute")], \
+        "compute waits for the upload's event, and the output is in use on compute"
+    assert ("sync",) not in b.log, "the CPU never waits"
 
+
+def test_a_pinned_buffer_is_reused_only_after_its_copy_event():
+    b = FakeBackend()
+    st = Staging(b)
+    host = st.pinned(4096)
+    st.to_device(host, torch.device("cpu"))
+    del host  # nothing refers to the buffer, but its upload has not completed
+    again = st.pinned(4096)
+    assert st.pool.allocations == 2 and ("sync",) not in b.log, "before seal: grow, do not wait"
+    del again
+    st.pool.seal()
+    kept = st.pinned(4096)  # the buffer no copy uses: no wait
+    assert st.pool.waits == 0 and ("sync",) not in b.log
+    got = st.pinned(4096)  # only the first buffer is free, its upload still running
+    assert st.pool.waits == 1 and b.log[-1] == ("sync",), "sealed: waited for the upload before reuse"
+    assert st.pool.allocations == 2 and st.pool.late == 0
+    del got, kept
+    b.events[0].done = True
+    st.close()
+    assert st.pool.reserved == 0
 
 def test_one_side_stream_per_device():
     b = FakeBackend()

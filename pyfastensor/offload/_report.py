@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._device import PinnedPool
 from ._pool import BufferPool
 from ._saved import Meter
 from ._step import Step
@@ -12,7 +13,8 @@ from .summary import OffloadSummary
 
 
 def summarize(*, step_number: int, step: Step, full_disk_events: int, store: SpillStore | None, account: int,
-              base: dict[str, Any], dictionary: str, meter: Meter, pool: BufferPool) -> OffloadSummary:
+              base: dict[str, Any], dictionary: str, meter: Meter, pool: BufferPool,
+              pinned: PinnedPool | None = None, pinned_base: int = 0) -> OffloadSummary:
     """The summary of a step: its counts, and its account's transfers since ``base``.
 
     Args:
@@ -25,6 +27,8 @@ def summarize(*, step_number: int, step: Step, full_disk_events: int, store: Spi
         dictionary: the ``dictionary=`` option.
         meter: the bytes of saved tensors in memory (its peak is the step's).
         pool: the read-back buffers.
+        pinned: the staging's pinned pool (accelerator tensors), if any.
+        pinned_base: its allocations and overflows when the step began.
     """
     st = since(store.stats(account), base) if store is not None else {}
     desc = store.description if store is not None else {}
@@ -49,6 +53,8 @@ def summarize(*, step_number: int, step: Step, full_disk_events: int, store: Spi
         bytes_read=int(st.get("bytes_read", 0)),
         resident_peak_bytes=meter.peak,
         read_buffer_bytes=pool.reserved,
+        pinned_bytes=pinned.reserved if pinned is not None else 0,
+        pinned_allocations=pinned.allocations + pinned.overflows - pinned_base if pinned is not None else 0,
         stall_seconds=st.get("stall_ns", 0) / 1e9,
         pack_seconds=step.pack_seconds,
         unpack_seconds=step.unpack_seconds,

@@ -131,7 +131,7 @@ class Entry:
     """One saved storage: resident, or stored in a slot (see the module docstring)."""
 
     __slots__ = ("__weakref__", "device", "enc", "held", "hosted", "index", "kept", "meter", "nbytes", "payload_nbytes",
-                 "pool", "prefetched", "relu", "resident", "roots", "seen", "staging", "storage_ref", "waiting",
+                 "pool", "prefetched", "reclaim", "relu", "resident", "roots", "seen", "staging", "storage_ref", "waiting",
                  "decode_seconds")
 
     def __init__(self, index: int, nbytes: int, device: torch.device, meter: Meter,
@@ -147,11 +147,13 @@ class Entry:
         self.enc: codecs.Encoded | None = None  # metadata only: its payload is empty
         self.payload_nbytes = 0  # bytes in the slot
         self.held: Held | None = None
-        # Host tier of policy="planned": the bytes in a pinned host buffer,
-        # copied there (and back) by ``staging``; no store slot.
+        # Host tier (accelerator tensors under tier="host", and policy="planned"'s
+        # host tier): the bytes in a pinned host buffer, copied there (and
+        # back) by ``staging``; no store slot.
         self.hosted: torch.Tensor | None = None
         self.staging: _staging.Staging | None = None
-        self.prefetched: torch.Tensor | None = None
+        self.reclaim: Callable[[], bool] | None = None  # lets a pinned buffer go (PinnedPool.take)
+        self.prefetched: Any = None  # a read-back buffer, or the host tier's Upload
         self.roots: list[weakref.ref[torch.Tensor]] = []  # restored storages still alive
         self.seen = False  # unpacked at least once in this step
         # Handles (Saved) not unpacked yet, and the restored storage held for
@@ -178,27 +180,31 @@ class Entry:
     def stored(self) -> bool:
         return self.held is not None
 
-    def stage(self, raw: torch.Tensor, staging: _staging.Staging) -> None:
-        """Host tier: copy ``raw`` (the storage's bytes) into a pinned host buffer and keep only that.
+    def stage(self, payload: torch.Tensor, staging: _staging.Staging, enc: codecs.Encoded | None = None) -> None:
+        """Host tier: copy ``payload`` (the storage's bytes, or ``enc``'s encoding of them) into a
+        pinned host buffer and keep only that: the buffer is the stored copy.
 
-        The copy runs on the staging's side stream; the source's memory is
-        marked in use there, so it is not reused before the copy has read
-        it, and the upload on unpack, on the same stream, follows it.
+        The copy runs on the staging's side stream and nothing waits for it
+        here; the source's memory is marked in use there, so it is not
+        reused before the copy has read it, and the upload on unpack, on the
+        same stream, follows it.
         """
-        self.hosted, _ = staging.to_host(raw)
+        self.hosted, _ = staging.to_host(payload)
         self.staging = staging
-        self.enc = codecs.with_payload(codecs.encode(raw, "raw"), torch.empty(0, dtype=torch.uint8))
-        self.payload_nbytes = raw.numel()
+        enc = enc if enc is not None else codecs.encode(payload, "raw")
+        self.enc = codecs.with_payload(enc, torch.empty(0, dtype=torch.uint8))
+        self.payload_nbytes = payload.numel() * payload.element_size()
 
-    def _upload(self) -> torch.Tensor:
-        """The host tier's bytes back on the entry's device (a copy of their own), counted by the meter."""
+    def _upload(self) -> _staging.Upload:
+        """Issue the host tier's bytes' copy back to the entry's device (a copy of their own),
+        counted by the meter from now on."""
         hosted, staging = self.hosted, self.staging
         assert hosted is not None and staging is not None
-        out = staging.to_device(hosted, self.device)
-        if out.untyped_storage().data_ptr() == hosted.untyped_storage().data_ptr():
-            out = out.clone()  # host memory is the device's: never hand out the tier's buffer
-        self.meter.track(out)
-        return out
+        up = staging.to_device(hosted, self.device)
+        if up.out.untyped_storage().data_ptr() == hosted.untyped_storage().data_ptr():
+            up.out = up.out.clone()  # host memory is the device's: never hand out the tier's buffer
+        self.meter.track(up.out)
+        return up
 
     def root(self) -> torch.Tensor | None:
         """A tensor over this entry's bytes that is already in memory, if any."""
@@ -222,8 +228,15 @@ class Entry:
         reused step after step, already faulted in, page-aligned.
         """
         if self.staging is not None:
-            return self.staging.pinned(self.payload_nbytes)
+            return self.staging.pinned(self.payload_nbytes, self.reclaim)
         return self.pool.take(self.payload_nbytes)
+
+    def prefetch_staged(self) -> int:
+        """:meth:`prefetch` for entries staged through pinned memory (accelerator tensors) not
+        yet unpacked; 0 for others."""
+        if self.staging is None or self.seen:
+            return 0
+        return self.prefetch()
 
     def prefetch(self) -> int:
         """Start reading the slot into a fresh buffer; return the bytes asked for (0 if none)."""
@@ -249,11 +262,12 @@ class Entry:
         if root is not None:
             return root
         held, enc = self.held, self.enc
-        if self.hosted is not None and enc is not None:
-            payload, self.prefetched = self.prefetched, None
-            if payload is None:
-                payload = self._upload()
-            root = codecs.decode(codecs.with_payload(enc, payload))
+        if self.hosted is not None and enc is not None and self.staging is not None:
+            up, self.prefetched = self.prefetched, None
+            if up is None:
+                up = self._upload()
+            root = codecs.decode(codecs.with_payload(enc, self.staging.join(up, self.device)))
+            root = root if root._base is None else root._base
             self.roots.append(weakref.ref(root))
             return root
         assert held is not None and enc is not None
@@ -272,7 +286,7 @@ class Entry:
                 self.meter.track(payload)
             held.store.get(held.slot, payload.data_ptr(), payload.numel())
         if self.staging is not None:  # pinned buffer (read back, or still being written), side stream
-            payload = self.staging.to_device(payload, self.device)
+            payload = self.staging.join(self.staging.to_device(payload, self.device), self.device)
         started = time.perf_counter()
         flat = codecs.decode(codecs.with_payload(enc, payload))
         self.decode_seconds = time.perf_counter() - started

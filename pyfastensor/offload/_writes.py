@@ -63,9 +63,10 @@ class Writes:
             NoSpaceError: the spill file could not even grow.
         """
         if staging is not None:
-            payload, landed = staging.to_host(payload)
+            reclaim = self.reclaimer(store)
+            payload, landed = staging.to_host(payload, reclaim)
             slot = store.put_after(landed, payload.data_ptr(), payload.numel(), account)
-            entry.staging = staging
+            entry.staging, entry.reclaim = staging, reclaim
         else:
             slot = store.put(payload.data_ptr(), payload.numel(), account)
         entry.held = Held(store, slot, payload, self.meter, self.full_disk_late)
@@ -73,6 +74,19 @@ class Writes:
         self.pending[slot] = entry.held
         weakref.finalize(entry, entry.held.release, self.pending)
         return payload
+
+    def reclaimer(self, store: SpillStore) -> Callable[[], bool]:
+        """What a sized pinned pool calls for a buffer: settle the oldest write in flight (its
+        pinned payload goes), waiting for it; False when none is in flight."""
+        def one() -> bool:
+            if not self.pending:
+                return False
+            slot = next(iter(self.pending))
+            held = self.pending.pop(slot, None)
+            if held is not None:
+                self.settle(held, store.wait)
+            return True
+        return one
 
     def settle_if_done(self, held: Held) -> None:
         """Before reading ``held`` back: take its write's outcome if the write is over

@@ -19,6 +19,8 @@ import torch
 from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from .. import config
+from .._device import PinnedPool
 from ..errors import NoSpaceError
 from . import _options, _policy, _sharing, _staging, codecs
 from ._filter import ModuleWatch, is_parameter, is_relu_output, storages_of, supported
@@ -52,6 +54,15 @@ class Offload:
     using it going away. An exception inside the context frees the step's
     slots at once (and closes the store if no other object uses it).
     ``policy="none"`` opens no store.
+
+    Accelerator (CUDA) tensors are copied through pinned host memory on a
+    side stream of the object's own, ordered by events: neither pack nor
+    unpack waits for a copy on the CPU, and uploads are issued ahead of
+    backward. With ``tier="host"`` the pinned buffer a tensor is copied
+    into is its stored copy. The object's pinned pool is grown in its first
+    step (after the profiling step, for ``"scheduled"`` and ``"planned"``)
+    and reused after it, bounded by ``PYFASTENSOR_OFFLOAD_PINNED``;
+    :meth:`close` lets it go.
 
     ``policy="planned"`` is G10's tensor migration (the G10 paper's sections 4.2
     to 4.4) at run time. The profiling step offloads every eligible tensor
@@ -87,8 +98,10 @@ class Offload:
     the saved tensor.
 
     Args:
-        tier: ``"ssd"`` (spill file in ``spill_dir``), ``"host"`` (memory
-            owned by the native library) or ``"auto"`` (ssd, unless
+        tier: ``"ssd"`` (spill file in ``spill_dir``), ``"host"`` (host memory:
+            for CPU tensors, memory owned by the native library; for
+            accelerator tensors, the pinned buffers their device-to-host
+            copies land in, kept as the stored copy) or ``"auto"`` (ssd, unless
             ``spill_dir`` is itself memory: tmpfs). Default ``"ssd"``.
         spill_dir: directory of the spill file. Default: the system's
             temporary directory. Checked when the context is entered.
@@ -179,10 +192,13 @@ class Offload:
         self.host_bytes = host_bytes
         self._policy = _policy.for_mode(policy, compression=self.compression, budget=budget, host_bytes=host_bytes,
                                         tier=tier, verbose=verbose)
-        self._staging: _staging.Staging | None = None  # host tier copies; None: the device's (tests set a fake)
-        # Stored entries' device-to-host copies; None: the device's for accelerator tensors. Tests
-        # set a fake here, which stages every tensor, CPU ones included, as a CUDA tensor would be.
+        self._staging: _staging.Staging | None = None  # planned's host tier; None: the device's (tests set a fake)
+        # Accelerator tensors' copies through pinned memory; None: this object's own (made on first
+        # use). Tests set a fake here, which stages every tensor, CPU ones included, as a CUDA
+        # tensor would be.
         self._device_staging: _staging.Staging | None = None
+        self._own_staging: _staging.Staging | None = None
+        self._pinned_base = 0  # the staging pool's allocations when the step began
         self._device: torch.device | None = None  # of the saved tensors stored in the profiling step
         self.step = 0
         self._lock = threading.RLock()
@@ -227,6 +243,8 @@ class Offload:
         self._base = self._store.stats(self._account) if self._store is not None else {}
         self._pool.lend_idle()  # reclaimable during forward; reused without faults if not reclaimed
         self._reset_step()
+        pinned = self._pinned_pool()
+        self._pinned_base = pinned.allocations + pinned.overflows if pinned is not None else 0
         if self._policy.profiles():
             self._recorder = Recorder(self.compression)  # this is the profiling step
         self._registered = storages_of(self.module)
@@ -259,6 +277,9 @@ class Offload:
                     raise
                 self._prefetch_after(None)  # forward is done: backward's first reads can start
                 self._reach(self._policy.at_backward())
+                pinned = self._pinned_pool()
+                if pinned is not None and self._recorder is None:  # a step as later ones will be
+                    pinned.seal()
         finally:
             self._summary = self._make_summary(store)
             self.step += 1
@@ -279,7 +300,25 @@ class Offload:
         if self._active:
             raise RuntimeError("pyfastensor.offload: close() inside the context; exit it first")
         self._pool.clear()
+        own, self._own_staging = self._own_staging, None
+        if own is not None:
+            own.close()
         self._drop_store()
+
+    def _staging_for(self, device: torch.device) -> _staging.Staging | None:
+        """The copies through pinned memory of saved tensors on ``device``: this object's own
+        staging (one side stream, one pinned pool) for an accelerator, None for the CPU."""
+        if self._device_staging is not None:
+            return self._device_staging
+        if device.type == "cpu":
+            return None
+        if self._own_staging is None:
+            self._own_staging = _staging.Staging(pool_limit=config.offload_pinned())
+        return self._own_staging
+
+    def _pinned_pool(self) -> PinnedPool | None:
+        st = self._device_staging or self._own_staging
+        return st.pool if st is not None else None
 
     def _drop_store(self) -> None:
         """Stop using the store; close it if no other offload object uses it."""
@@ -401,8 +440,9 @@ class Offload:
         if codec is None:
             return self._keep(entry, raw)
         self._device = t.device
+        staging = self._staging_for(t.device)
         if self._policy.to_host(entry.index):
-            entry.stage(raw, self._staging or _staging.for_device(t.device))
+            entry.stage(raw, self._staging or staging or _staging.for_device(t.device))
             step.counts["staged"] += 1
             step.staged_bytes += nbytes
             return entry
@@ -414,7 +454,18 @@ class Offload:
             self._recorder.coded(entry.index, codec, time.perf_counter() - started)
         store = self._store
         assert store is not None
-        staging = self._device_staging or (_staging.default() if t.device.type != "cpu" else None)
+        if staging is not None and self._recorder is None and store.description.get("tier") == "host":
+            # The host tier of an accelerator tensor: the pinned copy is the stored one. (A
+            # profiling step stores it in the native store, which measures its transfers.)
+            entry.stage(enc.payload, staging, enc)
+            entry.enc = codecs.with_payload(enc, _EMPTY)
+            step.counts["offloaded"] += 1
+            step.raw_bytes += nbytes
+            step.staged_bytes += entry.payload_nbytes
+            sizes = step.codec_bytes.setdefault(enc.codec, [0, 0])
+            sizes[0] += nbytes
+            sizes[1] += entry.payload_nbytes
+            return entry
         try:
             payload = self._writes.start(store, self._account, entry, enc.payload, staging)
         except NoSpaceError as e:  # the file could not even grow
@@ -438,19 +489,34 @@ class Offload:
     # -- prefetching -----------------------------------------------------------
 
     def _prefetch_after(self, entry: Entry | None) -> None:
-        """Prefetch along the recorded order after ``entry``'s unpack (None: before the first)."""
+        """Prefetch along the recorded order after ``entry``'s unpack (None: before the first).
+
+        Before an order was recorded (the first step), the accelerator tensors' entries are
+        fetched ahead along the reverse of the pack order, backward's usual one (so the first
+        step also sizes the pinned pool for the prefetches of the next): a wrong guess costs
+        memory within the window.
+        """
         pf = self._prefetcher
         entries = self._step.entries
-        if pf is None or len(entries) != self._order_count:
+        issue = Entry.prefetch
+        if self._order is None:
+            if pf is None and entry is not None:
+                meter = self._meter  # not self: no reference cycle
+                pf = self._prefetcher = Prefetcher(list(range(len(entries) - 1, -1, -1)), self.budget or 0,
+                                                   lambda: meter.now)
+            issue = Entry.prefetch_staged
+        elif len(entries) != self._order_count:
+            return
+        if pf is None:
             return
         if pf.window == 0:  # no budget: two of the largest stored tensors
             sizes = [e.payload_nbytes for r in entries if (e := r()) is not None]
             pf.window = 2 * max(sizes, default=0)
         if entry is None:
             if pf.cursor == 0:  # backward has not started inside the context
-                pf.ahead(entries, Entry.prefetch)
+                pf.ahead(entries, issue)
         else:
-            pf.unpacked(entry, entries, Entry.prefetch)
+            pf.unpacked(entry, entries, issue)
 
     def _reach(self, at: int | None) -> None:
         """The step reached the plan's point ``at`` (None: no point): issue the prefetches due."""
@@ -473,9 +539,10 @@ class Offload:
     # -- reporting -------------------------------------------------------------
 
     def _make_summary(self, store: SpillStore | None) -> OffloadSummary:
+        pinned = self._pinned_pool()
         return summarize(step_number=self.step, step=self._step, full_disk_events=self._writes.full, store=store,
                          account=self._account, base=self._base, dictionary=self.dictionary, meter=self._meter,
-                         pool=self._pool)
+                         pool=self._pool, pinned=pinned, pinned_base=self._pinned_base)
 
     def plan(self) -> str | None:
         """The scheduler's decision, printable, or None before it is made.

@@ -23,11 +23,13 @@ class OffloadSummary:
         resident_tensors: storages of at least ``min_size`` kept in memory.
         staged_tensors: storages copied to the host tier of
             ``policy="planned"`` (pinned host buffers, not the store).
+            (Under ``tier="host"``, accelerator tensors are kept in pinned
+            host buffers too, and counted as offloaded.)
         skipped_tensors: parameters, buffers, small and unsupported tensors,
             left to autograd untouched.
         deduplicated: saves that reused the storage of an earlier save.
         bytes_offloaded: bytes written per tier (after compression); under
-            ``"host"`` also the host tier's staged bytes.
+            ``"host"`` also the bytes kept in pinned host buffers.
         raw_bytes_offloaded: the same tensors' bytes before compression.
         bytes_read: bytes read back (by get and prefetch).
         resident_peak_bytes: peak bytes of saved tensors (of at least
@@ -36,6 +38,11 @@ class OffloadSummary:
         read_buffer_bytes: host memory the offload object keeps for
             reading tensors back, reused from step to step (not counted in
             the resident peak: between steps nothing is in it).
+        pinned_bytes: pinned host memory the offload object's staging holds
+            (accelerator tensors: the host tier's stored copies, writes in
+            flight, read-backs), kept from step to step.
+        pinned_allocations: pinned buffers allocated in this step (0 once
+            the pool has grown to what a step needs).
         stall_seconds: time unpack waited for the store.
         pack_seconds: time spent in the pack hook (codecs included).
         unpack_seconds: time spent in the unpack hook (stalls included).
@@ -62,6 +69,8 @@ class OffloadSummary:
     bytes_read: int = 0
     resident_peak_bytes: int = 0
     read_buffer_bytes: int = 0
+    pinned_bytes: int = 0
+    pinned_allocations: int = 0
     stall_seconds: float = 0.0
     pack_seconds: float = 0.0
     unpack_seconds: float = 0.0
@@ -81,7 +90,7 @@ class OffloadSummary:
             f"skipped {self.skipped_tensors}, deduplicated {self.deduplicated}",
             f"  written {written} (raw {self.raw_bytes_offloaded / mib:.1f} MiB), read {self.bytes_read / mib:.1f} MiB",
             f"  resident peak {self.resident_peak_bytes / mib:.1f} MiB (read buffers kept: "
-            f"{self.read_buffer_bytes / mib:.1f} MiB), stall {self.stall_seconds * 1e3:.1f} ms, "
+            f"{self.read_buffer_bytes / mib:.1f} MiB, pinned {self.pinned_bytes / mib:.1f} MiB), stall {self.stall_seconds * 1e3:.1f} ms, "
             f"pack {self.pack_seconds * 1e3:.1f} ms, unpack {self.unpack_seconds * 1e3:.1f} ms, "
             f"prefetch hits {self.prefetch_hits}",
         ]

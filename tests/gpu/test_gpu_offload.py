@@ -45,16 +45,28 @@ def train_cuda(model: torch.nn.Module, batch_of: Any, steps: int, ctx: Any = Non
     return out
 
 
+@pytest.mark.parametrize("tier", ["ssd", "host"])
 @pytest.mark.parametrize("model_name", ["mlp", "cnn", "transformer"])
-def test_gradients_bit_identical_with_cuda_activations_offloaded(tmp_path: Path, model_name: str) -> None:
+def test_gradients_bit_identical_with_cuda_activations_offloaded(tmp_path: Path, model_name: str, tier: str) -> None:
     model, batch_of = inputs(model_name)
-    want = train_cuda(model, batch_of, 3)
-    off = pyfastensor.offload(spill_dir=str(tmp_path), min_size=16 << 10, module=model)
-    got = train_cuda(model, batch_of, 3, ctx=lambda: off)
+    want = train_cuda(model, batch_of, 4)
+    off = pyfastensor.offload(spill_dir=str(tmp_path), min_size=16 << 10, module=model, tier=tier)
+    allocations: list[int] = []
+
+    def ctx() -> pyfastensor.Offload:
+        if off.step:
+            allocations.append(off.summary().pinned_allocations)
+        return off
+
+    got = train_cuda(model, batch_of, 4, ctx=ctx)
+    allocations.append(off.summary().pinned_allocations)
     for step, (a, b) in enumerate(zip(want, got, strict=True)):
         for i, (x, y) in enumerate(zip(a, b, strict=True)):
             assert torch.equal(x, y), f"step {step}, tensor {i}"
     assert off.summary().offloaded_tensors > 0
+    assert allocations[0] > 0 and allocations[1:] == [0, 0, 0], allocations
+    if tier == "host":
+        assert off.summary().engines == {}, "the pinned copies are the host tier's: nothing in the native store"
     off.close()
 
 
@@ -72,6 +84,9 @@ class _SpyEvent:
         self.log.append(threading.current_thread().name)
         self.e.synchronize()
 
+    def wait(self, stream: Any) -> None:  # torch.cuda.Stream.wait_event(spy)
+        self.e.wait(stream)
+
 
 class _Spy(_device.CudaBackend):
     def __init__(self) -> None:
@@ -81,11 +96,12 @@ class _Spy(_device.CudaBackend):
         return _SpyEvent(self.log)
 
 
-def test_pack_does_not_wait_for_the_copy(tmp_path: Path) -> None:
+@pytest.mark.parametrize("tier", ["ssd", "host"])
+def test_pack_does_not_wait_for_the_copy(tmp_path: Path, tier: str) -> None:
     model, batch_of = inputs("mlp")
     model = model.cuda()
     spy = _Spy()
-    off = pyfastensor.offload(spill_dir=str(tmp_path), min_size=16 << 10, module=model)
+    off = pyfastensor.offload(spill_dir=str(tmp_path), min_size=16 << 10, module=model, tier=tier)
     off._device_staging = _staging.Staging(spy)
     x, y = (t.cuda() for t in batch_of(0))
     with off:
@@ -93,5 +109,8 @@ def test_pack_does_not_wait_for_the_copy(tmp_path: Path) -> None:
         main = [n for n in spy.log if n == threading.main_thread().name]
         assert main == [], "pack waited for a device-to-host copy on the caller's thread"
         loss.backward()
-    assert spy.log, "the store's thread waited for the copies' events"
+    if tier == "ssd":
+        assert spy.log, "the store's thread waited for the copies' events"
+    else:
+        assert spy.log == [], "the host tier never waits for a copy on the CPU"
     off.close()

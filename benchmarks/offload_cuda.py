@@ -1,0 +1,260 @@
+"""``python -m benchmarks offload --device cuda``: activation offload of CUDA tensors against its peers and the bound.
+
+One GPT-like model (blocks of LayerNorm, causal SDPA attention and a GELU
+MLP; bf16 autocast; SGD) trained on one GPU, one row per way of handling
+the saved tensors:
+
+- ``none``: no offload; ``checkpoint``: ``torch.utils.checkpoint`` per block;
+- ``save_on_cpu``: ``torch.autograd.graph.save_on_cpu(pin_memory=True)``;
+- ``trl``: TRL's ``OffloadActivations()`` (pinned memory, a side stream, a
+  forward stash), or "not installed";
+- ``pft-host`` / ``pft-ssd``: pyfastensor, ``policy="all"``, ``tier="host"`` / ``"ssd"``;
+- ``scheduled`` / ``planned``: pyfastensor's policies with a budget of half
+  no offload's extra peak (``planned`` with ``tier="auto"``).
+
+Beside them, the bound of each offload row: ``max(forward, B/D2H) +
+max(backward, B/H2D)``, with B the bytes the row moved (pyfastensor's
+summary; for the peers, pft-host's), forward and backward timed in the
+``none`` row, and D2H/H2D the bandwidths of one pinned copy measured in the
+same run; for ``pft-ssd`` the disk's write and read bandwidths stand in
+for the link's (the slower of the two on each side). Step: median over the
+timed steps after warm-up (pyfastensor's first step sizes its pinned pool
+and, for the policies, profiles); extra peak: ``max_memory_allocated`` over
+the step minus what was allocated before it (model, optimizer state).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+#: The model of the full run (fits one 80 GB H100), and of ``--quick``.
+GPT_FULL = {"layers": 6, "d": 2048, "heads": 16, "batch": 4, "seq": 2048}
+GPT_QUICK = {"layers": 2, "d": 512, "heads": 8, "batch": 2, "seq": 512}
+
+ROWS = ("none", "checkpoint", "save_on_cpu", "trl", "pft-host", "pft-ssd", "scheduled", "planned")
+OFFLOAD_ROWS = ("save_on_cpu", "trl", "pft-host", "pft-ssd", "scheduled", "planned")
+
+#: Targets (pft-host's step against the bound and the peers).
+BOUND_RATIO = 1.25
+SAVE_ON_CPU_SPEEDUP = 1.5
+
+
+def gpt(layers: int, d: int, heads: int, **_: Any) -> Any:
+    """The GPT-like model: ``layers`` blocks of width ``d`` (no embedding or head: the input is a
+    ``(batch, seq, d)`` activation); ``model(x, checkpoint=True)`` checkpoints each block."""
+    import torch
+    from torch import nn
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+            self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+            self.fc1, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            b, s, _ = x.shape
+            q, k, v = self.qkv(self.ln1(x)).view(b, s, 3, heads, d // heads).permute(2, 0, 3, 1, 4)
+            a = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + self.proj(a.transpose(1, 2).reshape(b, s, d))
+            return x + self.fc2(nn.functional.gelu(self.fc1(self.ln2(x))))
+
+    class GPT(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = nn.ModuleList(Block() for _ in range(layers))
+            self.ln = nn.LayerNorm(d)
+
+        def forward(self, x: torch.Tensor, checkpoint: bool = False) -> torch.Tensor:
+            for blk in self.blocks:
+                x = torch.utils.checkpoint.checkpoint(blk, x, use_reentrant=False) if checkpoint else blk(x)
+            return self.ln(x)
+
+    return GPT()
+
+
+def trl_offload() -> Any:
+    """TRL's ``OffloadActivations()`` with its defaults, or None when TRL is not installed."""
+    try:
+        from trl.models.activation_offloading import OffloadActivations
+    except ImportError:
+        return None
+    return OffloadActivations()
+
+
+def link_bandwidth(nbytes: int, repeat: int = 5) -> tuple[float, float]:
+    """Bytes/s of one pinned device-to-host and one host-to-device copy of ``nbytes`` (best of ``repeat``)."""
+    import torch
+
+    dev = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    best = [0.0, 0.0]
+    for _ in range(repeat):
+        for i, (dst, src) in enumerate(((host, dev), (dev, host))):
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            dst.copy_(src, non_blocking=True)
+            torch.cuda.synchronize()
+            best[i] = max(best[i], nbytes / (time.perf_counter() - t))
+    return best[0], best[1]
+
+
+def make_context(row: str, model: Any, directory: str, budget: int, min_size: int) -> Any:
+    """The saved-tensor context of a row (None: not available here)."""
+    import torch
+
+    from pyfastensor.offload import Offload
+
+    if row in ("none", "checkpoint"):
+        return contextlib.nullcontext()
+    if row == "save_on_cpu":
+        return torch.autograd.graph.save_on_cpu(pin_memory=True)
+    if row == "trl":
+        return trl_offload()
+    if row == "pft-host":
+        return Offload(tier="host", min_size=min_size, module=model)
+    if row == "pft-ssd":
+        return Offload(tier="ssd", spill_dir=directory, min_size=min_size, module=model)
+    if row == "scheduled":
+        return Offload(policy="scheduled", budget=budget, spill_dir=directory, min_size=min_size, module=model)
+    return Offload(policy="planned", tier="auto", budget=budget, spill_dir=directory, min_size=min_size, module=model)
+
+
+def _step(model: Any, opt: Any, x: Any, ctx: Any, checkpoint: bool, marks: list[Any] | None = None) -> tuple[float, int]:
+    """One training step: seconds and extra peak bytes. ``marks`` gets start/forward/end events."""
+    import torch
+
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    ev = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+    start = time.perf_counter()
+    ev[0].record()
+    opt.zero_grad(set_to_none=True)
+    with ctx, torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = model(x, checkpoint).float().pow(2).mean()
+        ev[1].record()
+        loss.backward()
+    opt.step()
+    ev[2].record()
+    torch.cuda.synchronize()
+    if marks is not None:
+        marks.append(ev)
+    return time.perf_counter() - start, torch.cuda.max_memory_allocated() - base
+
+
+def run(directory: str, *, quick: bool = False, steps: int | None = None, warmup: int = 3,
+        min_size: int = 1 << 20, disk_limit: Any = None,
+        progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run the CUDA table; return ``{"model", "rows": {row: {...}}, "bound": {...}}`` (see the module docstring)."""
+    import torch
+
+    from pyfastensor.offload import Offload
+
+    shape = GPT_QUICK if quick else GPT_FULL
+    steps = steps or (3 if quick else 10)
+    torch.manual_seed(0)
+    model = gpt(**shape).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    x = torch.randn(shape["batch"], shape["seq"], shape["d"], device="cuda")
+    d2h, h2d = link_bandwidth((64 if quick else 512) << 20)
+    marks: list[Any] = []
+    for _ in range(warmup):
+        _step(model, opt, x, contextlib.nullcontext(), False)
+    none_peak = max(_step(model, opt, x, contextlib.nullcontext(), False, marks)[1] for _ in range(steps))
+    fwd = statistics.median(a.elapsed_time(b) for a, b, _ in marks) / 1e3
+    bwd = statistics.median(b.elapsed_time(c) for _, b, c in marks) / 1e3
+    rows: dict[str, dict[str, Any]] = {}
+    for row in ROWS:
+        ctx = make_context(row, model, directory, none_peak // 2, min_size)
+        if ctx is None:
+            rows[row] = {"missing": "not installed"}
+            continue
+        if progress:
+            progress(f"gpt {shape}: {row}")
+        ck = row == "checkpoint"
+        for _ in range(warmup):
+            _step(model, opt, x, ctx, ck)
+        got = [_step(model, opt, x, ctx, ck) for _ in range(steps)]
+        r: dict[str, Any] = {"step_s": statistics.median(t for t, _ in got), "peak_bytes": max(p for _, p in got)}
+        if isinstance(ctx, Offload):
+            s = ctx.summary()
+            r["resident_peak"] = s.resident_peak_bytes
+            r["budget"] = ctx.budget
+            r["bytes"] = sum(s.bytes_offloaded.values())
+            r["pinned_allocations"] = s.pinned_allocations
+            r["pinned_bytes"] = s.pinned_bytes
+            ctx.close()
+        rows[row] = r
+    moved = rows["pft-host"].get("bytes", 0)
+    disk_w = disk_r = None
+    if disk_limit is not None:
+        disk_w, disk_r = disk_limit.write_mbps * 1e6, disk_limit.read_mbps * 1e6
+    for row in OFFLOAD_ROWS:
+        r = rows[row]
+        if "step_s" not in r:
+            continue
+        b = r.get("bytes", moved)
+        up, down = d2h, h2d
+        if row == "pft-ssd" and disk_w and disk_r:
+            up, down = min(d2h, disk_w), min(h2d, disk_r)
+        r["bound_s"] = max(fwd, b / up) + max(bwd, b / down)
+        r["bound_ratio"] = r["step_s"] / r["bound_s"]
+    return {"model": shape, "rows": rows, "bound": {"forward_s": fwd, "backward_s": bwd, "d2h_bps": d2h,
+                                                    "h2d_bps": h2d, "bytes": moved, "disk_write_bps": disk_w,
+                                                    "disk_read_bps": disk_r}}
+
+
+def format_report(result: dict[str, Any]) -> str:
+    """The table: step, extra peak, the row's bound and the ratio to it; then the targets."""
+    GB, rows, bd = 1e9, result["rows"], result["bound"]
+    lines = [f"\ngpt {result['model']} (bf16 autocast, SGD), device {_device_name()}",
+             f"  bound: forward {bd['forward_s'] * 1e3:.1f} ms, backward {bd['backward_s'] * 1e3:.1f} ms, "
+             f"D2H {bd['d2h_bps'] / GB:.1f} GB/s, H2D {bd['h2d_bps'] / GB:.1f} GB/s (pinned copies), "
+             f"B {bd['bytes'] / GB:.2f} GB (pft-host's)"
+             + (f", disk write {bd['disk_write_bps'] / GB:.2f} GB/s, read {bd['disk_read_bps'] / GB:.2f} GB/s"
+                if bd.get("disk_write_bps") else ""),
+             f"  {'row':<12}{'step ms':>9}{'extra peak GB':>15}{'bound ms':>10}{'x bound':>9}{'pinned allocs':>15}"]
+    for row, r in rows.items():
+        if "missing" in r:
+            lines.append(f"  {row:<12}{r['missing']:>9}")
+            continue
+        bound = f"{r['bound_s'] * 1e3:>10.1f}{r['bound_ratio']:>9.2f}" if "bound_s" in r else f"{'-':>10}{'-':>9}"
+        allocs = f"{r['pinned_allocations']:>15}" if "pinned_allocations" in r else f"{'-':>15}"
+        lines.append(f"  {row:<12}{r['step_s'] * 1e3:>9.1f}{r['peak_bytes'] / GB:>15.2f}{bound}{allocs}")
+    host = rows.get("pft-host", {})
+    if "step_s" in host:
+        ratio = host["bound_ratio"]
+        lines.append(f"  pft-host / bound: {ratio:.2f} (target <= {BOUND_RATIO}: "
+                     f"{'met' if ratio <= BOUND_RATIO else 'MISSED'})")
+        soc = rows["save_on_cpu"]["step_s"] / host["step_s"]
+        lines.append(f"  save_on_cpu / pft-host: {soc:.2f}x (target >= {SAVE_ON_CPU_SPEEDUP}x: "
+                     f"{'met' if soc >= SAVE_ON_CPU_SPEEDUP else 'MISSED'})")
+        trl = rows.get("trl", {})
+        if "step_s" in trl:
+            ok = host["step_s"] <= trl["step_s"] and host["peak_bytes"] <= trl["peak_bytes"]
+            lines.append(f"  pft-host vs trl: step {host['step_s'] / trl['step_s']:.2f}x, extra peak "
+                         f"{host['peak_bytes'] / max(trl['peak_bytes'], 1):.2f}x (target <= 1 both: "
+                         f"{'met' if ok else 'MISSED'})")
+    ck = rows["checkpoint"]["step_s"]
+    for row in ("scheduled", "planned"):
+        r = rows.get(row, {})
+        if "step_s" not in r:
+            continue
+        within = r["resident_peak"] <= r["budget"]
+        fast = r["bound_s"] >= ck or r["step_s"] <= ck
+        lines.append(f"  {row}: saved tensors' resident peak {r['resident_peak'] / GB:.2f} GB of a "
+                     f"{r['budget'] / GB:.2f} GB budget ({'within' if within else 'OVER'}); step "
+                     f"{r['step_s'] / ck:.2f}x checkpoint's, bound {r['bound_s'] / ck:.2f}x (target: no slower "
+                     f"where the bound is below it: {'met' if fast else 'MISSED'})")
+    return "\n".join(lines)
+
+
+def _device_name() -> str:
+    import torch
+
+    return str(torch.cuda.get_device_name()) if torch.cuda.is_available() else "none"
