@@ -89,7 +89,7 @@ def test_save_from_cuda_round_trips_bit_for_bit_and_lays_out_as_a_cpu_save(
 
 def test_the_ring_is_allocated_once_across_saves(tmp_path: Path, fake: FakeCuda) -> None:
     tensors = state()
-    for i in range(3):
+    for _ in range(3):
         tensors["big"].add_(1)
         pyfastensor.save(tensors, tmp_path / "r.pt")
         assert_loads_as(tmp_path / "r.pt", tensors)
