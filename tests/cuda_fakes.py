@@ -206,6 +206,7 @@ def _child(path: str, map_location: str, fault: bool) -> None:
     from pyfastensor.checkpoint import _cuda
 
     fake = FakeCuda()
+    _cuda.NVFS = str(ROOT)  # the fake libcufile stands for a machine with GPUDirect Storage's driver
     result: dict[str, Any] = {}
     lib = os.environ.get("PYFASTENSOR_CUFILE_LIB", "")
     fake_lib = None

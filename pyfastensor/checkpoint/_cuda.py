@@ -10,7 +10,8 @@ are then moved by one of two routes, decided once per load
   memory (the Go core's cufile engine, every record in one parallel call;
   libcufile loaded at run time; destinations are not registered with
   ``cuFileBufRegister``, which pays only for buffers reused many times). Taken
-  where cuFile can open the file; where it cannot (no libcufile, no NVIDIA
+  where GPUDirect Storage's driver is loaded (:data:`NVFS`) and cuFile can open
+  the file; where it cannot (no libcufile, no NVIDIA
   driver, nvidia-fs missing...), the load falls back to the pinned ring and
   :data:`last_route` says why. CRC-32s are checked by reading each record
   back through the pinned ring (a device-to-host copy at PCIe speed, well
@@ -70,6 +71,12 @@ from ._unpickle import refused, unpickle
 
 _log = logging.getLogger("pyfastensor")
 
+
+#: Where the nvidia-fs kernel module (GPUDirect Storage's driver) shows itself. Without it
+#: cuFile serves reads in its compatibility mode (POSIX reads into its own bounce buffers, then
+#: copies), which ``auto`` leaves for the pinned ring: the same route, with parallel reads and
+#: the CRC-32s summed as the bytes land.
+NVFS = "/proc/driver/nvidia-fs"
 
 #: How the last CUDA load moved its records: ``{"path", "route", "reason"}`` (``route``
 #: ``"cufile"`` or ``"pinned"``; ``reason`` why cuFile was not used, ``""`` when it was).
@@ -249,6 +256,9 @@ def _choose(archive: Archive, engine: Any = None) -> tuple[str, str, EngineFile 
         return "pinned", f"engine={engine!r}", None
     if mode == "pinned" and engine is None:
         return "pinned", "PYFASTENSOR_CUDA_LOAD=pinned", None
+    if mode == "auto" and engine is None and not os.path.exists(NVFS):
+        return "pinned", (f"no GPUDirect Storage driver ({NVFS} missing): cuFile would run in its "
+                          "compatibility mode, bounce buffers the pinned ring outruns"), None
     try:
         return "cufile", "", EngineFile(archive.source, "r", engine="cufile")
     except (FastensorError, OSError) as e:  # no libcufile or driver, or cuFile refuses this file
