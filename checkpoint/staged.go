@@ -1,6 +1,7 @@
 package checkpoint
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
@@ -91,31 +92,72 @@ func (s *Staged) unmap() {
 	}
 }
 
+// Part is bytes of a staged record: Data from offset Off of record Rec's data.
+type Part struct {
+	Rec  int
+	Off  int64
+	Data []byte
+}
+
 // WritePart writes p as the bytes of staged record i from offset off of
-// its data. Parts of a record come in order (off is what was written of it
-// so far) and are summed as they are written. p is read during the call
-// only.
+// its data (WriteParts with one part).
 func (s *Staged) WritePart(i int, off int64, p []byte) error {
+	return s.WriteParts([]Part{{Rec: i, Off: off, Data: p}})
+}
+
+// WriteParts writes parts of staged records in one transfer (in parallel
+// pieces, as Save writes records), each summed as it is written. Parts of
+// a record come in order, here and from call to call (a part's Off is what
+// was written of its record before it). The memory is read during the call
+// only. On error nothing is counted as written: the save is to be aborted.
+func (s *Staged) WriteParts(parts []Part) error {
 	if s.done {
 		return fmt.Errorf("%w: checkpoint: staged save %s: part after commit or abort", gds.ErrInvalid, s.path)
 	}
-	if i < 0 || i >= len(s.l.recs) || !s.staged[i] {
-		return fmt.Errorf("%w: checkpoint: staged save %s: record %d is not staged", gds.ErrInvalid, s.path, i)
+	next := map[int]int64{} // what each record will have written after the parts before
+	exts := make([]transfer.Extent, 0, len(parts))
+	owner := make([]int, 0, len(parts)) // the record of each extent
+	for _, p := range parts {
+		i := p.Rec
+		if i < 0 || i >= len(s.l.recs) || !s.staged[i] {
+			return fmt.Errorf("%w: checkpoint: staged save %s: record %d is not staged", gds.ErrInvalid, s.path, i)
+		}
+		r := &s.l.recs[i]
+		at, seen := next[i]
+		if !seen {
+			at = s.written[i]
+		}
+		if p.Off != at || p.Off+int64(len(p.Data)) > r.size() {
+			return fmt.Errorf("%w: checkpoint: staged save %s: record %q: part of %d bytes at %d, after %d of its %d bytes",
+				gds.ErrInvalid, s.path, r.Name, len(p.Data), p.Off, at, r.size())
+		}
+		next[i] = at + int64(len(p.Data))
+		if len(p.Data) > 0 {
+			exts = append(exts, transfer.Extent{Off: r.dataOff + p.Off, Data: p.Data, Sum: true})
+			owner = append(owner, i)
+		}
 	}
-	r := &s.l.recs[i]
-	if off != s.written[i] || off+int64(len(p)) > r.size() {
-		return fmt.Errorf("%w: checkpoint: staged save %s: record %q: part of %d bytes at %d, after %d of its %d bytes",
-			gds.ErrInvalid, s.path, r.Name, len(p), off, s.written[i], r.size())
-	}
-	if len(p) == 0 {
+	if len(exts) == 0 {
 		return nil
 	}
-	res, err := s.w.Write([]transfer.Extent{{Off: r.dataOff + off, Data: p, Sum: true}})
+	res, err := s.w.Write(exts)
 	if err != nil {
-		return fmt.Errorf("checkpoint: save %s: record %q at %d: %w", s.path, r.Name, off, err)
+		var ee *transfer.ExtentError
+		if errors.As(err, &ee) {
+			r := &s.l.recs[owner[ee.Ext]]
+			return fmt.Errorf("checkpoint: save %s: record %q at %d: %w", s.path, r.Name, ee.Off-r.dataOff, err)
+		}
+		return fmt.Errorf("checkpoint: save %s: %w", s.path, err)
 	}
-	s.crc[i] = transfer.Combine(s.crc[i], res[0].CRC, int64(len(p)))
-	s.written[i] += int64(len(p))
+	k := 0
+	for _, p := range parts {
+		if len(p.Data) == 0 {
+			continue
+		}
+		s.crc[p.Rec] = transfer.Combine(s.crc[p.Rec], res[k].CRC, int64(len(p.Data)))
+		s.written[p.Rec] += int64(len(p.Data))
+		k++
+	}
 	return nil
 }
 

@@ -109,8 +109,18 @@ func BeginTorchStaged(path string, t TorchArchive, staged []bool, sizes []int64,
 // WriteStorage writes p as the bytes of staged storage k from offset off
 // of its data (WritePart).
 func (s *TorchStaged) WriteStorage(k int, off int64, p []byte) error {
-	if k < 0 || k >= s.n {
-		return fmt.Errorf("%w: checkpoint: staged save %s: storage %d of %d", gds.ErrInvalid, s.path, k, s.n)
+	return s.WriteStorages([]Part{{Rec: k, Off: off, Data: p}})
+}
+
+// WriteStorages writes parts of staged storages in one transfer
+// (WriteParts); a part's Rec is the storage's index among t.Storages.
+func (s *TorchStaged) WriteStorages(parts []Part) error {
+	recs := make([]Part, len(parts))
+	for j, p := range parts {
+		if p.Rec < 0 || p.Rec >= s.n {
+			return fmt.Errorf("%w: checkpoint: staged save %s: storage %d of %d", gds.ErrInvalid, s.path, p.Rec, s.n)
+		}
+		recs[j] = Part{Rec: s.first + p.Rec, Off: p.Off, Data: p.Data}
 	}
-	return s.WritePart(s.first+k, off, p)
+	return s.WriteParts(recs)
 }

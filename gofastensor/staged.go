@@ -65,23 +65,39 @@ func pft_ckpt_stage_begin(path, prefix, pkl *C.char, pklLen C.int64_t, byteorder
 	})
 }
 
-// pft_ckpt_stage_write writes nbytes at addr as the data of staged storage
-// index (its place in pft_ckpt_stage_begin's keys) from offset off (parts
-// of a storage in order). The memory is read during the call only.
+// pft_ckpt_stage_write writes n parts of staged storages in one transfer
+// (parallel pieces, as a whole save's): part j is sizes[j] bytes at
+// addrs[j], the data of staged storage indices[j] (its place in
+// pft_ckpt_stage_begin's keys) from offset offsets[j]. Parts of a storage
+// come in order, within a call and from call to call. The memory is read
+// during the call only.
 //
 //export pft_ckpt_stage_write
-func pft_ckpt_stage_write(h C.uint64_t, index C.int64_t, off C.int64_t, addr unsafe.Pointer, nbytes C.int64_t,
-	errOut **C.char) C.int {
+func pft_ckpt_stage_write(h C.uint64_t, n C.int64_t, indices, offsets *C.int64_t, addrs *unsafe.Pointer,
+	sizes *C.int64_t, errOut **C.char) C.int {
 	return call(errOut, func() error {
 		s, err := lookup[*checkpoint.TorchStaged](h)
 		if err != nil {
 			return err
 		}
-		p, err := memory(addr, C.size_t(nbytes))
-		if err != nil {
-			return err
+		count := int(n)
+		if count < 0 || (count > 0 && (indices == nil || offsets == nil || addrs == nil || sizes == nil)) {
+			return fmt.Errorf("%w: %d parts with missing arrays", gds.ErrInvalid, count)
 		}
-		return s.WriteStorage(int(index), int64(off), p)
+		if count == 0 {
+			return nil
+		}
+		is, offs, as, ss := unsafe.Slice(indices, count), unsafe.Slice(offsets, count), unsafe.Slice(addrs, count),
+			unsafe.Slice(sizes, count)
+		parts := make([]checkpoint.Part, count)
+		for j := range parts {
+			p, err := memory(as[j], C.size_t(ss[j]))
+			if err != nil {
+				return fmt.Errorf("part %d: %w", j, err)
+			}
+			parts[j] = checkpoint.Part{Rec: int(is[j]), Off: int64(offs[j]), Data: p}
+		}
+		return s.WriteStorages(parts)
 	})
 }
 

@@ -142,13 +142,21 @@ class PinnedSlab:
         finally:
             self.release()
 
-    def acquire(self) -> torch.Tensor:
-        """The slab, once no other user holds it; give it back with :meth:`release` (from any thread)."""
+    def acquire(self, want: int | None = None) -> torch.Tensor:
+        """The slab, once no other user holds it; give it back with :meth:`release` (from any thread).
+
+        Args:
+            want: allocate only this much, grown later up to :attr:`nbytes` as users want more
+                (rounded up to a power of two, as torch's caching host allocator rounds pinned
+                blocks): an ``async_save`` snapshot sized to the state. Default: all of it.
+        """
         self._hold.acquire()
         try:
-            if self._buf is None:
+            size = self.nbytes if want is None else min(self.nbytes, 1 << max(want - 1, 1).bit_length())
+            if self._buf is None or self._buf.numel() < size:
                 b = self._backend or backend()
-                self._buf = b.pinned(self.nbytes)
+                self._buf = None  # the old buffer goes back to the allocator before the new one
+                self._buf = b.pinned(size)
                 self.allocations += 1
         except BaseException:
             self._hold.release()
@@ -170,14 +178,17 @@ _slabs: weakref.WeakKeyDictionary[Any, dict[str, PinnedSlab]] = weakref.WeakKeyD
 
 def slab(b: Backend | None = None, purpose: str = "load") -> PinnedSlab:
     """The process's :class:`PinnedSlab` for backend ``b`` (default: :func:`backend`) and
-    ``purpose``: ``"load"`` (CUDA loads) or ``"save"`` (``async_save`` snapshots, held until
-    their write ends), one each, so a load never waits for a background save's write."""
+    ``purpose``, one each, so that one never waits for another: ``"load"`` (CUDA loads' ring)
+    and ``"save"`` (saves' ring), of ``PYFASTENSOR_PINNED_POOL`` bytes; ``"snapshot"``
+    (``async_save`` snapshots, held until their write ends), up to ``PYFASTENSOR_SNAPSHOT_POOL``
+    bytes, allocated at the size a snapshot wants (:meth:`PinnedSlab.acquire`)."""
     b = b or backend()
     with _lock:
         by_purpose = _slabs.setdefault(b, {})
         s = by_purpose.get(purpose)
         if s is None:
-            s = by_purpose[purpose] = PinnedSlab(backend=b)
+            size = config.snapshot_pool() if purpose == "snapshot" else None
+            s = by_purpose[purpose] = PinnedSlab(size, backend=b)
         return s
 
 

@@ -12,8 +12,9 @@ naming the variable and what it accepts.
 ``PYFASTENSOR_CACHE_DIR``      where adaptive dictionaries are kept
 ``PYFASTENSOR_LIB``            path of the native library (development)
 ``PYFASTENSOR_DATA_HOST``      address a distributed ChunkDataset listens on
-``PYFASTENSOR_PINNED_POOL``    bytes of pinned host memory for CUDA staging (default 64M)
+``PYFASTENSOR_PINNED_POOL``    bytes of pinned host memory for CUDA loads and saves (default 256M)
 ``PYFASTENSOR_OFFLOAD_PINNED``  pinned host memory one CUDA offload may hold (default: half of RAM)
+``PYFASTENSOR_SNAPSHOT_POOL``  pinned bytes an ``async_save`` of CUDA tensors may hold (default: RAM/8)
 ``PYFASTENSOR_CUDA_LOAD``      ``auto``, ``cufile`` or ``pinned``: how loads reach CUDA
 ``PYFASTENSOR_KEEP_FREED``     bytes of freed load memory kept for the next load (default 1G)
 =============================  ==========================================
@@ -131,10 +132,11 @@ def cufile_candidates() -> list[str]:
 
 
 #: Default size of the pinned host pool CUDA transfers stage through: 4 ring
-#: slots of 16 MiB, large enough that each read and each host-to-device copy
-#: is one big request (PCIe and NVMe both reach their bandwidth well below
-#: 16 MiB), small enough to pin once per process without notice.
-PINNED_POOL_DEFAULT = 64 << 20
+#: slots of 64 MiB. Each native read or write of a checkpoint's ring moves one
+#: slot or two, in parallel pieces of the task size (8 of them from 64 MiB), so
+#: the device has several large requests queued, and PCIe copies a slot in a few
+#: milliseconds; small enough to pin once per process without notice.
+PINNED_POOL_DEFAULT = 256 << 20
 
 #: Slots of the pinned ring a CUDA load reads through: one being read, one
 #: being copied to the device, two to absorb jitter between the two.
@@ -164,9 +166,10 @@ def keep_freed() -> int:
 
 def pinned_pool() -> int:
     """``PYFASTENSOR_PINNED_POOL``: bytes of pinned host memory each CUDA path may stage
-    through, allocated once per process and reused (default 64M; at least 1M): CUDA
-    loads (a ring of :data:`PINNED_RING_SLOTS` slots) and CUDA ``async_save`` snapshots
-    (waves past it); offload has its own bound (:func:`offload_pinned`)."""
+    through, allocated once per process and reused (default 256M; at least 1M): CUDA
+    loads and saves (each a ring of :data:`PINNED_RING_SLOTS` slots); ``async_save``
+    snapshots and offload have their own bounds (:func:`snapshot_pool`,
+    :func:`offload_pinned`)."""
     raw = os.environ.get("PYFASTENSOR_PINNED_POOL")
     if not raw:
         return PINNED_POOL_DEFAULT
@@ -197,6 +200,27 @@ def offload_pinned() -> int:
         raise ValueError(f"PYFASTENSOR_OFFLOAD_PINNED: {e}") from None
     if value < 1 << 20:
         raise ValueError(f"PYFASTENSOR_OFFLOAD_PINNED={raw!r}: expected at least 1M")
+    return value
+
+
+def snapshot_pool() -> int:
+    """``PYFASTENSOR_SNAPSHOT_POOL``: bytes of pinned host memory an ``async_save`` of CUDA
+    tensors may hold for its snapshot (at least 1M). The snapshot buffer is allocated at the
+    size the state needs (a power of two: torch's caching host allocator rounds up to one),
+    up to this, and kept for the next saves; a larger state goes in waves through this much.
+    Default: an eighth of the machine's memory."""
+    raw = os.environ.get("PYFASTENSOR_SNAPSHOT_POOL")
+    if not raw:
+        try:
+            return int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 8)
+        except (ValueError, OSError):
+            return 1 << 30
+    try:
+        value = parse_size(raw)
+    except ValueError as e:
+        raise ValueError(f"PYFASTENSOR_SNAPSHOT_POOL: {e}") from None
+    if value < 1 << 20:
+        raise ValueError(f"PYFASTENSOR_SNAPSHOT_POOL={raw!r}: expected at least 1M")
     return value
 
 

@@ -113,6 +113,7 @@ class FakeCuda:
         self.empties: list[tuple[int, str]] = []  # (bytes, location asked for) of device allocations
         self.copies: list[tuple[str, int]] = []  # (stream, bytes) of copies issued
         self._asked = ""
+        self._pinned: list[tuple[int, int]] = []
 
     def side_stream(self, device: torch.device) -> FakeStream:
         self.sides += 1
@@ -134,7 +135,14 @@ class FakeCuda:
 
     def pinned(self, nbytes: int) -> torch.Tensor:
         self.pinned_calls.append(nbytes)
-        return torch.full((nbytes,), 0xEE, dtype=torch.uint8)  # garbage, not zeros
+        t = torch.full((nbytes,), 0xEE, dtype=torch.uint8)  # garbage, not zeros
+        self._pinned.append((t.data_ptr(), nbytes))
+        return t
+
+    def is_pinned(self, addr: int) -> bool:
+        """Whether ``addr`` lies in pinned memory this backend handed out (host memory, not
+        "device" memory, though both are CPU memory here)."""
+        return any(lo <= addr < lo + n for lo, n in self._pinned)
 
     def record(self, t: torch.Tensor, stream: FakeStream) -> None:
         self.log.append(("record", stream.name))
@@ -214,6 +222,7 @@ def _child(path: str, map_location: str, fault: bool, twice: bool = False) -> No
     from pyfastensor.checkpoint import _cuda
 
     fake = FakeCuda()
+    _cuda.NVFS = str(ROOT)  # the fake libcufile stands for a machine with GPUDirect Storage's driver
     result: dict[str, Any] = {}
     lib = os.environ.get("PYFASTENSOR_CUFILE_LIB", "")
     fake_lib = None

@@ -1,6 +1,6 @@
 """async_save of CUDA tensors through the pinned slab, driven on CPU by the fake CUDA backend.
 
-``async_save._on_device`` is patched to stage chosen CPU storages as CUDA ones
+``_from_device.on_device`` is patched to stage chosen CPU storages as CUDA ones
 would be staged; the fake runs a side-stream copy only when its event is
 waited for (or a stream waits for it), so a snapshot that let the writer read
 the slab before its copies ran would write the slab's garbage.
@@ -17,7 +17,7 @@ from cuda_fakes import FakeCuda
 
 import pyfastensor
 from pyfastensor import _device
-from pyfastensor.checkpoint import _snapshot
+from pyfastensor.checkpoint import _from_device, _snapshot
 from pyfastensor.checkpoint._skeleton import pickle_skeleton
 
 POOL = 1 << 20
@@ -26,10 +26,13 @@ POOL = 1 << 20
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setenv("PYFASTENSOR_PINNED_POOL", str(POOL))
-    def on_device(storage: torch.UntypedStorage) -> bool:
-        return storage.nbytes() > 64  # the tiny ones stay CPU storages: a mixed state
-    monkeypatch.setattr(_snapshot, "_on_device", on_device)
+    monkeypatch.setenv("PYFASTENSOR_SNAPSHOT_POOL", str(POOL))
     f = FakeCuda()
+
+    def on_device(storage: torch.UntypedStorage) -> bool:
+        # The tiny ones stay CPU storages (a mixed state); the snapshot's copies are host memory.
+        return storage.nbytes() > 64 and not f.is_pinned(storage.data_ptr())
+    monkeypatch.setattr(_from_device, "on_device", on_device)
     with _device.using(f):
         yield f
 
@@ -52,21 +55,32 @@ def assert_loads_as(path: Path, want: dict[str, torch.Tensor]) -> None:
 
 
 def test_a_state_that_fits_is_copied_into_the_slab_and_written_from_it(tmp_path: Path, fake: FakeCuda) -> None:
-    tensors = state(POOL // 2)
+    tensors = state(POOL // 3)
     want = {k: v.clone() for k, v in tensors.items()}
+    fake.gate.clear()  # the copies cannot land yet: a wait for one on this thread would fail
+    before = len(fake.log)
     fut = pyfastensor.async_save(tensors, tmp_path / "a.pt")
+    during = fake.log[before:]
+    assert not fut.done(), "the call returned before the write"
     for v in tensors.values():
         v.zero_()  # the caller goes on at once: the file holds the values as of the call
+    fake.gate.set()
     fut.result()
     assert_loads_as(tmp_path / "a.pt", want)
-    slab = _device.slab(fake, "save")
-    assert fake.pinned_calls == [POOL] and not slab.held, "one slab, given back after the write"
+    assert not [e for e in during if e[0] == "sync"], "the caller's thread never waited for a copy"
+    need = sum(-(-v.untyped_storage().nbytes() // 4096) * 4096 for v in tensors.values() if v.untyped_storage().nbytes() > 64)
+    slab = _device.slab(fake, "snapshot")
+    assert len(fake.pinned_calls) == 1 and need <= fake.pinned_calls[0] < 2 * need, "the state's size, not more"
+    assert not slab.held, "given back after the write"
     assert ("wait", "compute", "side1") in fake.log, "later kernels wait for the copies"
+    for _ in range(2):
+        pyfastensor.async_save(tensors, tmp_path / "a.pt").result()
+    assert len(fake.pinned_calls) == 1 and slab.allocations == 1, "allocated once, kept for the next saves"
 
 
 def test_the_slab_is_held_until_the_write_ends(tmp_path: Path, fake: FakeCuda) -> None:
     snap = _snapshot.snapshot(pickle_skeleton(state(POOL // 4)), str(tmp_path / "x.pt"))
-    slab = _device.slab(fake, "save")
+    slab = _device.slab(fake, "snapshot")
     assert snap.waves == 1 and slab.held
     snap.write()
     assert slab.held
@@ -92,10 +106,11 @@ def test_a_larger_state_goes_in_waves_written_through_a_bounded_slab(
         snap = _snapshot.snapshot(pickle_skeleton(tensors), str(tmp_path / "b.pt"))
     assert snap.waves >= 3, "the slab was filled again and again"
     assert max(host_allocs, default=0) < 4096, "no host copy of the state: waves go from the slab to the file"
-    assert snap.staged is not None and len(snap.pending) <= 4, "the last wave is left for the background write"
+    assert snap.staged is not None and snap.drain is not None
+    assert 0 < len(snap.drain.filled) + (snap.drain.open is not None) <= 4, "the last slots are left for the write"
     snap.write()
     snap.release()
-    assert not _device.slab(fake, "save").held
+    assert not _device.slab(fake, "snapshot").held
     assert_loads_as(tmp_path / "b.pt", want)
     for _ in range(2):
         before = {k: v.clone() for k, v in tensors.items()}
@@ -105,6 +120,7 @@ def test_a_larger_state_goes_in_waves_written_through_a_bounded_slab(
         fut.result()
         assert_loads_as(tmp_path / "c.pt", before)
     assert fake.pinned_calls == [POOL], "allocated once, never more than the setting"
+    assert _device.slab(fake, "snapshot").allocations == 1
     assert len(fake.copies) > 3 * 12, "the saves after the first went through the slab too"
     side = [n for s, n in fake.copies if s != "compute"]
     assert max(side) <= POOL // 4
@@ -115,7 +131,7 @@ def test_a_failed_wave_save_leaves_nothing_and_frees_the_slab(tmp_path: Path, fa
     snap = _snapshot.snapshot(pickle_skeleton(state(3 * POOL)), str(tmp_path / "d.pt"))
     snap.release()  # the background write never ran (an error before it, say)
     assert sorted(p.name for p in tmp_path.iterdir()) == [], "the temporary file is removed"
-    assert not _device.slab(fake, "save").held
+    assert not _device.slab(fake, "snapshot").held
 
 
 def test_a_staged_file_has_the_records_of_a_plain_save(tmp_path: Path, fake: FakeCuda) -> None:
@@ -142,7 +158,7 @@ def test_cpu_only_states_do_not_touch_pinned_memory(tmp_path: Path) -> None:
 def test_copies_in_the_slab_start_on_the_cores_memory_alignment(tmp_path: Path, fake: FakeCuda) -> None:
     align = pyfastensor._lib.settings()["memory_alignment"]
     assert _device.memory_alignment() == align
-    with _device.slab(fake, "save").hold() as buf:
+    with _device.slab(fake, "snapshot").hold() as buf:  # all of it: the waves' size
         base = buf.data_ptr()
     tensors = state(POOL // 2)
     snap = _snapshot.snapshot(pickle_skeleton(tensors), str(tmp_path / "f.pt"))
@@ -155,7 +171,8 @@ def test_copies_in_the_slab_start_on_the_cores_memory_alignment(tmp_path: Path, 
         snap.release()
     snap = _snapshot.snapshot(pickle_skeleton(state(3 * POOL)), str(tmp_path / "g.pt"))
     try:
-        assert snap.waves > 1 and snap.pending
-        assert all((part.data_ptr() - base) % align == 0 for _, part, _, _ in snap.pending), "ring slots too"
+        assert snap.waves > 1 and snap.drain is not None and snap.drain.filled
+        parts = [t for slot in snap.drain.filled for _, _, t in slot.parts]
+        assert parts and all((t.data_ptr() - base) % align == 0 for t in parts), "ring slots too"
     finally:
         snap.release()

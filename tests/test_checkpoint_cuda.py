@@ -175,10 +175,16 @@ def test_forcing_cufile_where_it_cannot_work_says_why(tmp_path: Path, monkeypatc
     with _device.using(FakeCuda()), pytest.raises(EngineUnavailableError, match="PYFASTENSOR_CUDA_LOAD=cufile, but"):
         pyfastensor.load(path, map_location="cuda")
     monkeypatch.setenv("PYFASTENSOR_CUDA_LOAD", "auto")
+    monkeypatch.setattr(_cuda, "NVFS", str(tmp_path))  # as if GPUDirect Storage's driver were loaded
     with _device.using(FakeCuda()):
         got = pyfastensor.load(path, map_location="cuda")
     assert torch.equal(got["w"], torch.ones(10))
     assert _cuda.last_route["route"] == "pinned" and _cuda.last_route["reason"].startswith("cuFile unavailable: ")
+    monkeypatch.setattr(_cuda, "NVFS", str(tmp_path / "missing"))
+    with _device.using(FakeCuda()):
+        assert torch.equal(pyfastensor.load(path, map_location="cuda")["w"], torch.ones(10))
+    assert _cuda.last_route["route"] == "pinned"
+    assert _cuda.last_route["reason"].startswith("no GPUDirect Storage driver"), "auto leaves compatibility mode"
 
 
 def test_an_engine_name_takes_the_pinned_ring_through_that_engine(

@@ -75,6 +75,12 @@ from ._unpickle import refused, unpickle
 _log = logging.getLogger("pyfastensor")
 
 
+#: Where the nvidia-fs kernel module (GPUDirect Storage's driver) shows itself. Without it
+#: cuFile serves reads in its compatibility mode (POSIX reads into its own bounce buffers, then
+#: copies), which ``auto`` leaves for the pinned ring: the same route, with parallel reads and
+#: the CRC-32s summed as the bytes land.
+NVFS = "/proc/driver/nvidia-fs"
+
 #: How the last CUDA load moved its records: ``{"path", "route", "reason"}`` (``route``
 #: ``"cufile"`` or ``"pinned"``; ``reason`` why cuFile was not used, ``""`` when it was).
 #: For inspection: tests check it.
@@ -253,6 +259,9 @@ def _choose(archive: Archive, engine: Any = None) -> tuple[str, str, EngineFile 
         return "pinned", f"engine={engine!r}", None
     if mode == "pinned" and engine is None:
         return "pinned", "PYFASTENSOR_CUDA_LOAD=pinned", None
+    if mode == "auto" and engine is None and not os.path.exists(NVFS):
+        return "pinned", (f"no GPUDirect Storage driver ({NVFS} missing): cuFile would run in its "
+                          "compatibility mode, bounce buffers the pinned ring outruns"), None
     try:
         return "cufile", "", EngineFile(archive.source, "r", engine="cufile")
     except (FastensorError, OSError) as e:  # no libcufile or driver, or cuFile refuses this file

@@ -58,7 +58,19 @@ class StagedSave(_lib.Handle):
     def write(self, index: int, offset: int, addr: int, nbytes: int) -> None:
         """Write ``nbytes`` at ``addr`` as staged storage ``index``'s bytes (its place in the
         archive's keys) from ``offset`` (in order)."""
-        _lib.call("pft_ckpt_stage_write", self._live(), index, offset, addr, nbytes)
+        self.write_parts([(index, offset, addr, nbytes)])
+
+    def write_parts(self, parts: Sequence[tuple[int, int, int, int]]) -> None:
+        """Write ``(index, offset, addr, nbytes)`` parts of staged storages in one native call
+        (parallel pieces, as a whole save writes): small storages packed in one buffer, or
+        the slots of a ring, reach the disk together. Parts of a storage come in order, here
+        and from call to call. The memory is read during the call only."""
+        n = len(parts)
+        if not n:
+            return
+        index, offset, addr, size = zip(*parts, strict=True)
+        _lib.call("pft_ckpt_stage_write", self._live(), n, (ctypes.c_int64 * n)(*index),
+                  (ctypes.c_int64 * n)(*offset), (ctypes.c_void_p * n)(*addr), (ctypes.c_int64 * n)(*size))
 
     def commit(self) -> dict[str, Any]:
         """Write the rest and commit the file; return the save's stats. The save is over either way."""

@@ -42,13 +42,16 @@ def async_save(
     at once: the file holds the values as of the call. The file itself is
     written on a background thread, durably unless ``durable=False``.
 
-    CUDA tensors are copied through a pinned host buffer allocated once per
-    process (``PYFASTENSOR_PINNED_POOL``, 64 MiB by default): a state that fits
-    is copied into it on a side stream without the call waiting (the current
+    CUDA tensors are copied into a pinned host buffer allocated once per
+    process and kept for the next saves: one device-to-host copy per storage,
+    issued on a side stream, without the call waiting for them (the current
     stream waits instead, so later kernels cannot change the values being
-    copied), and the buffer is held until the write ends; a larger state goes
-    through it in waves, each written to the file before the buffer is
-    reused, and the call returns once the last wave is copied into it (see
+    copied). The buffer takes the state's CUDA bytes rounded up to a power of
+    two, up to ``PYFASTENSOR_SNAPSHOT_POOL`` (default: an eighth of the
+    machine's memory; the first save pays for pinning it), and is held until
+    the write ends. A larger state goes through that buffer in waves, each
+    written to the file before the buffer is reused, and the call returns once
+    the last wave is copied into it (see
     :class:`~pyfastensor.checkpoint._snapshot.Snapshot`).
 
     At most one save per target is in flight: a second ``async_save`` to the

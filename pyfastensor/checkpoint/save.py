@@ -17,10 +17,11 @@ import torch
 if TYPE_CHECKING:
     from ..dictionary import Dictionaries
 
-from .. import _torch
-from . import _progress
+from .. import _device, _torch, config
+from . import _from_device, _progress
 from ._native import TorchArchive, write_archive
 from ._skeleton import Skeleton, pickle_skeleton
+from ._staged import StagedSave
 
 FileLike = str | os.PathLike[str] | IO[bytes]
 
@@ -43,6 +44,12 @@ def save(
     Storage records are stored uncompressed and aligned to 4 KiB (so O_DIRECT
     and GPUDirect Storage can read them in place), each with its CRC-32. The
     records are written in parallel straight from the tensors' memory.
+
+    CUDA tensors are never copied to the host whole: their bytes go through a
+    ring of pinned host buffers (``PYFASTENSOR_PINNED_POOL``, 256 MiB by
+    default, allocated once per process), the device-to-host copies into some
+    slots running while the others are written, so the disk is busy from the
+    first slot to the last.
 
     Durability: a save to a path writes a temporary file
     ``.<name>.pyfastensor-tmp-<pid>-<random>`` in the same directory, fsyncs
@@ -126,6 +133,11 @@ def write_skeleton(
 ) -> None:
     """Write a pickled skeleton and its storages' bytes as a torch zip archive at ``path``:
     the Go core lays out torch's records around them (checkpoint/torchzip.go)."""
+    device = {k for k, s in skel.storages.items() if _from_device.on_device(s)}
+    if device:
+        _write_from_device(skel, device, path, disable_byteorder=disable_byteorder, durable=durable,
+                           engine=engine, progress=progress)
+        return
     archive, keep, total = torch_archive(skel, disable_byteorder=disable_byteorder)
     _progress.run(
         lambda counter: write_archive(path, archive, durable=durable, engine=engine,
@@ -133,6 +145,36 @@ def write_skeleton(
         total, f"save {os.path.basename(path)}", progress,
     )
     keep.clear()  # the native call has returned: the memory may go
+
+
+def _write_from_device(
+    skel: Skeleton, device: set[str], path: str, *, disable_byteorder: bool, durable: bool,
+    engine: str | None, progress: bool | None,
+) -> None:
+    """:func:`write_skeleton` for a skeleton with CUDA storages (``device``): a staged save
+    whose device storages go through the process's pinned ``"save"`` ring, their copies
+    pipelined with the writes (:class:`~._from_device.Drain`); the others are written at the
+    commit from their memory."""
+    b = _device.backend()
+    archive, keep, total = torch_archive(skel, disable_byteorder=disable_byteorder, staged=device)
+    bar = _progress.Manual(total, f"save {os.path.basename(path)}", progress)
+    try:
+        with _device.slab(b, "save").hold() as buf:
+            staged = StagedSave(path, archive, [k in device for k in archive.keys], durable=durable, engine=engine)
+            drain = _from_device.Drain(b, staged, buf, config.PINNED_RING_SLOTS, done=bar.add)
+            try:
+                for i, key in enumerate(archive.keys):
+                    if key in device:
+                        drain.put(i, skel.storages[key])
+                drain.finish()
+                staged.commit()
+            except BaseException:
+                drain.wait()  # no copy may still be landing in the slab when the next user gets it
+                staged.close()  # the temporary file goes; the target is untouched
+                raise
+    finally:
+        bar.close()
+    keep.clear()  # the native calls have returned: the memory may go
 
 
 def torch_archive(

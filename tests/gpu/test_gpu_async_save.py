@@ -16,6 +16,7 @@ POOL = 1 << 20
 @pytest.fixture
 def backend(monkeypatch: pytest.MonkeyPatch) -> _device.CudaBackend:
     monkeypatch.setenv("PYFASTENSOR_PINNED_POOL", str(POOL))
+    monkeypatch.setenv("PYFASTENSOR_SNAPSHOT_POOL", str(POOL))
     b = _device.CudaBackend()
     with _device.using(b):
         yield b
@@ -33,8 +34,23 @@ def test_async_save_from_cuda_holds_the_values_of_the_call(tmp_path: Path, backe
     for v in state.values():
         v.add_(1)  # on the compute stream, right after the call
     fut.result()
-    got = torch.load(tmp_path / "a.pt")
+    got = torch.load(tmp_path / "a.pt", map_location="cpu")  # the CPU copies of the call's values
     for k, v in want.items():
         assert torch.equal(got[k], v), k
-    slab = _device.slab(backend, "save")
+    slab = _device.slab(backend, "snapshot")
     assert slab.allocations == 1 and not slab.held
+
+
+def test_save_from_cuda_round_trips(tmp_path: Path, backend: _device.CudaBackend) -> None:
+    """pyfastensor.save of a CUDA state (through the pinned ring, in pieces) loads bit for bit."""
+    g = torch.Generator(device="cuda").manual_seed(2)
+    state = {f"w{i}": torch.randn(70_000 * (i + 1), device="cuda", generator=g) for i in range(6)}
+    state["bf16"] = torch.randn(333_333, device="cuda", generator=g).bfloat16()
+    state["small"] = torch.arange(7, device="cuda")
+    for _ in range(2):
+        pyfastensor.save(state, tmp_path / "s.pt")
+        got = torch.load(tmp_path / "s.pt", map_location="cuda")
+        for k, v in state.items():
+            assert torch.equal(got[k], v), k
+    ring = _device.slab(backend, "save")
+    assert ring.allocations == 1 and not ring.held

@@ -41,13 +41,18 @@ def state(device: str = "cpu") -> dict[str, Any]:
     return {"big": base, "view": base[3:9, 100:], "t": base.t(), **{k: v.to(device) for k, v in rest.items()}}
 
 
+def raw(t: torch.Tensor) -> torch.Tensor:
+    """The bytes of ``t``'s storage as one uint8 tensor on its device: compared in one call."""
+    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
+
+
 def assert_bit_identical(got: dict[str, Any], want: dict[str, Any]) -> None:
     assert sorted(got) == sorted(want)
     for k, w in want.items():
         g = got[k]
         assert (g.device, g.dtype, g.shape, g.stride(), g.storage_offset()) == (
             w.device, w.dtype, w.shape, w.stride(), w.storage_offset()), k
-        assert bytes(g.untyped_storage().cpu()) == bytes(w.untyped_storage().cpu()), f"{k}: bytes differ"
+        assert torch.equal(raw(g), raw(w)), f"{k}: bytes differ"
     assert got["view"].untyped_storage().data_ptr() == got["big"].untyped_storage().data_ptr()
 
 

@@ -1,0 +1,299 @@
+"""``python -m benchmarks gpu``: pyfastensor's CUDA paths against the machine's own limits and
+against torch and safetensors, in one command (see :data:`DESCRIPTION`)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from . import harness
+
+GB = 1e9
+#: Exit status when there is no CUDA device: the command cannot measure anything (as a usage error).
+NO_CUDA = 2
+
+DESCRIPTION = """\
+What runs on a GPU, measured on this machine, in one run:
+
+  pinned copies   device-to-host and host-to-device bandwidth of pinned memory (GB/s)
+  disk limit      the disk's O_DIRECT sequential write and read bandwidth in --dir
+  checkpoint      a bf16 state dict on the GPU (~2 GB; --quick ~0.5 GB), over interleaved
+                  rounds, for pyfastensor, torch (save + fsync / load) and safetensors
+                  (save_file + fsync / load_file(device="cuda")):
+                    save from CUDA, durable          GB/s, ratio to the disk's write limit
+                    cold load to CUDA (cache dropped) GB/s, ratio to the disk's read limit
+                    warm load to CUDA (page cache)    GB/s
+                    async_save: the caller's blocking time, and its ratio to the save's
+                  each with its spread over the rounds and pyfastensor's paired ratios to
+                  its peers, then each target shown as met or not met
+  offload         the CUDA offload benchmark's rows (benchmarks/offload.py)
+
+Without a CUDA device it says so and exits with status 2. Cold reads: as root the
+page cache is dropped before each (echo 3 > drop_caches), else each file's pages
+are dropped (posix_fadvise DONTNEED). Needs safetensors for its rows
+(pip install -r benchmarks/requirements.txt); without it they are left out.
+"""
+
+#: The targets, ``(name, row, compared with, at least or at most, bound)``: the row's paired
+#: ratios' median against the bound.
+TARGETS: list[tuple[str, str, str, str, float]] = [
+    ("save from CUDA >= 85% of the disk's write limit", "save", "write limit", ">=", 0.85),
+    ("save from CUDA >= 1.5x torch.save + fsync", "save", "torch", ">=", 1.5),
+    ("cold load to CUDA >= 85% of the disk's read limit", "cold", "read limit", ">=", 0.85),
+    ("cold load to CUDA >= 1.2x safetensors", "cold", "safetensors", ">=", 1.2),
+    ("warm load to CUDA >= safetensors", "warm", "safetensors", ">=", 1.0),
+    ("async_save blocks <= 10% of the save", "async", "save", "<=", 0.10),
+]
+
+
+def pinned_bandwidth(nbytes: int, repeat: int = 5) -> dict[str, float]:
+    """Best GB/s of ``repeat`` copies of ``nbytes`` each way between pinned host memory and the
+    device, timed by CUDA events."""
+    import torch
+
+    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    dev = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    out = {}
+    for name, dst, src in (("d2h", host, dev), ("h2d", dev, host)):
+        best = 0.0
+        for _ in range(repeat):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            dst.copy_(src, non_blocking=True)
+            end.record()
+            end.synchronize()
+            best = max(best, nbytes / (start.elapsed_time(end) / 1e3) / GB)
+        out[name] = best
+    return out
+
+
+def make_state(total: int) -> dict[str, Any]:
+    """A bf16 state dict of about ``total`` bytes on the GPU: 28 matrices and an embedding of
+    four times their size, as a transformer's (29 tensors)."""
+    import torch
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    unit = total // 32 // 2  # elements of one matrix
+    cols = 4096
+    rows = max(1, unit // cols)
+    state = {f"layers.{i}.weight": torch.randn(rows, cols, device="cuda", generator=g).bfloat16() for i in range(28)}
+    state["embed.weight"] = torch.randn(4 * rows, cols, device="cuda", generator=g).bfloat16()
+    torch.cuda.synchronize()
+    return state
+
+
+def _fsync(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    dfd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def _libraries() -> dict[str, tuple[Callable[[Any, str], None], Callable[[str], Any]]]:
+    """``name -> (save to a path durably, load from it to CUDA)`` of each library present."""
+    import torch
+
+    import pyfastensor
+
+    def torch_save(state: Any, path: str) -> None:
+        torch.save(state, path)
+        _fsync(path)
+
+    libs = {
+        "pyfastensor": (lambda s, p: pyfastensor.save(s, p),
+                        lambda p: pyfastensor.load(p, map_location="cuda")),
+        "torch": (torch_save, lambda p: torch.load(p, map_location="cuda")),
+    }
+    try:
+        from safetensors.torch import load_file, save_file
+    except ImportError:
+        return libs
+
+    def st_save(state: Any, path: str) -> None:
+        save_file(state, path)
+        _fsync(path)
+    libs["safetensors"] = (st_save, lambda p: load_file(p, device="cuda"))
+    return libs
+
+
+def _timed(fn: Callable[[], Any]) -> float:
+    import torch
+
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    out = fn()
+    torch.cuda.synchronize()
+    dt = time.perf_counter() - t
+    del out
+    return dt
+
+
+def checkpoint_rows(directory: str, state: dict[str, Any], rounds: int,
+                    progress: Callable[[str], None] = harness.progress) -> dict[str, Any]:
+    """Seconds of each row and library over ``rounds`` interleaved rounds (see :data:`DESCRIPTION`)."""
+    import pyfastensor
+    from pyfastensor.bench import disk
+    from pyfastensor.checkpoint import _cuda
+
+    libs = _libraries()
+    secs: dict[str, dict[str, list[float]]] = {row: {lib: [] for lib in libs} for row in ("save", "cold", "warm")}
+    secs["async"] = {"blocking": [], "total": []}
+    paths = {lib: os.path.join(directory, f"state-{lib}.{'safetensors' if lib == 'safetensors' else 'pt'}")
+             for lib in libs}
+    apath = os.path.join(directory, "state-async.pt")
+    t = time.perf_counter()
+    pyfastensor.async_save(state, apath).result()  # the first pays for pinning its buffer
+    first_async = time.perf_counter() - t
+    routes = set()
+    for r in range(rounds):
+        progress(f"checkpoint round {r + 1}/{rounds}")
+        for lib, (save, _) in libs.items():
+            secs["save"][lib].append(_timed(lambda: save(state, paths[lib])))  # noqa: B023
+        t = time.perf_counter()
+        fut = pyfastensor.async_save(state, apath)
+        secs["async"]["blocking"].append(time.perf_counter() - t)
+        fut.result()
+        secs["async"]["total"].append(time.perf_counter() - t)
+        for lib, (_, load) in libs.items():
+            disk.drop_caches([paths[lib]])
+            secs["cold"][lib].append(_timed(lambda: load(paths[lib])))  # noqa: B023
+            if lib == "pyfastensor":
+                routes.add(f"{_cuda.last_route.get('route')}" + (f" ({_cuda.last_route['reason']})"
+                                                                  if _cuda.last_route.get("reason") else ""))
+        for lib, (_, load) in libs.items():
+            disk.cache_files([paths[lib]])
+            secs["warm"][lib].append(_timed(lambda: load(paths[lib])))  # noqa: B023
+    for p in (*paths.values(), apath):
+        os.remove(p)
+    return {"seconds": secs, "first_async_s": first_async, "routes": sorted(routes), "method": disk.cold_cache_method()}
+
+
+def _offload_rows(directory: str, quick: bool) -> str:
+    # --- The offload rows: the lead wires the final call here (benchmarks/offload.py is being
+    # --- rewritten in parallel); this calls its current entry point for CUDA.
+    from . import offload
+
+    return str(offload.format_report(offload.run(directory, quick=quick, batch_search=not quick, device="cuda")))
+
+
+def run(directory: str, *, quick: bool = False, rounds: int | None = None, size: int | None = None,
+        with_offload: bool = True, progress: Callable[[str], None] = harness.progress) -> dict[str, Any]:
+    """Measure everything :data:`DESCRIPTION` lists; return the raw results."""
+    import torch
+
+    from pyfastensor.bench import disk
+
+    nbytes = size or ((512 << 20) if quick else (2 << 30))
+    rounds = rounds or (2 if quick else 3)
+    progress("pinned copy bandwidth")
+    out: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                           "pinned_gbps": pinned_bandwidth((64 if quick else 256) << 20)}
+    progress("the disk's limit")
+    lim = disk.measure_limit(directory, size=(256 << 20) if quick else (1 << 30))
+    out["limit"] = {"write_gbps": lim.write_mbps / 1e3, "read_gbps": lim.read_mbps / 1e3, "describe": lim.describe()}
+    state = make_state(nbytes)
+    out["state_bytes"] = sum(t.numel() * t.element_size() for t in state.values())
+    out["tensors"] = len(state)
+    out.update(checkpoint_rows(directory, state, rounds, progress))
+    del state
+    torch.cuda.empty_cache()
+    out["targets"] = evaluate(out)
+    if with_offload:
+        progress("offload")
+        out["offload_report"] = _offload_rows(directory, quick)
+    return out
+
+
+def _ratios(result: dict[str, Any], row: str, other: str) -> list[float]:
+    """Per round, pyfastensor's figure against ``other``'s (a peer, a limit, or the save), as a
+    speed ratio (time ratio for the async row)."""
+    secs = result["seconds"]
+    if row == "async":
+        return harness.paired_ratios(secs["save"]["pyfastensor"], secs["async"]["blocking"])
+    mine = secs[row]["pyfastensor"]
+    if other in ("write limit", "read limit"):
+        lim = result["limit"]["write_gbps" if other == "write limit" else "read_gbps"] * GB
+        return [result["state_bytes"] / s / lim for s in mine]
+    if other not in secs[row]:
+        return []
+    return harness.paired_ratios(mine, secs[row][other])
+
+
+def evaluate(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each of :data:`TARGETS` with its paired ratios' median and whether it is met (None: no peer here)."""
+    out = []
+    for name, row, other, op, bound in TARGETS:
+        xs = _ratios(result, row, other)
+        med = statistics.median(xs) if xs else None
+        met = None if med is None else (med >= bound if op == ">=" else med <= bound)
+        out.append({"target": name, "ratios": xs, "median": med, "met": met})
+    return out
+
+
+def format_report(result: dict[str, Any]) -> str:
+    """The report: bandwidths, the checkpoint rows with their spreads and ratios, the targets."""
+    nb = result["state_bytes"]
+    lines = [f"device: {result['device']}, torch {result['torch']}",
+             f"pinned copies: D2H {result['pinned_gbps']['d2h']:.1f} GB/s, H2D {result['pinned_gbps']['h2d']:.1f} GB/s",
+             result["limit"]["describe"],
+             f"state: {result['tensors']} bf16 tensors, {nb / GB:.2f} GB on the GPU; cold reads: {result['method']}",
+             f"pyfastensor's load route: {', '.join(result['routes'])}", "",
+             f"{'row':<26}{'library':<13}{'GB/s (min-max)':<18}{'x limit':<10}pyfastensor / it (paired, min-max)"]
+    names = {"save": "save from CUDA, durable", "cold": "cold load to CUDA", "warm": "warm load to CUDA"}
+    secs = result["seconds"]
+    for row, title in names.items():
+        key = {"save": "write_gbps", "cold": "read_gbps"}.get(row)
+        for lib, xs in secs[row].items():
+            gbps = [nb / s / GB for s in xs]
+            lim = f"{statistics.median(gbps) / result['limit'][key]:.2f}" if key else "-"
+            rel = "" if lib == "pyfastensor" else harness.spread_text(harness.paired_ratios(secs[row]["pyfastensor"], xs))
+            lines.append(f"{title:<26}{lib:<13}{statistics.median(gbps):5.2f} ({harness.spread_text(gbps)})"
+                         f"{'':<3}{lim:<10}{rel}")
+    a = secs["async"]
+    lines.append(f"{'async_save blocking':<26}{'pyfastensor':<13}{statistics.median(a['blocking']):.3f} s "
+                 f"({harness.spread_text(a['blocking'], '.3f')}) of a {statistics.median(a['total']):.2f} s save; "
+                 f"first call (pins its buffer) {result['first_async_s']:.2f} s")
+    lines += ["", "targets:"]
+    for t in result["targets"]:
+        state = {True: "met", False: "NOT MET", None: "not measured (peer missing)"}[t["met"]]
+        med = "-" if t["median"] is None else f"{t['median']:.2f}"
+        lines.append(f"  {state:<8} {t['target']}: median {med} ({harness.spread_text(t['ratios'])})")
+    if result.get("offload_report"):
+        lines += ["", "offload (CUDA):", result["offload_report"]]
+    return "\n".join(lines)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = harness.add_command(
+        sub, "gpu", help="the CUDA paths: pinned copies, the disk, checkpoints to and from CUDA, offload",
+        description=DESCRIPTION, func=_cmd_gpu,
+        dir_help="directory on the disk under test (default: the current one)")
+    p.add_argument("--quick", action="store_true", help="~0.5 GB state, 2 rounds: under a minute")
+    p.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 3, --quick 2)")
+    p.add_argument("--no-offload", action="store_true", help="leave out the offload rows")
+
+
+def _cmd_gpu(args: argparse.Namespace) -> int:
+    import torch
+
+    if not torch.cuda.is_available():
+        print("benchmarks gpu: no CUDA device here (torch.cuda.is_available() is False): this benchmark "
+              "measures pyfastensor's CUDA paths and runs on a GPU machine", file=sys.stderr)
+        return NO_CUDA
+    with harness.temp_dir(args.dir, "gpu") as d:
+        result = run(d, quick=args.quick, rounds=args.rounds, with_offload=not args.no_offload)
+    print(format_report(result))
+    if args.json:
+        harness.write_json(result, args.json)
+    return 0
