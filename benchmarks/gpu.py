@@ -144,7 +144,7 @@ def checkpoint_rows(directory: str, state: dict[str, Any], rounds: int,
     """Seconds of each row and library over ``rounds`` interleaved rounds (see :data:`DESCRIPTION`)."""
     import pyfastensor
     from pyfastensor.bench import disk
-    from pyfastensor.checkpoint import _cuda
+    from pyfastensor.checkpoint import last_cuda_route
 
     libs = _libraries()
     secs: dict[str, dict[str, list[float]]] = {row: {lib: [] for lib in libs} for row in ("save", "cold", "warm")}
@@ -169,8 +169,8 @@ def checkpoint_rows(directory: str, state: dict[str, Any], rounds: int,
             disk.drop_caches([paths[lib]])
             secs["cold"][lib].append(_timed(lambda: load(paths[lib])))  # noqa: B023
             if lib == "pyfastensor":
-                routes.add(f"{_cuda.last_route.get('route')}" + (f" ({_cuda.last_route['reason']})"
-                                                                  if _cuda.last_route.get("reason") else ""))
+                route = last_cuda_route()
+                routes.add(route.get("route", "?") + (f" ({route['reason']})" if route.get("reason") else ""))
         for lib, (_, load) in libs.items():
             disk.cache_files([paths[lib]])
             secs["warm"][lib].append(_timed(lambda: load(paths[lib])))  # noqa: B023
@@ -179,12 +179,14 @@ def checkpoint_rows(directory: str, state: dict[str, Any], rounds: int,
     return {"seconds": secs, "first_async_s": first_async, "routes": sorted(routes), "method": disk.cold_cache_method()}
 
 
-def _offload_rows(directory: str, quick: bool) -> str:
-    # --- The offload rows: the lead wires the final call here (benchmarks/offload.py is being
-    # --- rewritten in parallel); this calls its current entry point for CUDA.
-    from . import offload
+def _offload_rows(directory: str, quick: bool, disk_limit: Any,
+                  progress: Callable[[str], None]) -> tuple[dict[str, Any], str]:
+    """The GPT-like model's offload table (:mod:`benchmarks.offload_cuda`), the SSD tier bounded
+    by the disk's limit measured above."""
+    from . import offload_cuda
 
-    return str(offload.format_report(offload.run(directory, quick=quick, batch_search=not quick, device="cuda")))
+    result = offload_cuda.run(directory, quick=quick, disk_limit=disk_limit, progress=progress)
+    return result, offload_cuda.format_report(result)
 
 
 def run(directory: str, *, quick: bool = False, rounds: int | None = None, size: int | None = None,
@@ -211,7 +213,7 @@ def run(directory: str, *, quick: bool = False, rounds: int | None = None, size:
     out["targets"] = evaluate(out)
     if with_offload:
         progress("offload")
-        out["offload_report"] = _offload_rows(directory, quick)
+        out["offload"], out["offload_report"] = _offload_rows(directory, quick, lim, progress)
     return out
 
 
