@@ -11,11 +11,15 @@ from pyfastensor import plan
 def test_record_trace_on_cuda_times_ops_by_cuda_events():
     torch.manual_seed(0)
     dev = torch.device("cuda", torch.cuda.current_device())
-    model = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 10)).to(dev)
-    # A batch whose activations dominate the step's memory: the trace holds the optimizer's step
-    # too (Adam's foreach ops touch every parameter, gradient and moment at once, ~4 MB here),
-    # so a third less than the peak is still room for the largest op, and the planner's job.
-    batch = 2048
+    # Narrow and deep, with a large batch: the activations saved for backward (8 layers of
+    # 16 MB inputs and ReLU outputs) dominate the step's memory, while the largest single op
+    # (a 16 MB ReLU backward: its input, gradient and output; or Adam's foreach step over every
+    # parameter, gradient and moment, ~2 MB here) needs well under two thirds of the peak. So a
+    # device of two thirds of the peak leaves the planner something to do, and room to do it.
+    # (With one wide hidden layer, one op's 25 MB on a 30 MB peak left no such room.)
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(256, 256), nn.ReLU()) for _ in range(8)],
+                          nn.Linear(256, 10)).to(dev)
+    batch = 16384
     x, y = torch.randn(batch, 256, device=dev), torch.randint(0, 10, (batch,), device=dev)
     t = plan.record_trace(model, (x, y), lambda m, x, y: nn.functional.cross_entropy(m(x), y))
     assert t.meta["op_time"] == "cuda_events"
