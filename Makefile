@@ -6,7 +6,7 @@ PY ?= python
 FUZZTIME ?= 15s
 FUZZMINIMIZETIME ?= 1s
 
-.PHONY: install test test-go test-fuzz test-py lint
+.PHONY: install test test-go test-fuzz test-py test-compat lint
 
 # The package (editable) and everything the tests import: pytest, ruff and
 # the benchmarks' peers and plotting (tests/requirements.txt).
@@ -54,6 +54,14 @@ test-fuzz:
 
 test-py:
 	$(PY) -m pytest -q
+
+# The Python tests on other torch and Python versions, each pair in its own
+# virtual environment under .venv-compat/ (pip's cache shared): the floor
+# torch on the oldest Python, and the torch GPU images ship. `make install
+# test` covers the newest torch. COMPAT="2.6.0:3.11 ..." picks others.
+COMPAT ?= 2.4.1:3.10 2.11.0:3.12
+test-compat:
+	tests/compat/run.sh $(COMPAT)
 
 # The distributed loader's protobuf messages and gRPC stubs (checked in).
 # protoc 3.21 (apt's protobuf-compiler), protoc-gen-go at the protobuf
