@@ -11,7 +11,10 @@ counts: just before backward the count equals the bytes held on the device
 every device-to-host copy still in flight (the fake blocks any wait for
 one, so a pack that waited would fail); the peak stays within the budget;
 under ``policy="all"`` (nothing kept) the peak equals the fake's device peak;
-gradients stay bit-identical.
+gradients stay bit-identical. And the uploads of the tensors kept in pinned
+memory are prefetched in every step after the profiling one (a pinned
+read-back of the profiling step once stayed counted for good, and shut the
+prefetch window).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from cuda_fakes import FakeCuda
 from offload_models import assert_same_grads, inputs, loss_of, open_handles, train
 
 import pyfastensor
+from pyfastensor.offload._saved import Entry
 from pyfastensor.offload._staging import Staging
 
 SMALL = 16 << 10
@@ -51,29 +55,49 @@ def _train_watching(model: torch.nn.Module, batch_of: Any, off: pyfastensor.Offl
     model = copy.deepcopy(model)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     grads, seen = [], []
-    for i in range(STEPS):
-        x, y = batch_of(i)
-        opt.zero_grad()
-        fake.reset_device_peak()
-        with off:
-            if gate_forward and i > 0:
-                fake.gate.clear()  # a pack that waited for a copy or a write would hang, then fail
-            try:
-                loss = loss_of(model, x, y)
-                if i > 0:
-                    seen.append({"meter": off._meter.now, "held": _kept(off) + fake.device_live,
-                                 "kept": _kept(off), "pending": len(off._writes.pending)})
-            finally:
-                fake.gate.set()
-            loss.backward()
-        if i > 0:
-            s = off.summary()
-            seen[-1].update(peak=s.resident_peak_bytes, device_peak=fake.device_peak,
-                            offloaded=s.offloaded_tensors + s.staged_tensors)
-        grads.append([p.grad.clone() for p in model.parameters()])
-        opt.step()
+    issued = [0]
+    prefetch = Entry.prefetch
+
+    def counted(entry: Entry) -> int:
+        n = prefetch(entry)
+        issued[0] += bool(n)
+        return n
+
+    Entry.prefetch = counted  # type: ignore[method-assign]
+    try:
+        for i in range(STEPS):
+            _one_step(model, opt, batch_of, off, fake, gate_forward, i, grads, seen, issued)
+    finally:
+        Entry.prefetch = prefetch  # type: ignore[method-assign]
     grads.append([p.detach().clone() for p in model.parameters()])
     return grads, seen
+
+
+def _one_step(model: torch.nn.Module, opt: Any, batch_of: Any, off: pyfastensor.Offload, fake: FakeCuda,
+              gate_forward: bool, i: int, grads: list[list[torch.Tensor]], seen: list[dict[str, int]],
+              issued: list[int]) -> None:
+    """Step ``i`` of :func:`_train_watching`."""
+    x, y = batch_of(i)
+    opt.zero_grad()
+    fake.reset_device_peak()
+    issued[0] = 0
+    with off:
+        if gate_forward and i > 0:
+            fake.gate.clear()  # a pack that waited for a copy or a write would hang, then fail
+        try:
+            loss = loss_of(model, x, y)
+            if i > 0:
+                seen.append({"meter": off._meter.now, "held": _kept(off) + fake.device_live,
+                             "kept": _kept(off), "pending": len(off._writes.pending)})
+        finally:
+            fake.gate.set()
+        loss.backward()
+    if i > 0:
+        s = off.summary()
+        seen[-1].update(peak=s.resident_peak_bytes, device_peak=fake.device_peak,
+                        offloaded=s.offloaded_tensors + s.staged_tensors, prefetched=issued[0])
+    grads.append([p.grad.clone() for p in model.parameters()])
+    opt.step()
 
 
 @pytest.mark.parametrize("policy,tier", [("scheduled", "ssd"), ("scheduled", "host"), ("planned", "auto")])
@@ -98,6 +122,10 @@ def test_resident_count_is_device_bytes_and_stays_within_the_budget(tmp_path: Pa
         assert all(s["pending"] > 0 for s in seen), seen
     if policy == "scheduled":
         assert all(s["kept"] > 0 for s in seen), "the scheduler keeps some tensors resident"
+    if (policy, tier) == ("scheduled", "host"):
+        assert all(s["prefetched"] == s["offloaded"] for s in seen), f"every upload issued ahead: {seen}"
+    else:
+        assert all(s["prefetched"] > 0 for s in seen), seen
     off.close()
     assert open_handles() == 0
 
@@ -115,5 +143,6 @@ def test_resident_peak_is_the_device_peak_of_the_copies_brought_back(tmp_path: P
         assert s["kept"] == 0 and s["offloaded"] > 0
         assert s["meter"] == s["held"], s
         assert s["peak"] == s["device_peak"] > 0, s
+        assert s["prefetched"] > 0, s
     off.close()
     assert open_handles() == 0

@@ -84,22 +84,28 @@ class Meter:
         with self._lock:
             self.peak = self.now
 
-    def track(self, t: torch.Tensor, host: bool = False) -> None:
-        """Count the bytes of ``t``'s storage until that storage is freed (once per storage);
-        ``host``: a pinned host buffer (counted in :attr:`host`)."""
+    def track(self, t: torch.Tensor) -> None:
+        """Count the bytes of ``t``'s storage until that storage is freed (once per storage)."""
         storage = t.untyped_storage()
         key, n = storage.data_ptr(), storage.nbytes()
         with self._lock:
             if n == 0 or key in self._tracked:
                 return
             self._tracked.add(key)
-        self.add(n, host)
-        weakref.finalize(storage, self._untrack, key, n, host)
+        self.add(n)
+        weakref.finalize(storage, self._untrack, key, n)
 
-    def _untrack(self, key: int, n: int, host: bool) -> None:
+    def track_host(self, t: torch.Tensor) -> None:
+        """Count ``t`` (a pinned buffer taken from a pool) in :attr:`host` until the tensor
+        object ``t`` is freed: the pool's storage outlives it, so it is not tracked by storage."""
+        n = t.numel() * t.element_size()
+        self.add(n, host=True)
+        weakref.finalize(t, self.sub, n, True)
+
+    def _untrack(self, key: int, n: int) -> None:
         with self._lock:
             self._tracked.discard(key)
-        self.sub(n, host)
+        self.sub(n)
 
 
 class Held:
@@ -254,7 +260,7 @@ class Entry:
         """
         if self.staging is not None:
             buf = self.staging.pinned(self.payload_nbytes, self.reclaim)
-            self.meter.track(buf, host=True)
+            self.meter.track_host(buf)
             return buf
         buf = self.pool.take(self.payload_nbytes)
         self.meter.track(buf)

@@ -398,6 +398,13 @@ class Offload:
         if isinstance(h, torch.Tensor):
             return h
         if h.tensor is not None:
+            entry = h.entry
+            if not entry.seen and self._recorder is None:
+                # A resident entry's node: a point of the plan, and the prefetches it lets go.
+                with self._lock:
+                    entry.seen = True
+                    self._reach(self._policy.at_unpack(entry.index))
+                    self._prefetch_after(entry)
             return h.tensor
         start = time.perf_counter()
         rec = self._recorder
