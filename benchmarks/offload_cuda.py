@@ -10,14 +10,16 @@ the saved tensors:
   forward stash), or "not installed";
 - ``pft-host`` / ``pft-ssd``: pyfastensor, ``policy="all"``, ``tier="host"`` / ``"ssd"``;
 - ``scheduled`` / ``planned``: pyfastensor's policies with a budget of half
-  no offload's extra peak (``planned`` with ``tier="auto"``).
+  no offload's extra peak, over pinned host memory as the rows above
+  (``scheduled`` with ``tier="host"``, ``planned`` with ``tier="auto"``:
+  its host tier); ``pft-ssd`` is the row that goes to the disk.
 
-Beside them, the bound of each offload row: ``max(forward, B/D2H) +
-max(backward, B/H2D)``, with B the bytes the row moved (pyfastensor's
-summary; for the peers, pft-host's), forward and backward timed in the
-``none`` row, and D2H/H2D the bandwidths of one pinned copy measured in the
-same run; for ``pft-ssd`` the disk's write and read bandwidths stand in
-for the link's (the slower of the two on each side). Step: median over the
+Beside them, the bound of each offload row (:func:`bound`): ``max(forward,
+B/D2H, S/W) + max(backward, B/H2D, S/R)``, with B the bytes the row moved
+(pyfastensor's summary; for the peers, pft-host's), S those of them that
+went to the disk, forward and backward timed in the ``none`` row, D2H/H2D
+the bandwidths of one pinned copy and W/R the disk's write and read
+bandwidths, measured in the same run. Step: median over the
 timed steps after warm-up (pyfastensor's first step sizes its pinned pool
 and, for the policies, profiles); extra peak: ``max_memory_allocated`` over
 the step minus what was allocated before it (model, optimizer state).
@@ -120,7 +122,8 @@ def make_context(row: str, model: Any, directory: str, budget: int, min_size: in
     if row == "pft-ssd":
         return Offload(tier="ssd", spill_dir=directory, min_size=min_size, module=model)
     if row == "scheduled":
-        return Offload(policy="scheduled", budget=budget, spill_dir=directory, min_size=min_size, module=model)
+        return Offload(policy="scheduled", tier="host", budget=budget, spill_dir=directory, min_size=min_size,
+                       module=model)
     return Offload(policy="planned", tier="auto", budget=budget, spill_dir=directory, min_size=min_size, module=model)
 
 
@@ -186,6 +189,7 @@ def run(directory: str, *, quick: bool = False, steps: int | None = None, warmup
             r["resident_peak"] = s.resident_peak_bytes
             r["budget"] = ctx.budget
             r["bytes"] = sum(s.bytes_offloaded.values())
+            r["ssd_bytes"] = s.bytes_offloaded.get("ssd", 0)
             r["pinned_allocations"] = s.pinned_allocations
             r["pinned_bytes"] = s.pinned_bytes
             ctx.close()
@@ -198,15 +202,23 @@ def run(directory: str, *, quick: bool = False, steps: int | None = None, warmup
         r = rows[row]
         if "step_s" not in r:
             continue
-        b = r.get("bytes", moved)
-        up, down = d2h, h2d
-        if row == "pft-ssd" and disk_w and disk_r:
-            up, down = min(d2h, disk_w), min(h2d, disk_r)
-        r["bound_s"] = max(fwd, b / up) + max(bwd, b / down)
+        r["bound_s"] = bound(fwd, bwd, r.get("bytes", moved), r.get("ssd_bytes", 0), (d2h, h2d),
+                             (disk_w, disk_r) if disk_w and disk_r else None)
         r["bound_ratio"] = r["step_s"] / r["bound_s"]
     return {"model": shape, "rows": rows, "bound": {"forward_s": fwd, "backward_s": bwd, "d2h_bps": d2h,
                                                     "h2d_bps": h2d, "bytes": moved, "disk_write_bps": disk_w,
                                                     "disk_read_bps": disk_r}}
+
+
+def bound(forward_s: float, backward_s: float, nbytes: int, ssd_bytes: int, link: tuple[float, float],
+          disk: tuple[float, float] | None) -> float:
+    """Seconds a step moving ``nbytes`` over the link (``ssd_bytes`` of them on to the disk) takes at
+    least: ``max(forward, B/D2H, S/W) + max(backward, B/H2D, S/R)``; without ``disk`` (not measured),
+    the link's alone."""
+    up, down = nbytes / link[0], nbytes / link[1]
+    if disk is not None and ssd_bytes:
+        up, down = max(up, ssd_bytes / disk[0]), max(down, ssd_bytes / disk[1])
+    return max(forward_s, up) + max(backward_s, down)
 
 
 def format_report(result: dict[str, Any]) -> str:

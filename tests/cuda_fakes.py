@@ -8,11 +8,14 @@ that reads a pinned buffer before waiting for its copy's event, or reuses
 a buffer whose copy has not run, reads or clobbers the wrong bytes here
 just as it would on a GPU. "Device memory" is CPU memory.
 
-``gate``: while cleared, synchronizing an event blocks (a copy still in
-flight), so a test can check what happens before a copy completes.
+``gate``: while cleared, synchronizing an event whose copies have not run
+blocks (a copy still in flight), so a test can check what happens before a
+copy completes.
 ``syncs`` records the thread of every ``event.synchronize()`` (a CPU wait),
 ``pinned_calls`` every pinned allocation (what torch's caching host
 allocator would get a ``cudaHostAlloc`` for when it has no free block).
+``device_live`` and ``device_peak``: bytes of "device" memory (:meth:`FakeCuda.empty`)
+alive now and at most, as ``torch.cuda.memory_allocated`` would count them.
 
 Run as a script (``python cuda_fakes.py <checkpoint> <map_location>``), it
 loads the checkpoint to "cuda" through the fake backend and prints a JSON
@@ -28,6 +31,7 @@ import os
 import shutil
 import subprocess
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -79,12 +83,15 @@ class FakeEvent:
         self.backend.log.append(("event", stream.name))
 
     def query(self) -> bool:  # done once the stream has run past it (a wait_stream runs it)
-        if not self.completed and self.backend.gate.is_set() and self.stream is not None:
+        if not self.completed and self.stream is not None:
             self.completed = self.stream.done >= self.at
         return self.completed
 
     def synchronize(self) -> None:
         self.backend.syncs.append(threading.current_thread())
+        if self.query():  # its copies ran already: nothing in flight to wait for
+            self.backend.log.append(("sync", self.stream.name if self.stream else ""))
+            return
         if not self.backend.gate.wait(timeout=60):
             raise AssertionError("a copy's event was waited for while the test held copies in flight")
         if self.stream is not None:
@@ -114,6 +121,9 @@ class FakeCuda:
         self.copies: list[tuple[str, int]] = []  # (stream, bytes) of copies issued
         self._asked = ""
         self._pinned: list[tuple[int, int]] = []
+        self.device_live = 0  # bytes of device allocations alive now
+        self.device_peak = 0
+        self._device_lock = threading.Lock()
 
     def side_stream(self, device: torch.device) -> FakeStream:
         self.sides += 1
@@ -164,7 +174,20 @@ class FakeCuda:
 
     def empty(self, nbytes: int, device: torch.device) -> torch.Tensor:
         self.empties.append((nbytes, self._asked))
-        return torch.full((nbytes,), 0xDD, dtype=torch.uint8)
+        t = torch.full((nbytes,), 0xDD, dtype=torch.uint8)
+        with self._device_lock:
+            self.device_live += nbytes
+            self.device_peak = max(self.device_peak, self.device_live)
+        weakref.finalize(t.untyped_storage(), self._device_free, nbytes)  # lives as long as its memory
+        return t
+
+    def _device_free(self, nbytes: int) -> None:
+        with self._device_lock:
+            self.device_live -= nbytes
+
+    def reset_device_peak(self) -> None:
+        with self._device_lock:
+            self.device_peak = self.device_live
 
 
 def build_fake_cufile(where: Path) -> Path | None:

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from benchmarks import offload as bench
 from benchmarks.workloads import TrainWorkload as Workload
 from benchmarks.workloads import conv_net, deep_mlp
@@ -61,6 +63,18 @@ def test_cuda_table_reports_bounds_targets_and_a_missing_trl():
     assert ("scheduled: saved tensors' resident peak 0.00 GB of a 0.00 GB budget (within); step 1.02x checkpoint's, "
             "bound 0.92x (target: no slower where the bound is below it: MISSED)") in text
     assert "planned: saved tensors' resident peak 0.00 GB of a 0.00 GB budget (OVER)" in text
+
+
+def test_cuda_bound_takes_the_disk_for_the_bytes_that_go_to_it():
+    from benchmarks.offload_cuda import bound
+
+    link, disk = (50e9, 40e9), (2e9, 1e9)
+    # Host tier: the link alone (the compute is longer on the way down, the copies on the way up).
+    assert bound(0.010, 0.030, int(1e9), 0, link, disk) == pytest.approx(0.020 + 0.030)
+    # Half of it to the disk: that half at the disk's speed.
+    assert bound(0.010, 0.030, int(1e9), int(5e8), link, disk) == pytest.approx(0.25 + 0.5)
+    # The disk not measured: the link's bound.
+    assert bound(0.010, 0.030, int(1e9), int(5e8), link, None) == pytest.approx(0.020 + 0.030)
 
 
 def test_gpt_workload_needs_cuda():

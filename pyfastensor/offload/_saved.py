@@ -36,7 +36,16 @@ from ._store import SpillStore
 
 
 class Meter:
-    """Bytes of saved tensors resident in memory because of us, and their peak.
+    """Bytes of saved tensors held in the tensors' device memory because of us, and their peak.
+
+    ``now`` and ``peak`` count device memory: the entries kept resident, the
+    copies brought back (prefetched or restored) and, for CPU tensors, whose
+    device memory is host memory, the payloads being written and the buffers
+    read back. The pinned host buffers a CUDA payload passes through (its
+    copy being written, a read-back on its way up) are host memory: they
+    are counted in ``host`` only, which prefetching adds to ``now`` to
+    bound how far it reads ahead. The source of a device-to-host copy in
+    flight is not counted: torch's allocator frees it when the copy ends.
 
     Counted per storage, not per tensor object: a payload and the tensors
     decoded over it (aliases and views share its storage) count once, from
@@ -48,16 +57,28 @@ class Meter:
         self._lock = threading.Lock()
         self.now = 0
         self.peak = 0
+        self.host = 0  # pinned host buffers holding saved tensors' bytes (not in now or peak)
         self._tracked: set[int] = set()  # data_ptr of storages counted by track()
 
-    def add(self, n: int) -> None:
+    def add(self, n: int, host: bool = False) -> None:
         with self._lock:
+            if host:
+                self.host += n
+                return
             self.now += n
             self.peak = max(self.peak, self.now)
 
-    def sub(self, n: int) -> None:
+    def sub(self, n: int, host: bool = False) -> None:
         with self._lock:
-            self.now -= n
+            if host:
+                self.host -= n
+            else:
+                self.now -= n
+
+    @property
+    def ahead(self) -> int:
+        """Bytes prefetching counts against its window: device bytes plus pinned ones."""
+        return self.now + self.host
 
     def reset_peak(self) -> None:
         with self._lock:
@@ -74,6 +95,13 @@ class Meter:
         self.add(n)
         weakref.finalize(storage, self._untrack, key, n)
 
+    def track_host(self, t: torch.Tensor) -> None:
+        """Count ``t`` (a pinned buffer taken from a pool) in :attr:`host` until the tensor
+        object ``t`` is freed: the pool's storage outlives it, so it is not tracked by storage."""
+        n = t.numel() * t.element_size()
+        self.add(n, host=True)
+        weakref.finalize(t, self.sub, n, True)
+
     def _untrack(self, key: int, n: int) -> None:
         with self._lock:
             self._tracked.discard(key)
@@ -84,15 +112,16 @@ class Held:
     """A slot and the memory pinned for it until its write completes.
 
     ``keep`` is the payload being written (for the raw codec, a byte view of
-    the saved storage itself); it is dropped once the write is done, so the
-    memory can be freed. After a failed write (full disk) it stays: the
-    tensor then simply lives in memory.
+    the saved storage itself; for a CUDA tensor, its pinned host copy, which
+    ``host`` says); it is dropped once the write is done, so the memory can
+    be freed. After a failed write (full disk) it stays: the tensor then
+    simply lives in memory.
     """
 
-    __slots__ = ("failed", "keep", "lock", "meter", "released", "report", "slot", "store")
+    __slots__ = ("failed", "host", "keep", "lock", "meter", "released", "report", "slot", "store")
 
     def __init__(self, store: SpillStore, slot: int, keep: torch.Tensor, meter: Meter,
-                 report: Callable[[NoSpaceError], None]) -> None:
+                 report: Callable[[NoSpaceError], None], host: bool = False) -> None:
         self.store = store
         self.report = report  # told of a full disk found only when the slot is freed
         self.slot = slot
@@ -101,14 +130,15 @@ class Held:
         self.released = False  # the slot is freed: nothing to read back
         self.meter = meter
         self.lock = threading.Lock()
-        meter.add(keep.numel())
+        self.host = host  # keep is a pinned host copy, not the device's memory
+        meter.add(keep.numel(), host)
 
     def written(self) -> None:
         """The write completed: let the payload go."""
         with self.lock:
             keep, self.keep = self.keep, None
         if keep is not None:
-            self.meter.sub(keep.numel())
+            self.meter.sub(keep.numel(), self.host)
 
     def release(self, pending: dict[int, Held]) -> None:
         """Free the slot (waiting for its write), then let the payload go. Runs once."""
@@ -222,14 +252,19 @@ class Entry:
         return None
 
     def _buffer(self) -> torch.Tensor:
-        """Host memory to read the slot into: pinned when the entry goes back to an accelerator.
+        """Host memory to read the slot into, counted by the meter: pinned when the entry goes
+        back to an accelerator (host memory, not the device's).
 
         CPU read-backs come from the offload object's pool: mappings
         reused step after step, already faulted in, page-aligned.
         """
         if self.staging is not None:
-            return self.staging.pinned(self.payload_nbytes, self.reclaim)
-        return self.pool.take(self.payload_nbytes)
+            buf = self.staging.pinned(self.payload_nbytes, self.reclaim)
+            self.meter.track_host(buf)
+            return buf
+        buf = self.pool.take(self.payload_nbytes)
+        self.meter.track(buf)
+        return buf
 
     def prefetch_staged(self) -> int:
         """:meth:`prefetch` for entries staged through pinned memory (accelerator tensors) not
@@ -251,7 +286,6 @@ class Entry:
         if self.root() is not None or held.released:
             return 0
         buf = self._buffer()
-        self.meter.track(buf)
         held.store.prefetch(held.slot, buf.data_ptr(), buf.numel())
         self.prefetched = buf
         return buf.numel()
@@ -283,10 +317,10 @@ class Entry:
             self.prefetched = None
             if payload is None:
                 payload = self._buffer()
-                self.meter.track(payload)
             held.store.get(held.slot, payload.data_ptr(), payload.numel())
         if self.staging is not None:  # pinned buffer (read back, or still being written), side stream
             payload = self.staging.join(self.staging.to_device(payload, self.device), self.device)
+            self.meter.track(payload)  # the device's copy (the pinned one was counted as host memory)
         started = time.perf_counter()
         flat = codecs.decode(codecs.with_payload(enc, payload))
         self.decode_seconds = time.perf_counter() - started

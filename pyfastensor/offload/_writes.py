@@ -69,7 +69,7 @@ class Writes:
             entry.staging, entry.reclaim = staging, reclaim
         else:
             slot = store.put(payload.data_ptr(), payload.numel(), account)
-        entry.held = Held(store, slot, payload, self.meter, self.full_disk_late)
+        entry.held = Held(store, slot, payload, self.meter, self.full_disk_late, host=staging is not None)
         entry.payload_nbytes = payload.numel()
         self.pending[slot] = entry.held
         weakref.finalize(entry, entry.held.release, self.pending)
@@ -121,15 +121,18 @@ class Writes:
         """Backpressure: make room for ``incoming`` bytes by waiting for the oldest writes.
 
         Waits while the resident bytes plus the incoming tensor's would
-        exceed the budget and writes are in flight, so the budget holds
-        unless one tensor alone exceeds it.
+        exceed the budget and writes of device memory are in flight, so the
+        budget holds unless one tensor alone exceeds it. A write from a
+        pinned host copy (a CUDA tensor's) holds no device memory: waiting
+        for it would free none, so pack never waits for one.
         """
         if budget is None or store is None:
             return
         while self.pending and self.meter.now + incoming > budget:
-            slot = next(iter(self.pending))
-            held = self.pending.pop(slot)
-            self.settle(held, store.wait)
+            slot = next((s for s, h in self.pending.items() if not h.host), None)
+            if slot is None:
+                return
+            self.settle(self.pending.pop(slot), store.wait)
 
     def settle_all(self, store: SpillStore) -> None:
         """Wait for every write in flight."""

@@ -105,10 +105,14 @@ class Offload:
             ``spill_dir`` is itself memory: tmpfs). Default ``"ssd"``.
         spill_dir: directory of the spill file. Default: the system's
             temporary directory. Checked when the context is entered.
-        budget: bytes of saved tensors that may stay resident. With
-            ``policy="all"``, pack waits for the oldest writes while more is
-            resident (writes in flight included), and prefetching stays
-            within it (default: no wait, and a prefetch window of twice the
+        budget: bytes of saved tensors that may stay resident in the
+            tensors' device memory (GPU memory for CUDA tensors: pinned
+            host copies are not counted). With ``policy="all"``, pack waits
+            for the oldest writes while more is resident (a CPU tensor's
+            writes in flight included; a CUDA tensor's write, from its
+            pinned copy, frees no device memory and is never waited for),
+            and prefetching stays within it, pinned read-backs counted
+            (default: no wait, and a prefetch window of twice the
             largest offloaded tensor); with ``"scheduled"`` the scheduler
             keeps tensors resident up to it; with ``"planned"`` it is the
             device memory G10 plans for (required for both).
@@ -344,7 +348,7 @@ class Offload:
         meter = self._meter  # not self: no reference cycle to keep the store alive
         self._prefetcher: Prefetcher | None
         self._planned_pf: PlannedPrefetcher | None
-        self._prefetcher, self._planned_pf = self._policy.prefetchers(self._order, window, lambda: meter.now)
+        self._prefetcher, self._planned_pf = self._policy.prefetchers(self._order, window, lambda: meter.ahead)
 
     def _learn_from_last_step(self) -> None:
         """After the profiling step: keep its unpack order for prefetching, and make the policy's plan."""
@@ -394,6 +398,13 @@ class Offload:
         if isinstance(h, torch.Tensor):
             return h
         if h.tensor is not None:
+            entry = h.entry
+            if not entry.seen and self._recorder is None:
+                # A resident entry's node: a point of the plan, and the prefetches it lets go.
+                with self._lock:
+                    entry.seen = True
+                    self._reach(self._policy.at_unpack(entry.index))
+                    self._prefetch_after(entry)
             return h.tensor
         start = time.perf_counter()
         rec = self._recorder
@@ -503,7 +514,7 @@ class Offload:
             if pf is None and entry is not None:
                 meter = self._meter  # not self: no reference cycle
                 pf = self._prefetcher = Prefetcher(list(range(len(entries) - 1, -1, -1)), self.budget or 0,
-                                                   lambda: meter.now)
+                                                   lambda: meter.ahead)
             issue = Entry.prefetch_staged
         elif len(entries) != self._order_count:
             return

@@ -33,8 +33,10 @@ class OffloadSummary:
         raw_bytes_offloaded: the same tensors' bytes before compression.
         bytes_read: bytes read back (by get and prefetch).
         resident_peak_bytes: peak bytes of saved tensors (of at least
-            ``min_size``) held in memory: resident ones, payloads waiting
-            for their write, prefetched and restored ones.
+            ``min_size``) held in the tensors' device memory: resident
+            ones, prefetched and restored copies, and for CPU tensors the
+            payloads waiting for their write (a CUDA tensor's pinned host
+            copies are host memory: not counted).
         read_buffer_bytes: host memory the offload object keeps for
             reading tensors back, reused from step to step (not counted in
             the resident peak: between steps nothing is in it).
