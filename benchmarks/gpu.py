@@ -4,6 +4,7 @@ against torch and safetensors, in one command (see :data:`DESCRIPTION`)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import statistics
 import sys
@@ -21,12 +22,15 @@ DESCRIPTION = """\
 What runs on a GPU, measured on this machine, in one run:
 
   pinned copies   device-to-host and host-to-device bandwidth of pinned memory (GB/s)
-  disk limit      the disk's O_DIRECT sequential write and read bandwidth in --dir
+  disk limit      the disk's O_DIRECT sequential write (fsync) and cold read bandwidth in
+                  --dir (1 GiB, --quick 256 MiB, 64 MiB blocks), measured again at the start
+                  of each checkpoint round: a disk's bandwidth drifts from minute to minute,
+                  so each round's rows are compared with the limit of that round
   checkpoint      a bf16 state dict on the GPU (~2 GB; --quick ~0.5 GB), over interleaved
                   rounds, for pyfastensor, torch (save + fsync / load) and safetensors
                   (save_file + fsync / load_file(device="cuda")):
-                    save from CUDA, durable          GB/s, ratio to the disk's write limit
-                    cold load to CUDA (cache dropped) GB/s, ratio to the disk's read limit
+                    save from CUDA, durable          GB/s, ratio to its round's write limit
+                    cold load to CUDA (cache dropped) GB/s, ratio to its round's read limit
                     warm load to CUDA (page cache)    GB/s
                     async_save: the caller's blocking time, and its ratio to the save's
                   each with its spread over the rounds and pyfastensor's paired ratios to
@@ -139,9 +143,20 @@ def _timed(fn: Callable[[], Any]) -> float:
     return dt
 
 
+def round_limit(directory: str, size: int) -> Any:
+    """The disk's limit now (:class:`pyfastensor.bench.disk.DiskLimit`): fio where installed, else
+    one O_DIRECT pass each way at 64 MiB blocks (the engine the rows' large records take)."""
+    from pyfastensor.bench import disk
+
+    return disk.measure_limit(directory, engines=("direct",), size=size)
+
+
 def checkpoint_rows(directory: str, state: dict[str, Any], rounds: int,
-                    progress: Callable[[str], None] = harness.progress) -> dict[str, Any]:
-    """Seconds of each row and library over ``rounds`` interleaved rounds (see :data:`DESCRIPTION`)."""
+                    progress: Callable[[str], None] = harness.progress, *,
+                    limit_size: int = 1 << 30) -> dict[str, Any]:
+    """Seconds of each row and library over ``rounds`` interleaved rounds, each round after a
+    measure of the disk's limit of ``limit_size`` bytes each way in ``directory`` (see
+    :data:`DESCRIPTION`). ``limits`` holds each round's :class:`~pyfastensor.bench.disk.DiskLimit`."""
     import pyfastensor
     from pyfastensor.bench import disk
     from pyfastensor.checkpoint import last_cuda_route
@@ -156,7 +171,10 @@ def checkpoint_rows(directory: str, state: dict[str, Any], rounds: int,
     pyfastensor.async_save(state, apath).result()  # the first pays for pinning its buffer
     first_async = time.perf_counter() - t
     routes = set()
+    limits = []
     for r in range(rounds):
+        progress(f"checkpoint round {r + 1}/{rounds}: the disk's limit")
+        limits.append(round_limit(directory, limit_size))
         progress(f"checkpoint round {r + 1}/{rounds}")
         for lib, (save, _) in libs.items():
             secs["save"][lib].append(_timed(lambda: save(state, paths[lib])))  # noqa: B023
@@ -176,7 +194,24 @@ def checkpoint_rows(directory: str, state: dict[str, Any], rounds: int,
             secs["warm"][lib].append(_timed(lambda: load(paths[lib])))  # noqa: B023
     for p in (*paths.values(), apath):
         os.remove(p)
-    return {"seconds": secs, "first_async_s": first_async, "routes": sorted(routes), "method": disk.cold_cache_method()}
+    return {"seconds": secs, "first_async_s": first_async, "routes": sorted(routes),
+            "method": disk.cold_cache_method(), "limits": limits}
+
+
+def limit_summary(limits: list[Any]) -> dict[str, Any]:
+    """The rounds' limits as the report keeps them: GB/s per round each way, their medians, and
+    how they were measured."""
+    w = [x.write_mbps / 1e3 for x in limits]
+    r = [x.read_mbps / 1e3 for x in limits]
+    return {"write_gbps": statistics.median(w), "read_gbps": statistics.median(r),
+            "rounds": {"write_gbps": w, "read_gbps": r}, "describe": limits[-1].describe()}
+
+
+def median_limit(limits: list[Any]) -> Any:
+    """One :class:`~pyfastensor.bench.disk.DiskLimit` of the rounds' median figures (the offload
+    rows' bound)."""
+    return dataclasses.replace(limits[-1], write_mbps=statistics.median(x.write_mbps for x in limits),
+                               read_mbps=statistics.median(x.read_mbps for x in limits))
 
 
 def _offload_rows(directory: str, quick: bool, disk_limit: Any,
@@ -194,20 +229,19 @@ def run(directory: str, *, quick: bool = False, rounds: int | None = None, size:
     """Measure everything :data:`DESCRIPTION` lists; return the raw results."""
     import torch
 
-    from pyfastensor.bench import disk
-
     nbytes = size or ((512 << 20) if quick else (2 << 30))
     rounds = rounds or (2 if quick else 3)
     progress("pinned copy bandwidth")
     out: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                            "pinned_gbps": pinned_bandwidth((64 if quick else 256) << 20)}
-    progress("the disk's limit")
-    lim = disk.measure_limit(directory, size=(256 << 20) if quick else (1 << 30))
-    out["limit"] = {"write_gbps": lim.write_mbps / 1e3, "read_gbps": lim.read_mbps / 1e3, "describe": lim.describe()}
     state = make_state(nbytes)
     out["state_bytes"] = sum(t.numel() * t.element_size() for t in state.values())
     out["tensors"] = len(state)
-    out.update(checkpoint_rows(directory, state, rounds, progress))
+    out.update(checkpoint_rows(directory, state, rounds, progress,
+                               limit_size=(256 << 20) if quick else (1 << 30)))
+    limits = out.pop("limits")
+    out["limit"] = limit_summary(limits)
+    lim = median_limit(limits)
     del state
     torch.cuda.empty_cache()
     out["targets"] = evaluate(out)
@@ -225,8 +259,7 @@ def _ratios(result: dict[str, Any], row: str, other: str) -> list[float]:
         return harness.paired_ratios(secs["save"]["pyfastensor"], secs["async"]["blocking"])
     mine = secs[row]["pyfastensor"]
     if other in ("write limit", "read limit"):
-        lim = result["limit"]["write_gbps" if other == "write limit" else "read_gbps"] * GB
-        return [result["state_bytes"] / s / lim for s in mine]
+        return limit_ratios(result, "write_gbps" if other == "write limit" else "read_gbps", mine)
     if other not in secs[row]:
         return []
     return harness.paired_ratios(mine, secs[row][other])
@@ -243,25 +276,45 @@ def evaluate(result: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def limit_ratios(result: dict[str, Any], key: str, seconds: list[float]) -> list[float]:
+    """Each round's GB/s of a row (``seconds`` per round) over that round's limit ``key``
+    (``"write_gbps"`` or ``"read_gbps"``); one limit for every round where only one was measured."""
+    lims = result["limit"].get("rounds", {}).get(key) or [result["limit"][key]] * len(seconds)
+    return [result["state_bytes"] / s / (lim * GB) for s, lim in zip(seconds, lims, strict=True)]
+
+
+def _limit_rounds(limit: dict[str, Any]) -> str:
+    rounds = limit.get("rounds")
+    if not rounds:
+        return f"disk limit: write {limit['write_gbps']:.2f} GB/s, read {limit['read_gbps']:.2f} GB/s"
+    return ("disk limit per round: write " + ", ".join(f"{x:.2f}" for x in rounds["write_gbps"])
+            + " GB/s; read " + ", ".join(f"{x:.2f}" for x in rounds["read_gbps"]) + " GB/s")
+
+
 def format_report(result: dict[str, Any]) -> str:
     """The report: bandwidths, the checkpoint rows with their spreads and ratios, the targets."""
     nb = result["state_bytes"]
     lines = [f"device: {result['device']}, torch {result['torch']}",
              f"pinned copies: D2H {result['pinned_gbps']['d2h']:.1f} GB/s, H2D {result['pinned_gbps']['h2d']:.1f} GB/s",
-             result["limit"]["describe"],
+             result["limit"]["describe"] + " (each round; the median shown)",
+             _limit_rounds(result["limit"]),
              f"state: {result['tensors']} bf16 tensors, {nb / GB:.2f} GB on the GPU; cold reads: {result['method']}",
              f"pyfastensor's load route: {', '.join(result['routes'])}", "",
-             f"{'row':<26}{'library':<13}{'GB/s (min-max)':<18}{'x limit':<10}pyfastensor / it (paired, min-max)"]
+             f"{'row':<26}{'library':<13}{'GB/s (min-max)':<18}{'x limit (paired)':<22}"
+             "pyfastensor / it (paired, min-max)"]
     names = {"save": "save from CUDA, durable", "cold": "cold load to CUDA", "warm": "warm load to CUDA"}
     secs = result["seconds"]
     for row, title in names.items():
         key = {"save": "write_gbps", "cold": "read_gbps"}.get(row)
         for lib, xs in secs[row].items():
             gbps = [nb / s / GB for s in xs]
-            lim = f"{statistics.median(gbps) / result['limit'][key]:.2f}" if key else "-"
+            lim = "-"
+            if key:
+                x = limit_ratios(result, key, xs)
+                lim = f"{statistics.median(x):.2f} ({harness.spread_text(x)})"
             rel = "" if lib == "pyfastensor" else harness.spread_text(harness.paired_ratios(secs[row]["pyfastensor"], xs))
             lines.append(f"{title:<26}{lib:<13}{statistics.median(gbps):5.2f} ({harness.spread_text(gbps)})"
-                         f"{'':<3}{lim:<10}{rel}")
+                         f"{'':<3}{lim:<22}{rel}")
     a = secs["async"]
     lines.append(f"{'async_save blocking':<26}{'pyfastensor':<13}{statistics.median(a['blocking']):.3f} s "
                  f"({harness.spread_text(a['blocking'], '.3f')}) of a {statistics.median(a['total']):.2f} s save; "

@@ -138,9 +138,17 @@ def cufile_candidates() -> list[str]:
 #: milliseconds; small enough to pin once per process without notice.
 PINNED_POOL_DEFAULT = 256 << 20
 
-#: Slots of the pinned ring a CUDA load reads through: one being read, one
-#: being copied to the device, two to absorb jitter between the two.
+#: Slots of the pinned ring a CUDA load reads through and a save from CUDA
+#: writes through: a load has :data:`PINNED_RING_READS` of them being read and
+#: the others being copied to the device.
 PINNED_RING_SLOTS = 4
+
+#: Native reads a CUDA load through the pinned ring keeps in flight, each into
+#: its own slot (on a thread of the load's): while one slot's last pieces land
+#: and are summed, the next slot's requests are already queued at the device,
+#: which a single read at a time leaves idle between reads. The ring's memory
+#: is the same (``PYFASTENSOR_PINNED_POOL``); a load holds two more threads.
+PINNED_RING_READS = 2
 
 
 #: Default of :func:`keep_freed`: at most this, and at most an eighth of the machine's memory.

@@ -42,3 +42,35 @@ def test_targets_use_paired_rounds_and_the_limits() -> None:
     assert got["async_save blocks <= 10% of the save"] == (pytest.approx(0.125), False)
     del secs["cold"]["safetensors"], secs["warm"]["safetensors"]
     assert all(t["met"] is None for t in gpu.evaluate(result) if "safetensors" in t["target"])
+
+
+def test_limit_ratios_pair_each_round_with_its_own_limit() -> None:
+    # The disk wrote at 2.0 GB/s in round 1 and 1.0 in round 2; pyfastensor saved 1 GB in 0.5 s,
+    # then 1.25 s: 1.0 and 0.8 of its round's limit (against one limit of 2.0: 1.0 and 0.4).
+    secs = {"save": {"pyfastensor": [0.5, 1.25]}, "cold": {"pyfastensor": [1.0, 1.0]},
+            "warm": {"pyfastensor": [0.5, 0.5]}, "async": {"blocking": [0.01, 0.01], "total": [1.0, 1.0]}}
+    limit = {"write_gbps": 1.5, "read_gbps": 1.0,
+             "rounds": {"write_gbps": [2.0, 1.0], "read_gbps": [1.0, 2.0]}, "describe": "disk limit (test)"}
+    result = {"seconds": secs, "state_bytes": 10**9, "limit": limit}
+    got = {t["target"]: t for t in gpu.evaluate(result)}
+    save = got["save from CUDA >= 85% of the disk's write limit"]
+    assert save["ratios"] == [pytest.approx(1.0), pytest.approx(0.8)] and save["met"] is True
+    cold = got["cold load to CUDA >= 85% of the disk's read limit"]
+    assert cold["ratios"] == [pytest.approx(1.0), pytest.approx(0.5)] and cold["met"] is False
+    result.update(device="GPU", torch="x", pinned_gbps={"d2h": 50.0, "h2d": 50.0}, tensors=29, method="m",
+                  routes=["pinned"], first_async_s=1.0, targets=gpu.evaluate(result))
+    report = gpu.format_report(result)
+    assert "disk limit per round: write 2.00, 1.00 GB/s; read 1.00, 2.00 GB/s" in report
+    assert "0.90 (0.80-1.00)" in report, "the save row's paired ratios to its rounds' limits: median and spread"
+
+
+def test_the_rounds_limits_summarised_and_their_median_bounds_the_offload_rows() -> None:
+    from pyfastensor.bench.disk import DiskLimit
+
+    limits = [DiskLimit(write_mbps=w, read_mbps=r, source="engine:direct", write_how="w", read_how="r", note="")
+              for w, r in ((2000.0, 1900.0), (1400.0, 1800.0), (1800.0, 1000.0))]
+    s = gpu.limit_summary(limits)
+    assert s["rounds"] == {"write_gbps": [2.0, 1.4, 1.8], "read_gbps": [1.9, 1.8, 1.0]}
+    assert (s["write_gbps"], s["read_gbps"]) == (1.8, 1.8)
+    m = gpu.median_limit(limits)
+    assert (m.write_mbps, m.read_mbps, m.source) == (1800.0, 1800.0, "engine:direct")

@@ -347,3 +347,69 @@ def test_records_sharing_a_ring_slot_start_on_the_cores_memory_alignment(
     assert len(offsets) > 40
     assert any(off % (POOL // 4) for off in offsets), "several records share a slot"
     assert all(off % align == 0 for off in offsets), "each record starts on the core's memory alignment"
+
+
+def overlapping_reads(monkeypatch: pytest.MonkeyPatch, fail_second: bool = False) -> dict[str, Any]:
+    """Patch the ring's native slot reads: the first waits until a second has started (so a
+    load that issued one read at a time would time out here, not pass), and records when it
+    ended; the second raises when ``fail_second``."""
+    import threading
+
+    seen: dict[str, Any] = {"calls": 0, "second": threading.Event(), "first_done": False}
+    lock = threading.Lock()
+    orig = Archive.read
+
+    def read(self: Archive, reads: Any, **kw: Any) -> Any:
+        if not threading.current_thread().name.startswith("pyfastensor-load"):
+            return orig(self, reads, **kw)  # the small records' read, before the ring's
+        with lock:
+            seen["calls"] += 1
+            nth = seen["calls"]
+        if nth == 1:
+            assert seen["second"].wait(timeout=30), "the next slot's read did not start while this one ran"
+            out = orig(self, reads, **kw)
+            seen["first_done"] = True
+            return out
+        if nth == 2:
+            seen["second"].set()
+            if fail_second:
+                raise OSError(5, "injected read error")
+        return orig(self, reads, **kw)
+
+    monkeypatch.setattr(Archive, "read", read)
+    return seen
+
+
+def test_the_ring_keeps_two_reads_in_flight_and_the_bytes_are_the_files(
+    tmp_path: Path, small_pool: None, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    path = tmp_path / "s.pt"
+    tensors = {f"w{i}": torch.full((60_000,), float(i)) for i in range(12)}  # a slot each
+    tensors["big"] = torch.randn(300, 300, generator=torch.Generator().manual_seed(3))  # in pieces
+    pyfastensor.save(tensors, path)
+    with _device.using(FakeCuda()):
+        seen = overlapping_reads(monkeypatch)
+        got = pyfastensor.load(path, map_location="cuda")
+    assert seen["calls"] >= 12 and seen["first_done"]
+    for k, v in tensors.items():
+        assert torch.equal(got[k], v), k
+
+
+def test_a_failed_read_waits_for_the_read_beside_it_and_frees_the_ring(
+    tmp_path: Path, small_pool: None, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    path = tmp_path / "s.pt"
+    pyfastensor.save({f"w{i}": torch.full((60_000,), float(i)) for i in range(6)}, path)
+    fake = FakeCuda()
+    with _device.using(fake):
+        pyfastensor.load(path, map_location="cuda")
+        seen = overlapping_reads(monkeypatch, fail_second=True)
+        with pytest.raises(OSError, match="injected read error"):
+            pyfastensor.load(path, map_location="cuda")
+        assert seen["first_done"], "the read still filling a slot ended before the load gave the ring back"
+        assert not _device.slab(fake).held
+        monkeypatch.undo()
+        monkeypatch.setenv("PYFASTENSOR_PINNED_POOL", str(POOL))
+        monkeypatch.setenv("PYFASTENSOR_CUDA_LOAD", "pinned")
+        assert torch.equal(pyfastensor.load(path, map_location="cuda")["w5"], torch.full((60_000,), 5.0))
+    assert fake.pinned_calls == [POOL], "the ring is allocated once, failure or not"

@@ -23,10 +23,13 @@ are then moved by one of two routes, decided once per load
   save the copy back but needs a CRC kernel torch does not have.)
 - ``pinned``: a ring of :data:`~pyfastensor.config.PINNED_RING_SLOTS` pinned
   host buffers (``PYFASTENSOR_PINNED_POOL`` bytes in all, allocated once per
-  process): the Go core reads into one slot, summing CRC-32s as the bytes
-  land, while the previous slots' host-to-device copies run on a side
-  stream; a slot is read into again only once its copy's event has
-  completed. Small records share a slot (one native read of many records);
+  process): the Go core reads into slots, summing CRC-32s as the bytes
+  land, :data:`~pyfastensor.config.PINNED_RING_READS` slots at once (each
+  read on a thread of the load's own, so the disk always has the next
+  slot's requests queued while one slot's last pieces land and are
+  summed), while the slots read before have their host-to-device copies
+  run on a side stream; a slot is read into again only once its copy's
+  event has completed. Small records share a slot (one native read of many records);
   records larger than a slot go in slot-sized pieces, the Go core summing
   each piece as it lands onto the sum of the pieces before it, and checking
   the total at the last one.
@@ -59,7 +62,9 @@ import ctypes
 import logging
 import os
 import pickle
+from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -278,35 +283,74 @@ def _choose(archive: Archive, engine: Any = None) -> tuple[str, str, EngineFile 
 
 
 class _Upload:
-    """The pinned ring's pipeline (see the module docstring): read into a slot, copy it to the
-    device on the side stream, go on with the next slot while the copy runs."""
+    """The pinned ring's pipeline (see the module docstring): read slots, ``reads`` at once, each
+    on a thread of the load's own; copy each slot to the device on the side stream once its read
+    has returned, in order; go on with the next slots while the copies run.
+
+    Args:
+        reads: native reads in flight at once (default
+            :data:`~pyfastensor.config.PINNED_RING_READS`, at most the ring's slots less one).
+    """
 
     def __init__(self, archive: Archive, ring: _device.Ring, backend: _device.Backend, verify: bool,
-                 engine: Any = None, done: Callable[[int], None] | None = None) -> None:
+                 engine: Any = None, done: Callable[[int], None] | None = None, *, reads: int | None = None) -> None:
         self.archive, self.ring, self.b, self.verify = archive, ring, backend, verify
         self.engine, self.done = engine, done or (lambda n: None)
         self.streams: dict[torch.device, Any] = {}
         self.batch: list[tuple[int, torch.Tensor, int]] = []  # (entry, device memory, offset in slot)
         self.fill = 0
+        self.depth = max(1, min(reads or config.PINNED_RING_READS, len(ring.slots) - 1))
+        # Reads issued, oldest first: (slot, its copies (device destination, slice of the slot),
+        # bytes, the read's future, which returns the CRC-32 summed so far of a record read in pieces).
+        self.pending: deque[tuple[int, list[tuple[torch.Tensor, torch.Tensor]], int, Future[int]]] = deque()
+        self.pool: ThreadPoolExecutor | None = None
+        #: Most native reads in flight at once during the load.
+        self.most_in_flight = 0
 
     def run(self, records: list[tuple[int, torch.Tensor]]) -> None:
         slot_bytes, align = self.ring.slot_bytes, self.ring.align
-        for i, t in records:
-            n = t.numel()
-            if n > slot_bytes:
-                self._flush()
-                self._pieces(i, t)
-                continue
-            at = -(-self.fill // align) * align  # each record on its own pages: direct reads land in place
-            if at + n > slot_bytes:
-                self._flush()
-                at = 0
-            self.batch.append((i, t, at))
-            self.fill = at + n
-        self._flush()
+        self.pool = ThreadPoolExecutor(self.depth, thread_name_prefix="pyfastensor-load")
+        try:
+            for i, t in records:
+                n = t.numel()
+                if n > slot_bytes:
+                    self._flush()
+                    self._pieces(i, t)
+                    continue
+                at = -(-self.fill // align) * align  # each record on its own pages: direct reads land in place
+                if at + n > slot_bytes:
+                    self._flush()
+                    at = 0
+                self.batch.append((i, t, at))
+                self.fill = at + n
+            self._flush()
+            while self.pending:
+                self._land()
+        finally:
+            # A read still running writes into the ring: none may outlive the load's hold on it.
+            self.pool.shutdown(wait=True)
         self.ring.drain()
         for device, side in self.streams.items():  # the user's stream sees the copies
             self.b.current_stream(device).wait_stream(side)
+
+    def _issue(self, slot: int, copies: list[tuple[torch.Tensor, torch.Tensor]], nbytes: int,
+               read: Callable[[], int]) -> Future[int]:
+        """Start ``read`` (filling ``slot``) on the load's threads; once ``depth`` reads are in
+        flight, first land the oldest."""
+        while len(self.pending) >= self.depth:
+            self._land()
+        assert self.pool is not None
+        fut = self.pool.submit(read)
+        self.pending.append((slot, copies, nbytes, fut))
+        self.most_in_flight = max(self.most_in_flight, len(self.pending))
+        return fut
+
+    def _land(self) -> None:
+        """Wait for the oldest read, then copy its slot to the device."""
+        slot, copies, nbytes, fut = self.pending.popleft()
+        fut.result()
+        self.done(nbytes)
+        self._upload(slot, copies)
 
     def _side(self, device: torch.device) -> Any:
         s = self.streams.get(device)
@@ -338,20 +382,29 @@ class _Upload:
         slot, buf = self.ring.take()
         base = buf.data_ptr()
         reads = [(i, base + at, t.numel()) for i, t, at in self.batch if t.numel()]
-        self.archive.read(reads, verify=self.verify, engine=self.engine)
-        self.done(sum(r[2] for r in reads))
-        self._upload(slot, [(t, buf[at:at + t.numel()]) for _, t, at in self.batch if t.numel()])
+        copies = [(t, buf[at:at + t.numel()]) for _, t, at in self.batch if t.numel()]
         self.batch, self.fill = [], 0
 
+        def read() -> int:
+            self.archive.read(reads, verify=self.verify, engine=self.engine)
+            return 0
+        self._issue(slot, copies, sum(r[2] for r in reads), read)
+
     def _pieces(self, i: int, t: torch.Tensor) -> None:
+        """Record ``i``, larger than a slot, in slot-sized pieces: each piece's read sums its bytes
+        onto the sum of the pieces before it, so it waits for the read before it to return (on
+        the load's thread) and only then asks the Go core; the pieces of other records are not
+        held back."""
         e = self.archive.entries[i]
-        crc = 0
+        before: Future[int] | None = None
         for lo in range(0, e.size, self.ring.slot_bytes):
             n = min(self.ring.slot_bytes, e.size - lo)
             slot, buf = self.ring.take()
-            crc = read_part(self.archive, i, lo, buf.data_ptr(), n, crc, verify=self.verify, engine=self.engine)
-            self.done(n)
-            self._upload(slot, [(t[lo:lo + n], buf[:n])])
+
+            def read(lo: int = lo, n: int = n, addr: int = buf.data_ptr(), before: Future[int] | None = before) -> int:
+                crc = 0 if before is None else before.result()
+                return read_part(self.archive, i, lo, addr, n, crc, verify=self.verify, engine=self.engine)
+            before = self._issue(slot, [(t[lo:lo + n], buf[:n])], n, read)
 
 
 def read_part(archive: Archive, index: int, offset: int, addr: int, nbytes: int, crc: int, *, verify: bool,
