@@ -27,10 +27,10 @@ and models no page faults; the traces carry no per-transfer PCIe latency
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import resource
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -112,10 +112,10 @@ def run(root: Path = TRACES, *, names: list[str] | None = None, sensitivity: boo
     jobs = jobs or min(2, os.cpu_count() or 1)
     rows = []
     # One process per workload: its peak memory is the workload's, and nothing grows across them.
-    with ProcessPoolExecutor(jobs, max_tasks_per_child=1) as ex:
-        futures = [ex.submit(_one, n, str(root), POLICIES) for n in names]
+    with multiprocessing.get_context("spawn").Pool(jobs, maxtasksperchild=1) as ex:
+        futures = [ex.apply_async(_one, (n, str(root), POLICIES)) for n in names]
         for f in futures:
-            row = f.result()
+            row = f.get()
             p = pub[row["workload"]]
             row["published"] = p["ideal"] / p["prefetch_lru"]
             bound = row["bound"] or 1.0
@@ -128,7 +128,7 @@ def run(root: Path = TRACES, *, names: list[str] | None = None, sensitivity: boo
         sens = []
         if sensitivity:
             fig11 = [n for n in FIGURE11 if n in names]
-            sens = list(ex.map(_sensitivity, fig11, [str(root)] * len(fig11)))
+            sens = ex.starmap(_sensitivity, [(n, str(root)) for n in fig11])
     fig11 = [r for r in rows if r["workload"] in FIGURE11]
     means = {k: sum(r[k] or 0 for r in fig11) / len(fig11) for k in ("g10", "published")} if fig11 else None
     return {"hardware": plan.Hardware.g10_artifact().to_dict(), "rows": rows, "sensitivity": sens,

@@ -19,10 +19,15 @@ differs across that range, and how it is met:
 ``torch.utils.serialization.config``   2.7 and later; before, ``torch.load`` never maps a
                                        file unless asked (:func:`default_load_mmap` is False)
 ``serialization._serialization_tls``   2.5 and later (``skip_data``); before, never skipped
-``_weights_only_unpickler``            raises ``pickle.UnpicklingError`` from 2.5 on; 2.4's
-                                       raises ``RuntimeError``, which its ``torch.load``
-                                       turned into ``UnpicklingError``: so does
-                                       :data:`weights_only_unpickler` there
+unsigned dtypes (``torch.uint16``...)  saved by ``torch.save`` from 2.6 on; before, its
+                                       storage map lacks them (``KeyError``):
+                                       :func:`unsaved_dtypes` names them for a clear error
+DCP's ``set_up_storage_writer``/        are told the rank in DCP's group from 2.9 on; before,
+``set_up_storage_reader``              only whether they coordinate: :data:`DCP_PASSES_RANK`
+``_weights_only_unpickler``            refuses with ``pickle.UnpicklingError`` from 2.5 on;
+                                       2.4's refuses with ``RuntimeError``:
+                                       :data:`weights_only_unpickler` turns its refusals
+                                       (not errors of what it calls) into the later type
 =====================================  =========================================================
 
 The rest is the same on every supported torch and is here so that it is
@@ -53,11 +58,11 @@ from torch.utils._pytree import tree_flatten
 from .errors import UnsupportedError
 
 __all__ = [
-    "FLOOR", "VERSION", "TorchDispatchMode", "allowed_globals", "current_autograd_node",
+    "DCP_PASSES_RANK", "FLOOR", "VERSION", "TorchDispatchMode", "allowed_globals", "current_autograd_node",
     "default_load_mmap", "fake_mode_active", "load_records", "new_dtypes",
     "new_shared_storage", "privateuse1_backend_name", "rebuild_tensor_v2", "require",
     "restore_location", "set_tensor_metadata", "skip_data", "storage_slice",
-    "storage_use_count", "tensor_metadata", "tree_flatten", "validate_device",
+    "storage_use_count", "tensor_metadata", "tree_flatten", "unsaved_dtypes", "validate_device",
     "weights_only_unpickler",
 ]
 
@@ -74,6 +79,11 @@ def _parse(version: str) -> tuple[int, int]:
 
 #: The running torch's (major, minor).
 VERSION = _parse(torch.__version__)
+
+
+#: Whether DCP passes ``rank=`` to a storage writer's and reader's set-up (torch 2.9 and later);
+#: before, pyfastensor's DCP backend cannot tell which rank of DCP's group it is.
+DCP_PASSES_RANK = VERSION >= (2, 9)
 
 
 def require(feature: str, version: tuple[int, int]) -> None:
@@ -105,8 +115,13 @@ class _RaisesUnpicklingError:
         def load(self) -> Any:
             try:
                 return super().load()
-            except RuntimeError as e:  # as torch 2.4's torch.load turns it
-                raise pickle.UnpicklingError(str(e)) from None
+            except RuntimeError as e:
+                tb = e.__traceback__
+                while tb is not None and tb.tb_next is not None:
+                    tb = tb.tb_next
+                if tb is not None and tb.tb_frame.f_code.co_filename == _weights_only_unpickler.__file__:
+                    raise pickle.UnpicklingError(str(e)) from None  # a refusal of the unpickler's own
+                raise  # from what it called (a storage's device check, say): as it is
 
     load = staticmethod(_weights_only_unpickler.load)
 
@@ -191,6 +206,14 @@ rebuild_tensor_v2: Callable[..., torch.Tensor] = torch._utils._rebuild_tensor_v2
 def new_dtypes() -> frozenset[torch.dtype]:
     """The dtypes torch pickles through an untyped storage (``_rebuild_tensor_v3``)."""
     return frozenset(torch.storage._new_dtypes())
+
+
+def unsaved_dtypes() -> frozenset[torch.dtype]:
+    """Dtypes this torch's ``torch.save`` cannot write: ``uint16``, ``uint32`` and ``uint64``
+    before 2.6, none after."""
+    if VERSION >= (2, 6):
+        return frozenset()
+    return frozenset({torch.uint16, torch.uint32, torch.uint64})
 
 
 def tensor_metadata(t: torch.Tensor) -> dict[str, Any]:

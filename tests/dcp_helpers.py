@@ -56,11 +56,21 @@ def full_state() -> dict[str, torch.Tensor]:
     }
 
 
+def _dtensor() -> tuple[Any, Any, Any]:
+    """DTensor's ``Replicate``, ``Shard`` and ``distribute_tensor``: public from torch 2.5, under
+    ``torch.distributed._tensor`` in 2.4."""
+    try:
+        from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    except ImportError:
+        from torch.distributed._tensor import Replicate, Shard, distribute_tensor
+    return Replicate, Shard, distribute_tensor
+
+
 def save_sharded(rank: int, world: int, path: str, out: str, engine: Any) -> None:
     """Save full_state() with every tensor Shard(0) over ``world`` ranks ("r" replicated)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    Replicate, Shard, distribute_tensor = _dtensor()
 
     from pyfastensor.dcp import Writer
 
@@ -78,7 +88,7 @@ def load_resharded(rank: int, world: int, path: str, out: str, engine: Any) -> N
     """Load into Shard(1) ("w", "bf", "q"), Replicate ("i") and Shard(0) ("r"); compare with full_state()."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    Replicate, Shard, distribute_tensor = _dtensor()
 
     from pyfastensor.dcp import Reader
 

@@ -23,7 +23,7 @@ import pyfastensor
 from pyfastensor.cli import build_parser
 
 SUBCOMMANDS = ("info", "demo", "bench", "ckpt", "data", "dict")
-BENCHMARKS = ("checkpoint", "dcp", "offload", "plan", "data", "data-nodes", "dict", "trace")
+BENCHMARKS = ("checkpoint", "dcp", "offload", "plan", "data", "data-nodes", "dict", "trace", "gpu")
 
 
 def _subcommands(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
@@ -101,7 +101,7 @@ def test_every_subcommand_is_covered():
     assert [p for p in ALL if p[0] == "bench"] == [("bench",), ("bench", "io")]
     assert {path[0] for path in BENCH_ALL} == set(BENCHMARKS)
     assert {("checkpoint",), ("offload",), ("dict",), ("plan",), ("data",), ("dcp",), ("data-nodes",),
-            ("trace",)} <= set(BENCH_ALL)
+            ("trace",), ("gpu",)} <= set(BENCH_ALL)
 
 
 def test_bench_help_lists_only_io(no_torch_env):

@@ -36,7 +36,7 @@ from dcp_helpers import (
 )
 from torch.distributed.checkpoint.api import CheckpointException
 
-from pyfastensor import CorruptFileError
+from pyfastensor import CorruptFileError, _torch
 from pyfastensor.dcp import Reader, Record, Writer, _staging, _writer
 from pyfastensor.dcp._reader import byte_runs
 
@@ -385,6 +385,7 @@ def test_async_save_and_optimizer_state_with_2_ranks(tmp_path):
         assert r["steps"] and all(s == 2.0 for s in r["steps"])
 
 
+@pytest.mark.skipif(not _torch.DCP_PASSES_RANK, reason="DCP tells a storage writer its rank from torch 2.9")
 @pytest.mark.parametrize("differ", [False, True])
 def test_dictionaries_are_broadcast_where_nodes_are_alike(tmp_path, differ):
     out = tmp_path / "o"
@@ -395,3 +396,13 @@ def test_dictionaries_are_broadcast_where_nodes_are_alike(tmp_path, differ):
         assert modes == ["per rank (nodes differ)"] * 2
     else:
         assert modes[0] == "broadcast from rank 0" and modes[1].startswith("broadcast from rank 0")
+
+
+@pytest.mark.skipif(_torch.DCP_PASSES_RANK, reason="torch 2.9 and later tell a storage writer its rank")
+def test_without_the_rank_each_rank_uses_its_own_dictionaries(tmp_path):
+    """Before torch 2.9 DCP does not say which rank of its group a writer is: no collective of
+    pyfastensor's own is run (it could not know the group), each rank measures for itself."""
+    out = tmp_path / "o"
+    out.mkdir()
+    spawn(dictionaries, 2, str(tmp_path / "ck"), str(out), False)
+    assert [r["engine_mode"] for r in _ranks(out, 2)] == ["own", "own"]

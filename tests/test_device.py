@@ -86,11 +86,12 @@ def test_load_to_cuda_without_a_gpu_fails_as_torch_load_does(tmp_path) -> None:
         pytest.skip("this machine has a GPU")
     path = tmp_path / "w.pt"
     pyfastensor.save({"w": torch.ones(3)}, path)
-    with pytest.raises(RuntimeError) as theirs:
+    with pytest.raises(Exception) as theirs:  # noqa: B017 - torch 2.4 wraps it in an UnpicklingError
         torch.load(path, map_location="cuda")
     with pytest.raises(RuntimeError) as ours:
         pyfastensor.load(path, map_location="cuda")
-    assert str(ours.value) == str(theirs.value)
+    assert "torch.cuda.is_available() is False" in str(ours.value)
+    assert str(ours.value) in str(theirs.value)
 
 
 def test_a_rings_slots_start_on_the_cores_memory_alignment_by_default() -> None:

@@ -140,7 +140,9 @@ def test_small_tensors_stay_in_memory(tmp_path, puts):
     Probe.seen.clear()
     with offload(tmp_path, min_size=1 << 20) as off:
         Probe.apply(x, w).sum().backward()
-    assert Probe.seen[0] is x
+    # the tensor itself (torch 2.4 hands back another Python object over the same tensor)
+    got = Probe.seen[0]
+    assert got.data_ptr() == x.data_ptr() and got.shape == x.shape and got.stride() == x.stride()
     assert not puts
     assert off.summary().offloaded_tensors == 0
 

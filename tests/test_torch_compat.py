@@ -199,3 +199,14 @@ def test_dispatch_mode_and_tree_flatten_see_ops_and_leaves():
     assert any("add" in op for op in ops)
     leaves, _ = _torch.tree_flatten({"a": [1, (2, 3)], "b": 4})
     assert leaves == [1, 2, 3, 4]
+
+
+def test_dcp_passes_the_rank_from_2_9():
+    import inspect
+
+    from torch.distributed.checkpoint.storage import StorageReader, StorageWriter
+
+    for cls, name in ((StorageWriter, "set_up_storage_writer"), (StorageReader, "set_up_storage_reader")):
+        params = inspect.signature(getattr(cls, name)).parameters
+        takes_more = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+        assert takes_more == _torch.DCP_PASSES_RANK == (_torch.VERSION >= (2, 9)), name

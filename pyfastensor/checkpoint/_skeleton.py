@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from torch.serialization import location_tag, normalize_storage_type
 
+from .. import _torch
 from .._torch import new_dtypes, tensor_metadata
 from .._torch import rebuild_tensor_v2 as _rebuild_tensor_v2
 from ._encode import Unsupported, encode
@@ -116,6 +117,8 @@ def pickle_skeleton(obj: Any, pickle_module: Any = pickle, pickle_protocol: int 
             return persistent_id(obj)
 
         def reducer_override(self, obj: Any) -> Any:
+            if isinstance(obj, torch.Tensor) and obj.dtype in _UNSAVED:
+                _torch.require(f"saving a {obj.dtype} tensor", (2, 6))
             if type(obj) is torch.Tensor and _plain(obj):
                 return _reduce_plain(obj)
             if type(obj) is collections.OrderedDict and not obj:
@@ -131,7 +134,10 @@ def pickle_skeleton(obj: Any, pickle_module: Any = pickle, pickle_protocol: int 
 
 
 #: Dtypes torch pickles through an untyped storage (``_rebuild_tensor_v3``): left to torch.
-_V3_DTYPES = new_dtypes()
+#: Dtypes this torch cannot save (unsigned ones before 2.6): refused by name, not by torch's
+#: KeyError (never plain, so the encoder leaves them to the pickler, which refuses them).
+_UNSAVED = _torch.unsaved_dtypes()
+_V3_DTYPES = new_dtypes() | _UNSAVED
 
 
 def _plain(t: torch.Tensor) -> bool:
