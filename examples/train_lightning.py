@@ -6,7 +6,7 @@ The run, end to end:
    sequences of ``--seq-len + 1`` tokens (sequence packing), one file each,
    and packed into chunks (``pyfastensor.data.pack``).
 2. A small causal transformer is trained on it with a Lightning ``Trainer``
-   (CPU): data through ``pyfastensor.data.ChunkDataset`` and torchdata's
+   (on the CPU, or one GPU with ``--accelerator cuda``): data through ``pyfastensor.data.ChunkDataset`` and torchdata's
    ``StatefulDataLoader`` with ``--workers`` workers, the saved activations
    offloaded to a spill file (``pyfastensor.offload``), a checkpoint every
    ``--checkpoint-every`` steps through ``pyfastensor.lightning.CheckpointIO``
@@ -75,6 +75,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     run.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1),
                      help="torch threads of each training process")
     run.add_argument("--seed", type=int, default=0, help="the seed of the model, the corpus and the shuffle")
+    run.add_argument("--accelerator", default="cpu", choices=("cpu", "cuda"),
+                     help="where the model trains (cuda: one GPU, deterministic algorithms; the saved "
+                          "activations are offloaded from the GPU)")
     run.add_argument("--no-stock", action="store_true", help="skip the stock torch run (no comparison)")
     run.add_argument("--workdir", type=Path, default=None,
                      help="where the corpus, pack, checkpoints and logs go (default: a temporary directory, "
@@ -96,6 +99,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(f"--{name.replace('_', '-')}: at least 1")
     if args.d_model % args.heads:
         p.error("--d-model: a multiple of --heads")
+    if args.accelerator == "cuda" and not torch.cuda.is_available():
+        p.error("--accelerator cuda: no CUDA device here (torch.cuda.is_available() is False)")
     return args
 
 
@@ -162,6 +167,8 @@ def train(args: argparse.Namespace) -> int:
     from pyfastensor.lightning import CheckpointIO
 
     torch.set_num_threads(args.threads)
+    if args.accelerator == "cuda":  # deterministic cuBLAS (Lightning's deterministic=True asks for it)
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     root, out = args.workdir, args.out
     out.mkdir(parents=True, exist_ok=True)
     fast = args.mode == "pyfastensor"
@@ -277,7 +284,7 @@ def train(args: argparse.Namespace) -> int:
                                                       module=model)
     checkpoints = ModelCheckpoint(dirpath=out / "checkpoints", filename="latest", every_n_train_steps=args.checkpoint_every,
                                   save_top_k=1, enable_version_counter=False)
-    trainer = pl.Trainer(default_root_dir=out, accelerator="cpu", devices=1, max_epochs=args.epochs,
+    trainer = pl.Trainer(default_root_dir=out, accelerator=args.accelerator, devices=1, max_epochs=args.epochs,
                          plugins=[io], callbacks=[checkpoints], logger=False, enable_progress_bar=False,
                          enable_model_summary=False, deterministic=True, num_sanity_val_steps=0,
                          limit_val_batches=0)
@@ -314,7 +321,7 @@ def child(args: argparse.Namespace, mode: str, out: Path, **extra: Any) -> list[
     cmd = [sys.executable, os.path.abspath(__file__), "--role", "train", "--mode", mode, "--out", str(out),
            "--workdir", str(args.workdir), "--budget", str(args.budget)]
     for name in ("samples", "seq_len", "vocab", "d_model", "layers", "heads", "batch_size", "epochs", "chunk_size",
-                 "checkpoint_every", "workers", "threads", "seed"):
+                 "checkpoint_every", "workers", "threads", "seed", "accelerator"):
         cmd += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
     for name, value in extra.items():
         cmd += [f"--{name.replace('_', '-')}", str(value)]
@@ -354,7 +361,7 @@ def steps(path: Path) -> list[dict[str, Any]]:
 
 def same_weights(a: Path, b: Path) -> tuple[bool, int, int]:
     """Whether every tensor of two state dicts has the same bytes; the tensors and bytes compared."""
-    wa, wb = torch.load(a, weights_only=True), torch.load(b, weights_only=True)
+    wa, wb = (torch.load(p, weights_only=True, map_location="cpu") for p in (a, b))
     same = wa.keys() == wb.keys()
     nbytes = 0
     for k in wa:

@@ -71,3 +71,14 @@ def test_killed_and_resumed_run_ends_as_the_uninterrupted_one(tmp_path):
     ckpt = torch.load(tmp_path / "work" / "killed" / "checkpoints" / "latest.ckpt", weights_only=False)
     loader_state = ckpt["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]
     assert loader_state["_snapshot"]["_worker_snapshots"]["worker_0"]["dataset_state"]["kind"] == "worker"
+
+
+def test_accelerator_cuda_without_a_gpu_says_so():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU (tests/gpu runs the example there)")
+    out = subprocess.run([sys.executable, str(EXAMPLE), "--accelerator", "cuda"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 2
+    assert "--accelerator cuda: no CUDA device here (torch.cuda.is_available() is False)" in out.stderr
