@@ -24,6 +24,8 @@ unsigned dtypes (``torch.uint16``...)  saved by ``torch.save`` from 2.6 on; befo
                                        :func:`unsaved_dtypes` names them for a clear error
 DCP's ``set_up_storage_writer``/        are told the rank in DCP's group from 2.9 on; before,
 ``set_up_storage_reader``              only whether they coordinate: :data:`DCP_PASSES_RANK`
+DCP's load, a ``read_metadata`` error    2.9 to 2.11 swallow it and fail with "metadata is
+                                       None": :data:`DCP_HIDES_METADATA_ERRORS`
 ``_weights_only_unpickler``            refuses with ``pickle.UnpicklingError`` from 2.5 on;
                                        2.4's refuses with ``RuntimeError``:
                                        :data:`weights_only_unpickler` turns its refusals
@@ -58,7 +60,7 @@ from torch.utils._pytree import tree_flatten
 from .errors import UnsupportedError
 
 __all__ = [
-    "DCP_PASSES_RANK", "FLOOR", "VERSION", "TorchDispatchMode", "allowed_globals", "current_autograd_node",
+    "DCP_HIDES_METADATA_ERRORS", "DCP_PASSES_RANK", "FLOOR", "VERSION", "TorchDispatchMode", "allowed_globals", "current_autograd_node",
     "default_load_mmap", "fake_mode_active", "load_records", "new_dtypes",
     "new_shared_storage", "privateuse1_backend_name", "rebuild_tensor_v2", "require",
     "restore_location", "set_tensor_metadata", "skip_data", "storage_slice",
@@ -84,6 +86,11 @@ VERSION = _parse(torch.__version__)
 #: Whether DCP passes ``rank=`` to a storage writer's and reader's set-up (torch 2.9 and later);
 #: before, pyfastensor's DCP backend cannot tell which rank of DCP's group it is.
 DCP_PASSES_RANK = VERSION >= (2, 9)
+
+
+#: Whether DCP's load swallows a storage reader's ``read_metadata`` error (2.9 to 2.11 fall back
+#: to per-rank metadata, then fail with "metadata is None"; 2.12 and later quote the error).
+DCP_HIDES_METADATA_ERRORS = (2, 9) <= VERSION < (2, 12)
 
 
 def require(feature: str, version: tuple[int, int]) -> None:

@@ -183,8 +183,14 @@ def test_truncated_data_file(tmp_path):
 
 
 def test_missing_checkpoint_is_named(tmp_path):
-    with pytest.raises(CheckpointException, match=r"no checkpoint here \(no \.metadata"):
-        dcp.load({"w": torch.zeros(1)}, storage_reader=Reader(tmp_path))
+    if not _torch.DCP_HIDES_METADATA_ERRORS:
+        with pytest.raises(CheckpointException, match=r"no checkpoint here \(no \.metadata"):
+            dcp.load({"w": torch.zeros(1)}, storage_reader=Reader(tmp_path))
+        return
+    # torch 2.9 to 2.11 swallow the reader's error: it is said in a warning
+    with pytest.warns(RuntimeWarning, match=r"no checkpoint here \(no \.metadata"):
+        with pytest.raises(CheckpointException, match="metadata is None"):
+            dcp.load({"w": torch.zeros(1)}, storage_reader=Reader(tmp_path))
 
 
 @pytest.mark.parametrize("shape,offsets,lengths", [

@@ -210,3 +210,14 @@ def test_dcp_passes_the_rank_from_2_9():
         params = inspect.signature(getattr(cls, name)).parameters
         takes_more = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
         assert takes_more == _torch.DCP_PASSES_RANK == (_torch.VERSION >= (2, 9)), name
+
+
+def test_dcp_hides_read_metadata_errors_from_2_9_to_2_11():
+    import inspect
+
+    from torch.distributed.checkpoint import state_dict_loader
+
+    src = inspect.getsource(state_dict_loader)
+    falls_back = "Falling back to rank local metadata" in src
+    quotes = "global_metadata_exc" in src
+    assert _torch.DCP_HIDES_METADATA_ERRORS == (falls_back and not quotes)

@@ -6,6 +6,7 @@ import io
 import os
 import pickle
 import uuid
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
-from .. import errors
+from .. import _torch, errors
 from . import _engines, _native
 from ._format import METADATA, Record
 from ._staging import Staging
@@ -125,7 +126,10 @@ class Reader(StorageReader):
             with open(p, "rb") as f:
                 md = pickle.load(f)
         except FileNotFoundError:
-            raise errors.NotFoundError(f"{p}: no checkpoint here (no {METADATA}; was the save committed?)") from None
+            msg = f"{p}: no checkpoint here (no {METADATA}; was the save committed?)"
+            if _torch.DCP_HIDES_METADATA_ERRORS:  # this torch's DCP would say only "metadata is None"
+                warnings.warn(f"pyfastensor.dcp.Reader: {msg}", RuntimeWarning, stacklevel=2)
+            raise errors.NotFoundError(msg) from None
         if not isinstance(md, Metadata):
             raise errors.CorruptFileError(f"{p}: not a torch.distributed.checkpoint Metadata ({type(md).__name__})")
         if getattr(md, "storage_meta", None) is None:
