@@ -30,6 +30,13 @@ DCP's load, a ``read_metadata`` error    2.9 to 2.11 swallow it and fail with "m
                                        2.4's refuses with ``RuntimeError``:
                                        :data:`weights_only_unpickler` turns its refusals
                                        (not errors of what it calls) into the later type
+a storage's Python object              lives as long as the storage's memory, except that on
+(``weakref.finalize`` on a storage)    2.4 a ``StorageWeakRef`` (torch's weak reference to the
+                                       C++ storage) keeps it, and its finalizers, alive after
+                                       the memory is freed, until that reference goes; 2.11
+                                       and later let it go with the memory (2.5 to 2.10 not
+                                       checked). :class:`StorageRef` tells when a storage is
+                                       freed without holding its Python object
 =====================================  =========================================================
 
 The rest is the same on every supported torch and is here so that it is
@@ -46,6 +53,7 @@ import functools
 import inspect
 import pickle
 import re
+import weakref
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -60,7 +68,8 @@ from torch.utils._pytree import tree_flatten
 from .errors import UnsupportedError
 
 __all__ = [
-    "DCP_HIDES_METADATA_ERRORS", "DCP_PASSES_RANK", "FLOOR", "VERSION", "TorchDispatchMode", "allowed_globals", "current_autograd_node",
+    "DCP_HIDES_METADATA_ERRORS", "DCP_PASSES_RANK", "FLOOR", "VERSION", "StorageRef", "TorchDispatchMode",
+    "allowed_globals", "current_autograd_node",
     "default_load_mmap", "fake_mode_active", "load_records", "new_dtypes",
     "new_shared_storage", "privateuse1_backend_name", "rebuild_tensor_v2", "require",
     "restore_location", "set_tensor_metadata", "skip_data", "storage_slice",
@@ -243,6 +252,30 @@ def storage_use_count(storage: torch.UntypedStorage) -> int:
     """How many references the C++ side holds to ``storage``'s data (tensors, views, copies in
     flight): 1 when only ``storage`` itself does."""
     return int(torch._C._storage_Use_Count(storage._cdata))
+
+
+class StorageRef:
+    """Whether a storage's memory has been freed, holding neither the memory nor the storage's
+    Python object.
+
+    torch keeps a storage's Python object alive exactly as long as the storage (it is
+    preserved while tensors use the storage), so a plain weak reference to that object dies
+    with the memory, and the finalizers on the object (``weakref.finalize``) run then. torch's
+    own ``StorageWeakRef`` is not used: on 2.4 it keeps the Python object, and so its
+    finalizers, alive after the memory is freed, for as long as the reference lives.
+
+    Args:
+        storage: the storage to watch.
+    """
+
+    __slots__ = ("_ref",)
+
+    def __init__(self, storage: torch.UntypedStorage) -> None:
+        self._ref = weakref.ref(storage)
+
+    def expired(self) -> bool:
+        """Whether the storage's memory has been freed."""
+        return self._ref() is None
 
 
 def new_shared_storage(nbytes: int) -> torch.UntypedStorage:

@@ -69,6 +69,27 @@ def test_meter_counts_a_storage_once_and_until_it_is_freed():
     assert m.peak == 1 << 20
 
 
+def test_meter_lets_a_pooled_read_back_go_when_its_tensor_does():
+    # The pool watches its buffers' storages; that must not keep the meter's finalizer from
+    # running when the buffer's last tensor goes (torch 2.4's StorageWeakRef did).
+    from pyfastensor.offload._pool import POOL_MIN, BufferPool
+    from pyfastensor.offload._saved import Meter
+
+    pool, m = BufferPool(), Meter()
+    buf = pool.take(POOL_MIN)
+    m.track(buf)
+    view = buf[16:].view(torch.float32)
+    del buf
+    assert m.now == POOL_MIN
+    del view
+    assert m.now == 0, "the read-back is freed: no longer in memory because of us"
+    again = pool.take(POOL_MIN)
+    m.track(again)  # the same mapping, handed out again: counted again
+    assert m.now == POOL_MIN and pool.reserved == POOL_MIN
+    del again
+    assert m.now == 0
+
+
 def test_unpacked_copies_are_not_kept_alive_by_the_layer(tmp_path):
     torch.manual_seed(0)
     model = deep_mlp(256, 4)

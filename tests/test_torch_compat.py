@@ -171,6 +171,36 @@ def test_storage_use_count_counts_tensors_on_the_storage():
     assert _torch.storage_use_count(torch.UntypedStorage(4)) == 1
 
 
+def test_storage_ref_expires_with_the_memory_and_keeps_finalizers_on_time():
+    import weakref
+
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    x = torch.empty(1 << 16, dtype=torch.uint8)
+    s = x.untyped_storage()
+    ref, freed = _torch.StorageRef(s), []
+    weakref.finalize(s, freed.append, True)
+    del s  # the Python object is kept while the storage lives (a view uses it)
+    view = x[8:].view(torch.int32)
+    del x
+    assert not ref.expired() and not freed
+    del view
+    assert ref.expired() and freed, "the storage was freed: its Python object and finalizers go too"
+    # Why pyfastensor holds no StorageWeakRef: on 2.4 it keeps the object past the memory.
+    y = torch.empty(1 << 16, dtype=torch.uint8)
+    s, late = y.untyped_storage(), []
+    torch_ref = StorageWeakRef(s)
+    weakref.finalize(s, late.append, True)
+    del s, y
+    assert torch_ref.expired()
+    if _torch.VERSION == (2, 4):
+        assert not late, "torch 2.4: StorageWeakRef keeps the storage's Python object"
+    elif _torch.VERSION >= (2, 11):
+        assert late
+    del torch_ref
+    assert late
+
+
 def test_new_shared_storage_is_in_shared_memory():
     s = _torch.new_shared_storage(4096)
     assert s.is_shared() and s.nbytes() == 4096

@@ -24,9 +24,9 @@ import mmap
 import threading
 
 import torch
-from torch.multiprocessing.reductions import StorageWeakRef
 
 from .._buffers import aligned_mapping, tensor_over
+from .._torch import StorageRef
 
 #: Smaller read-backs come from torch's allocator.
 POOL_MIN = 1 << 20
@@ -37,7 +37,7 @@ class _Mapping:
 
     def __init__(self, m: mmap.mmap) -> None:
         self.m = m
-        self.user: StorageWeakRef | None = None  # the storage made over it last
+        self.user: StorageRef | None = None  # the storage made over it last
         self.used = False  # handed out since the last lend_idle
 
     def idle(self) -> bool:
@@ -67,7 +67,7 @@ class BufferPool:
                 maps.append(free)
                 self.reserved += nbytes
             t = tensor_over(free.m)
-            free.user, free.used = StorageWeakRef(t.untyped_storage()), True
+            free.user, free.used = StorageRef(t.untyped_storage()), True
             return t
 
     def lend_idle(self) -> None:

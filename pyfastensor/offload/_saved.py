@@ -50,7 +50,9 @@ class Meter:
     Counted per storage, not per tensor object: a payload and the tensors
     decoded over it (aliases and views share its storage) count once, from
     :meth:`track` until the storage itself is freed (a finalizer on the
-    storage, whose Python object lives as long as its memory).
+    storage, whose Python object lives as long as its memory provided
+    nothing holds a torch ``StorageWeakRef`` to it: see
+    :class:`pyfastensor._torch.StorageRef`).
     """
 
     def __init__(self) -> None:
@@ -171,7 +173,7 @@ class Entry:
         self.nbytes = nbytes
         self.device = device
         self.meter = meter
-        self.storage_ref = storage_ref  # StorageWeakRef: tells when the address may be reused
+        self.storage_ref = storage_ref  # StorageRef: tells when the address may be reused
         self.relu = relu
         self.resident: torch.Tensor | None = None
         self.enc: codecs.Encoded | None = None  # metadata only: its payload is empty

@@ -17,10 +17,10 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.multiprocessing.reductions import StorageWeakRef
 
 from .. import config
 from .._device import PinnedPool
+from .._torch import StorageRef
 from ..errors import NoSpaceError
 from . import _options, _policy, _sharing, _staging, codecs
 from ._filter import ModuleWatch, is_parameter, is_relu_output, storages_of, supported
@@ -443,7 +443,7 @@ class Offload:
     def _new_entry(self, t: torch.Tensor, storage: torch.UntypedStorage) -> Entry:
         step = self._step
         nbytes = storage.nbytes()
-        entry = Entry(len(step.entries), nbytes, t.device, self._meter, StorageWeakRef(storage),
+        entry = Entry(len(step.entries), nbytes, t.device, self._meter, StorageRef(storage),
                       is_relu_output(t), self._pool)
         step.entries.append(weakref.ref(entry))
         raw = torch.empty(0, dtype=torch.uint8, device=t.device).set_(storage)
