@@ -8,7 +8,8 @@ the saved tensors:
 - ``save_on_cpu``: ``torch.autograd.graph.save_on_cpu(pin_memory=True)``;
 - ``trl``: TRL's ``OffloadActivations()`` (pinned memory, a side stream, a
   forward stash), or "not installed";
-- ``pft-host`` / ``pft-ssd``: pyfastensor, ``policy="all"``, ``tier="host"`` / ``"ssd"``;
+- ``pft-host`` / ``pft-ssd``: pyfastensor, ``policy="all"``, ``tier="host"`` / ``"ssd"``,
+  otherwise its defaults (``pft-host`` with its default forward stash);
 - ``scheduled`` / ``planned``: pyfastensor's policies with a budget of half
   no offload's extra peak, over pinned host memory as the rows above
   (``scheduled`` with ``tier="host"``, ``planned`` with ``tier="auto"``:
@@ -19,7 +20,9 @@ B/D2H, S/W) + max(backward, B/H2D, S/R)``, with B the bytes the row moved
 (pyfastensor's summary; for the peers, pft-host's), S those of them that
 went to the disk, forward and backward timed in the ``none`` row, D2H/H2D
 the bandwidths of one pinned copy and W/R the disk's write and read
-bandwidths, measured in the same run. Step: median over the
+bandwidths, measured in the same run. The bound counts B each way: the
+bytes pft-host's forward stash serves are not copied back (reported
+under the table), so it may come in under its bound. Step: median over the
 timed steps after warm-up (pyfastensor's first step sizes its pinned pool
 and, for the policies, profiles); extra peak: ``max_memory_allocated`` over
 the step minus what was allocated before it (model, optimizer state).
@@ -192,6 +195,7 @@ def run(directory: str, *, quick: bool = False, steps: int | None = None, warmup
             r["ssd_bytes"] = s.bytes_offloaded.get("ssd", 0)
             r["pinned_allocations"] = s.pinned_allocations
             r["pinned_bytes"] = s.pinned_bytes
+            r["stash_hits"], r["stash_bytes"] = s.stash_hits, s.stash_bytes
             ctx.close()
         rows[row] = r
     moved = rows["pft-host"].get("bytes", 0)
@@ -243,6 +247,9 @@ def format_report(result: dict[str, Any]) -> str:
         ratio = host["bound_ratio"]
         lines.append(f"  pft-host / bound: {ratio:.2f} (target <= {BOUND_RATIO}: "
                      f"{'met' if ratio <= BOUND_RATIO else 'MISSED'})")
+        if "stash_bytes" in host:
+            lines.append(f"  pft-host's forward stash: {host['stash_hits']} tensors, "
+                         f"{host['stash_bytes'] / GB:.2f} GB used in backward without a copy back")
         soc = rows["save_on_cpu"]["step_s"] / host["step_s"]
         lines.append(f"  save_on_cpu / pft-host: {soc:.2f}x (target >= {SAVE_ON_CPU_SPEEDUP}x: "
                      f"{'met' if soc >= SAVE_ON_CPU_SPEEDUP else 'MISSED'})")

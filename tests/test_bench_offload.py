@@ -47,7 +47,8 @@ def test_cuda_table_reports_bounds_targets_and_a_missing_trl():
 
     rows = {"none": row(0.040, 5.85), "checkpoint": row(0.049, 3.13), "save_on_cpu": row(0.348, 2.76),
             "trl": {"missing": "not installed"},
-            "pft-host": row(0.180, 2.76, bytes=4_000_000_000, pinned_allocations=0, pinned_bytes=1),
+            "pft-host": row(0.180, 2.76, bytes=4_000_000_000, pinned_allocations=0, pinned_bytes=1, stash_hits=3,
+                            stash_bytes=250_000_000),
             "pft-ssd": row(0.900, 2.76, bytes=4_000_000_000, pinned_allocations=0, pinned_bytes=1),
             "scheduled": row(0.050, 4.4, bytes=1, pinned_allocations=0, pinned_bytes=1, resident_peak=2, budget=3),
             "planned": row(0.060, 4.6, bytes=1, pinned_allocations=0, pinned_bytes=1, resident_peak=4, budget=3)}
@@ -60,6 +61,7 @@ def test_cuda_table_reports_bounds_targets_and_a_missing_trl():
     assert "trl" in text and "not installed" in text
     assert "pft-host / bound: 1.12 (target <= 1.25: met)" in text
     assert "save_on_cpu / pft-host: 1.93x (target >= 1.5x: met)" in text
+    assert "pft-host's forward stash: 3 tensors, 0.25 GB used in backward without a copy back" in text
     assert ("scheduled: saved tensors' resident peak 0.00 GB of a 0.00 GB budget (within); step 1.02x checkpoint's, "
             "bound 0.92x (target: no slower where the bound is below it: MISSED)") in text
     assert "planned: saved tensors' resident peak 0.00 GB of a 0.00 GB budget (OVER)" in text

@@ -89,7 +89,7 @@ def test_host_tier_uploads_are_issued_ahead_and_joined_at_unpack(tmp_path: Path)
     model, batch_of = inputs("mlp")
     want = train(model, batch_of, steps=2)
     fake = FakeCuda()
-    off = staged(tmp_path, model, fake, tier="host")
+    off = staged(tmp_path, model, fake, tier="host", stash_bytes=0)  # every tensor uploaded (no forward stash)
     got = train(model, batch_of, steps=2, ctx=lambda: off)
     assert_same_grads(want, got)
     log = fake.log

@@ -26,7 +26,8 @@ def compression(value: None | str | tuple[str, ...] | list[str]) -> frozenset[st
 
 
 def check(*, tier: str, policy: str, dictionary: str, on_full: str, budget: int | None,
-          compression: None | str | tuple[str, ...], host_bytes: int | None, min_size: int) -> None:
+          compression: None | str | tuple[str, ...], host_bytes: int | None, min_size: int,
+          stash_bytes: int | None = None) -> None:
     """Check the options of an offload object, alone and together.
 
     Raises:
@@ -54,3 +55,5 @@ def check(*, tier: str, policy: str, dictionary: str, on_full: str, budget: int 
                          "tier='auto' only")
     if min_size < 0:
         raise ValueError(f"min_size {min_size!r}: expected a number of bytes >= 0")
+    if stash_bytes is not None and stash_bytes < 0:
+        raise ValueError(f"stash_bytes {stash_bytes!r}: expected None or a number of bytes >= 0")

@@ -6,7 +6,8 @@ packing order. Later steps with the same number of stored entries prefetch
 along that order, issuing a prefetch only while the saved tensors in memory
 (restored ones in use, prefetched ones waiting) plus the next stay within
 ``window`` bytes, except that with nothing in memory the next one always
-goes.
+goes. Entries still in the forward stash (:mod:`._stash`) are passed over:
+backward uses their device memory as it is.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ class Prefetcher:
         while self.cursor < len(self.order):
             index = self.order[self.cursor]
             nxt = entries[index]() if index < len(entries) else None
-            if nxt is not None and nxt.enc is not None:
+            if nxt is not None and nxt.enc is not None and nxt.stashed is None:  # stashed: nothing to fetch
                 need = nxt.payload_nbytes
                 now = self.resident()
                 if (self.outstanding or now > 0) and now + need > self.window:

@@ -41,9 +41,13 @@ class Policy:
         result: the plan made after the profiling step, as
             :meth:`Offload.plan_details <pyfastensor.offload.Offload.plan_details>`
             returns it; None before (and for modes without a plan).
+        stashes: whether CUDA tensors kept in pinned buffers (``tier="host"``)
+            also go through the forward stash (:mod:`._stash`); the modes
+            that place tensors by plan do not.
     """
 
     uses_store = True
+    stashes = False
     result: dict[str, Any] | None = None
 
     def __init__(self, compression: frozenset[str] = frozenset()) -> None:
@@ -107,7 +111,10 @@ class Policy:
 
 
 class OffloadAll(Policy):
-    """``policy="all"``: every eligible tensor is stored."""
+    """``policy="all"``: every eligible tensor is stored (under ``tier="host"``, CUDA tensors'
+    last ones also kept in the forward stash)."""
+
+    stashes = True
 
 
 class OffloadNone(Policy):

@@ -60,6 +60,8 @@ def summarize(*, step_number: int, step: Step, full_disk_events: int, store: Spi
         unpack_seconds=step.unpack_seconds,
         compression={c: raw / max(stored, 1) for c, (raw, stored) in step.codec_bytes.items()},
         prefetch_hits=int(st.get("prefetch_hits", 0)),
+        stash_hits=step.stash_hits,
+        stash_bytes=step.stash_bytes,
         full_disk_events=full_disk_events,
         fallback=desc.get("fallback", ""),
     )

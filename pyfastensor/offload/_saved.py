@@ -163,8 +163,8 @@ class Entry:
     """One saved storage: resident, or stored in a slot (see the module docstring)."""
 
     __slots__ = ("__weakref__", "device", "enc", "held", "hosted", "index", "kept", "meter", "nbytes", "payload_nbytes",
-                 "pool", "prefetched", "reclaim", "relu", "resident", "roots", "seen", "staging", "storage_ref", "waiting",
-                 "decode_seconds")
+                 "pool", "prefetched", "reclaim", "relu", "resident", "roots", "seen", "staging", "stashed", "storage_ref",
+                 "waiting", "decode_seconds")
 
     def __init__(self, index: int, nbytes: int, device: torch.device, meter: Meter,
                  storage_ref: Any, relu: bool, pool: BufferPool) -> None:
@@ -186,6 +186,9 @@ class Entry:
         self.staging: _staging.Staging | None = None
         self.reclaim: Callable[[], bool] | None = None  # lets a pinned buffer go (PinnedPool.take)
         self.prefetched: Any = None  # a read-back buffer, or the host tier's Upload
+        # (key, GPU source) while the forward stash (:mod:`._stash`) keeps the source: unpack
+        # then uses it and uploads nothing.
+        self.stashed: tuple[int, torch.Tensor] | None = None
         self.roots: list[weakref.ref[torch.Tensor]] = []  # restored storages still alive
         self.seen = False  # unpacked at least once in this step
         # Handles (Saved) not unpacked yet, and the restored storage held for
@@ -278,7 +281,7 @@ class Entry:
     def prefetch(self) -> int:
         """Start reading the slot into a fresh buffer; return the bytes asked for (0 if none)."""
         if self.hosted is not None:
-            if self.prefetched is not None or self.root() is not None:
+            if self.prefetched is not None or self.stashed is not None or self.root() is not None:
                 return 0
             self.prefetched = self._upload()
             return self.payload_nbytes

@@ -25,6 +25,7 @@ class Step:
         staged_bytes: bytes of the tensors staged to the host tier.
         codec_bytes: by codec: [bytes before, bytes stored].
         pack_seconds, unpack_seconds: time spent in the hooks.
+        stash_hits, stash_bytes: unpacks served from the forward stash, and their bytes.
     """
 
     def __init__(self) -> None:
@@ -37,3 +38,5 @@ class Step:
         self.codec_bytes: dict[str, list[int]] = {}
         self.pack_seconds = 0.0
         self.unpack_seconds = 0.0
+        self.stash_hits = 0
+        self.stash_bytes = 0

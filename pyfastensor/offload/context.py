@@ -29,6 +29,7 @@ from ._pool import BufferPool
 from ._profile import Recorder
 from ._report import summarize
 from ._saved import Entry, Meter, Saved
+from ._stash import Stash
 from ._step import Step
 from ._store import SpillStore
 from ._writes import Writes
@@ -151,6 +152,19 @@ class Offload:
             host memory (``MemAvailable``) for accelerator tensors, 0 for
             CPU tensors (their memory is host memory already). With
             ``tier="ssd"`` there is no host tier.
+        stash_bytes: ``policy="all"`` with accelerator tensors kept in
+            pinned buffers (``tier="host"``): bytes of the last saved
+            tensors packed whose GPU memory is also kept (the forward
+            stash), the oldest let go first. Their device-to-host copies
+            are issued as for the others; backward, which unpacks the last
+            packed first, uses the ones still kept as they are, with no
+            host-to-device copy. ``0`` turns the stash off. Default: twice
+            the largest tensor offloaded (capped by ``budget``), the
+            window prefetching holds at backward's start anyway: the stash
+            counts in that window (and in ``resident_peak_bytes``), so
+            backward starts on the stashed tensors instead of on uploads
+            without holding more. Cleared when backward ends and when the
+            context exits.
 
     Raises:
         ValueError: for an unknown option value (the message names it).
@@ -186,14 +200,15 @@ class Offload:
         engine: str | None = None,
         verbose: bool = False,
         host_bytes: int | None = None,
+        stash_bytes: int | None = None,
     ) -> None:
         _options.check(tier=tier, policy=policy, dictionary=dictionary, on_full=on_full, budget=budget,
-                       compression=compression, host_bytes=host_bytes, min_size=min_size)
+                       compression=compression, host_bytes=host_bytes, min_size=min_size, stash_bytes=stash_bytes)
         self.tier, self.spill_dir, self.budget, self.min_size = tier, spill_dir, budget, min_size
         self.policy, self.dictionary, self.on_full = policy, dictionary, on_full
         self.compression = _options.compression(compression)
         self.module, self.engine, self.verbose = module, engine, verbose
-        self.host_bytes = host_bytes
+        self.host_bytes, self.stash_bytes = host_bytes, stash_bytes
         self._policy = _policy.for_mode(policy, compression=self.compression, budget=budget, host_bytes=host_bytes,
                                         tier=tier, verbose=verbose)
         self._staging: _staging.Staging | None = None  # planned's host tier; None: the device's (tests set a fake)
@@ -215,6 +230,7 @@ class Offload:
         self._meter = Meter()
         self._writes = Writes(on_full, self._meter)
         self._pool = BufferPool()  # read-back buffers, reused across steps
+        self._stash = Stash(stash_bytes, budget, self._meter)  # the forward stash (tier="host", CUDA)
         self._order: list[int] | None = None  # unpack order of the profiling step
         self._order_count = 0  # stored entries in the profiling step
         self._summary = OffloadSummary()
@@ -262,6 +278,7 @@ class Offload:
                  tb: TracebackType | None) -> None:
         hooks, self._hooks = self._hooks, None  # no cycle through the bound hooks
         hooks.__exit__(exc_type, exc, tb)
+        self._stash.clear()
         if self._watch is not None:
             self._watch.remove()
             self._watch = None
@@ -414,6 +431,11 @@ class Offload:
             if self._active:
                 self._writes.drain(self._store)
             entry: Entry = h.entry
+            if entry.stashed is not None:
+                served = self._stash.take(entry)
+                self._step.stash_hits += served > 0
+                self._step.stash_bytes += served
+            self._stash.arm()
             held = entry.held
             if self._active and held is not None:
                 self._writes.settle_if_done(held)
@@ -470,6 +492,8 @@ class Offload:
             # profiling step stores it in the native store, which measures its transfers.)
             entry.stage(enc.payload, staging, enc)
             entry.enc = codecs.with_payload(enc, _EMPTY)
+            if self._policy.stashes and "fp16" not in enc.codec:  # lossless: the source is the same bytes
+                self._stash.put(entry, raw)
             step.counts["offloaded"] += 1
             step.raw_bytes += nbytes
             step.staged_bytes += entry.payload_nbytes

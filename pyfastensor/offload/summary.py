@@ -50,6 +50,9 @@ class OffloadSummary:
         unpack_seconds: time spent in the unpack hook (stalls included).
         compression: ratio of raw to stored bytes, per codec used.
         prefetch_hits: unpacks served by a prefetch.
+        stash_hits: unpacks served from the forward stash (``tier="host"``, CUDA tensors: the
+            GPU source kept since pack, no host-to-device copy).
+        stash_bytes: the bytes of those unpacks (not copied back to the device).
         full_disk_events: writes that failed because the spill filesystem
             was full (their tensors stayed in memory).
         fallback: why an engine other than the one asked for serves the
@@ -78,6 +81,8 @@ class OffloadSummary:
     unpack_seconds: float = 0.0
     compression: dict[str, float] = field(default_factory=dict)
     prefetch_hits: int = 0
+    stash_hits: int = 0
+    stash_bytes: int = 0
     full_disk_events: int = 0
     fallback: str = ""
 
@@ -94,7 +99,8 @@ class OffloadSummary:
             f"  resident peak {self.resident_peak_bytes / mib:.1f} MiB (read buffers kept: "
             f"{self.read_buffer_bytes / mib:.1f} MiB, pinned {self.pinned_bytes / mib:.1f} MiB), stall {self.stall_seconds * 1e3:.1f} ms, "
             f"pack {self.pack_seconds * 1e3:.1f} ms, unpack {self.unpack_seconds * 1e3:.1f} ms, "
-            f"prefetch hits {self.prefetch_hits}",
+            f"prefetch hits {self.prefetch_hits}, stash hits {self.stash_hits} "
+            f"({self.stash_bytes / mib:.1f} MiB)",
         ]
         if self.compression:
             lines.append("  compression " + ", ".join(f"{c} {r:.2f}x" for c, r in self.compression.items()))
