@@ -71,7 +71,7 @@ __all__ = [
     "DCP_HIDES_METADATA_ERRORS", "DCP_PASSES_RANK", "FLOOR", "VERSION", "StorageRef", "TorchDispatchMode",
     "allowed_globals", "current_autograd_node",
     "default_load_mmap", "fake_mode_active", "load_records", "new_dtypes",
-    "new_shared_storage", "privateuse1_backend_name", "rebuild_tensor_v2", "require",
+    "new_shared_storage", "privateuse1_backend_name", "queue_backward_callback", "rebuild_tensor_v2", "require",
     "restore_location", "set_tensor_metadata", "skip_data", "storage_slice",
     "storage_use_count", "tensor_metadata", "tree_flatten", "unsaved_dtypes", "validate_device",
     "weights_only_unpickler",
@@ -285,6 +285,15 @@ def new_shared_storage(nbytes: int) -> torch.UntypedStorage:
 
 
 # ---------------------------------------------------------------------- autograd
+
+def queue_backward_callback(fn: Callable[[], None]) -> None:
+    """Run ``fn`` when the backward pass running now ends (autograd's engine calls it).
+
+    Raises:
+        RuntimeError: when no backward pass is running.
+    """
+    torch.autograd.Variable._execution_engine.queue_callback(fn)
+
 
 def current_autograd_node() -> Any:
     """The autograd node running now on this thread (in backward), or None."""

@@ -251,3 +251,14 @@ def test_dcp_hides_read_metadata_errors_from_2_9_to_2_11():
     falls_back = "Falling back to rank local metadata" in src
     quotes = "global_metadata_exc" in src
     assert _torch.DCP_HIDES_METADATA_ERRORS == (falls_back and not quotes)
+
+
+def test_queue_backward_callback_runs_at_the_end_of_backward_only_inside_it():
+    order = []
+    x = torch.ones(3, requires_grad=True)
+    y = (x * 2).sum()
+    x.register_hook(lambda g: _torch.queue_backward_callback(lambda: order.append("end")) or order.append("hook"))
+    y.backward()
+    assert order == ["hook", "end"]
+    with pytest.raises(RuntimeError):
+        _torch.queue_backward_callback(lambda: None)

@@ -28,6 +28,7 @@ from collections import OrderedDict
 
 import torch
 
+from .. import _torch
 from ._saved import Entry, Meter
 
 
@@ -97,7 +98,7 @@ class Stash:
                 return
             self._armed = True
         try:
-            torch.autograd.Variable._execution_engine.queue_callback(self.clear)
+            _torch.queue_backward_callback(self.clear)
         except RuntimeError:  # not inside backward (a saved tensor unpacked by hand)
             with self._lock:
                 self._armed = False
