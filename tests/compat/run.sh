@@ -17,7 +17,9 @@ cd "$(dirname "$0")/../.."
 
 find_python() {  # the interpreter of Python $1 (3.10), or nothing
   local v=$1 p
-  for p in "python$v" "$(pyenv root 2>/dev/null)"/versions/"$v"*/bin/"python$v"; do
+  local root
+  root=$(pyenv root 2>/dev/null || echo "${PYENV_ROOT:-$HOME/.pyenv}")
+  for p in "python$v" "$root"/versions/"$v"*/bin/"python$v"; do
     if "$p" -c 'import sys, venv' >/dev/null 2>&1; then command -v "$p"; return; fi
   done
 }
