@@ -178,16 +178,7 @@ def pinned_pool() -> int:
     loads and saves (each a ring of :data:`PINNED_RING_SLOTS` slots); ``async_save``
     snapshots and offload have their own bounds (:func:`snapshot_pool`,
     :func:`offload_pinned`)."""
-    raw = os.environ.get("PYFASTENSOR_PINNED_POOL")
-    if not raw:
-        return PINNED_POOL_DEFAULT
-    try:
-        value = parse_size(raw)
-    except ValueError as e:
-        raise ValueError(f"PYFASTENSOR_PINNED_POOL: {e}") from None
-    if value < 1 << 20:
-        raise ValueError(f"PYFASTENSOR_PINNED_POOL={raw!r}: expected at least 1M")
-    return value
+    return _pinned_size("PYFASTENSOR_PINNED_POOL", PINNED_POOL_DEFAULT)
 
 
 def offload_pinned() -> int:
@@ -196,19 +187,7 @@ def offload_pinned() -> int:
     tier's writes in flight and read-backs), grown in its first step to what a step
     needs and reused after (default: half of the machine's physical memory; at least 1M).
     Buffers past it come from torch's pinned allocator, allocated as they are needed."""
-    raw = os.environ.get("PYFASTENSOR_OFFLOAD_PINNED")
-    if not raw:
-        try:
-            return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
-        except (ValueError, OSError):
-            return 8 << 30
-    try:
-        value = parse_size(raw)
-    except ValueError as e:
-        raise ValueError(f"PYFASTENSOR_OFFLOAD_PINNED: {e}") from None
-    if value < 1 << 20:
-        raise ValueError(f"PYFASTENSOR_OFFLOAD_PINNED={raw!r}: expected at least 1M")
-    return value
+    return _pinned_size("PYFASTENSOR_OFFLOAD_PINNED", _memory_fraction(2, 8 << 30))
 
 
 def snapshot_pool() -> int:
@@ -217,18 +196,29 @@ def snapshot_pool() -> int:
     size the state needs (a power of two: torch's caching host allocator rounds up to one),
     up to this, and kept for the next saves; a larger state goes in waves through this much.
     Default: an eighth of the machine's memory."""
-    raw = os.environ.get("PYFASTENSOR_SNAPSHOT_POOL")
+    return _pinned_size("PYFASTENSOR_SNAPSHOT_POOL", _memory_fraction(8, 1 << 30))
+
+
+def _memory_fraction(n: int, fallback: int) -> int:
+    """A ``1/n`` share of the machine's physical memory (``fallback`` where it cannot be read)."""
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // n)
+    except (ValueError, OSError):
+        return fallback
+
+
+def _pinned_size(name: str, default: int) -> int:
+    """A byte count of pinned memory from the environment variable ``name`` (at least 1M),
+    ``default`` when unset; the error names the variable."""
+    raw = os.environ.get(name)
     if not raw:
-        try:
-            return int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 8)
-        except (ValueError, OSError):
-            return 1 << 30
+        return default
     try:
         value = parse_size(raw)
     except ValueError as e:
-        raise ValueError(f"PYFASTENSOR_SNAPSHOT_POOL: {e}") from None
+        raise ValueError(f"{name}: {e}") from None
     if value < 1 << 20:
-        raise ValueError(f"PYFASTENSOR_SNAPSHOT_POOL={raw!r}: expected at least 1M")
+        raise ValueError(f"{name}={raw!r}: expected at least 1M")
     return value
 
 
