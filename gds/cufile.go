@@ -4,8 +4,10 @@
 // "cuFile initialization failed" yet returned success, and
 // cuFileHandleRegister then failed with CU_FILE_HANDLE_NOT_REGISTERED
 // (5027). That is what the filesystem probe (cufile_fs.go) and the
-// fallback of host-memory callers (transfer.Files) handle. A run with
-// working GPUDirect Storage is still to come. Everything else is tested
+// fallback of host-memory callers (transfer.Files) handle; on an H200 with
+// the same libcufile, the probe (real libcuda, device memory) reported 5027
+// per filesystem and every save, load and spill took the CPU engines. A run
+// with working GPUDirect Storage is still to come. Everything else is tested
 // against a fake libcufile and a fake libcuda (testdata/fakecufile) that
 // serve the calls from host memory, and the library probe against the
 // real libcufile of torch's wheels on a machine without an NVIDIA driver,
