@@ -11,6 +11,7 @@ from pathlib import Path
 
 import native_build
 import pytest
+from cuda_fakes import build_fake_cufile
 
 
 def _mount(fstype: str, options: str, where: Path) -> None:
@@ -160,3 +161,12 @@ def packed(source: tuple[Path, dict[bytes, tuple[str, int]]], tmp_path_factory: 
     out = tmp_path_factory.mktemp("pack") / "p"
     pack(source[0], out, chunk_size=CHUNK, seed=7, progress=False)
     return out
+
+
+@pytest.fixture(scope="module")
+def fake_cufile(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The fake libcufile (gds/testdata/fakecufile), built once per test module."""
+    lib = build_fake_cufile(tmp_path_factory.mktemp("fakecufile"))
+    if lib is None:
+        pytest.skip("no C compiler to build the fake libcufile")
+    return lib

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import torch
-from cuda_fakes import FakeCuda, build_fake_cufile, fake_cufile_env, run_child
+from cuda_fakes import FakeCuda, fake_cufile_env, run_child
 
 import pyfastensor
 from pyfastensor import _device
@@ -256,14 +256,6 @@ def test_a_bad_cuda_load_setting_names_the_variable(tmp_path: Path, monkeypatch:
 
 # The cuFile route, in child processes: the probe needs an NVIDIA driver library to
 # load (a stand-in here) and reads PYFASTENSOR_CUFILE_LIB once, as the process starts.
-
-@pytest.fixture(scope="module")
-def fake_cufile(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    lib = build_fake_cufile(tmp_path_factory.mktemp("fakecufile"))
-    if lib is None:
-        pytest.skip("no C compiler to build the fake libcufile")
-    return lib
-
 
 def test_cufile_route_reads_into_device_memory_and_checks_crcs(tmp_path: Path, fake_cufile: Path) -> None:
     path = tmp_path / "s.pt"

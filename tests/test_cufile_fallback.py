@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import torch
-from cuda_fakes import build_fake_cufile, fake_cufile_env, run_child
+from cuda_fakes import fake_cufile_env, run_child
 
 import pyfastensor
 
@@ -26,14 +26,6 @@ MODES = {
     "reads fail": ({"FAKECUFILE_READ": "5011"}, "cuFileRead of 65536 bytes from device memory failed"),
     "writes fail": ({"FAKECUFILE_WRITE": "5044"}, "CU_FILE_IO_ERROR (5044)"),
 }
-
-
-@pytest.fixture(scope="module")
-def fake_cufile(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    lib = build_fake_cufile(tmp_path_factory.mktemp("fakecufile"))
-    if lib is None:
-        pytest.skip("no C compiler to build the fake libcufile")
-    return lib
 
 
 def state() -> dict[str, torch.Tensor]:

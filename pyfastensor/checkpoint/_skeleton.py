@@ -117,7 +117,7 @@ def pickle_skeleton(obj: Any, pickle_module: Any = pickle, pickle_protocol: int 
             return persistent_id(obj)
 
         def reducer_override(self, obj: Any) -> Any:
-            if isinstance(obj, torch.Tensor) and obj.dtype in _UNSAVED:
+            if _UNSAVED and isinstance(obj, torch.Tensor) and obj.dtype in _UNSAVED:  # torch < 2.6 only
                 _torch.require(f"saving a {obj.dtype} tensor", (2, 6))
             if type(obj) is torch.Tensor and _plain(obj):
                 return _reduce_plain(obj)
