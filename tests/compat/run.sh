@@ -9,11 +9,13 @@
 # tests/requirements.txt, torch pinned by a constraint so nothing upgrades it,
 # and pip's cache shared with every other install. PYTHON is found as
 # pythonPYTHON on PATH, or under pyenv's versions/. Extra pytest arguments go
-# in PYTEST_ARGS. Exits non-zero if any version's suite fails; a summary line
-# per version ends the output.
+# in PYTEST_ARGS. With COMPAT_REMOVE_VENV=1 each environment is deleted once
+# its suite has run (a torch with its CUDA libraries takes about 6 GB; pip's
+# cache keeps the downloads). Exits non-zero if any version's suite fails; a
+# summary line per version ends the output.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-[ $# -gt 0 ] || { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[ $# -gt 0 ] || { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 
 find_python() {  # the interpreter of Python $1 (3.10), or nothing
   local v=$1 p
@@ -43,6 +45,7 @@ for pair in "$@"; do
      ! "$venv/bin/python" -m pip install -q --disable-pip-version-check -c "$constraint" \
          -e . -r tests/requirements.txt; then
     rm -f "$constraint"
+    [ "${COMPAT_REMOVE_VENV:-0}" = 1 ] && rm -rf "$venv"
     summary+=("torch $torch_v, Python $py_v: INSTALL FAILED"); status=1; continue
   fi
   rm -f "$constraint"
@@ -53,6 +56,7 @@ for pair in "$@"; do
   rc=${PIPESTATUS[0]}
   result=$(grep -E '^(=+ )?[0-9]+ (passed|failed)' "$log" | tail -n1 | sed 's/=//g; s/^ *//; s/ *$//')
   rm -f "$log"
+  [ "${COMPAT_REMOVE_VENV:-0}" = 1 ] && rm -rf "$venv"
   summary+=("torch $torch_v, Python $py_v: ${result:-no result} (exit $rc)")
   [ "$rc" -eq 0 ] || status=1
 done
