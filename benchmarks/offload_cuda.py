@@ -134,13 +134,13 @@ def _step(model: Any, opt: Any, x: Any, ctx: Any, checkpoint: bool, marks: list[
     """One training step: seconds and extra peak bytes. ``marks`` gets start/forward/end events."""
     import torch
 
+    opt.zero_grad(set_to_none=True)  # before the baseline: the last step's gradients are not this step's
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
     ev = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
     start = time.perf_counter()
     ev[0].record()
-    opt.zero_grad(set_to_none=True)
     with ctx, torch.autocast("cuda", dtype=torch.bfloat16):
         loss = model(x, checkpoint).float().pow(2).mean()
         ev[1].record()
