@@ -28,20 +28,38 @@ func stagedOf(recs []Record) (out []Record, staged []bool, sizes []int64) {
 	return out, staged, sizes
 }
 
+// beginBesideSave writes recs with Save to want and begins a staged save
+// of the same records to got, in one temporary directory: the staged
+// records are those stagedOf picks.
+func beginBesideSave(t *testing.T, recs []Record) (want, got string, s *Staged, staged []bool) {
+	t.Helper()
+	dir := t.TempDir()
+	want, got = filepath.Join(dir, "save.pt"), filepath.Join(dir, "staged.pt")
+	_, err := Save(want, recs, WriteOptions{})
+	require.NoError(t, err)
+	placed, staged, sizes := stagedOf(recs)
+	s, err = BeginStaged(got, placed, staged, sizes, WriteOptions{})
+	require.NoError(t, err)
+	return want, got, s, staged
+}
+
+// assertSameFile checks that got holds the bytes of want, and returns them.
+func assertSameFile(t *testing.T, want, got string) []byte {
+	t.Helper()
+	a, err := os.ReadFile(want)
+	require.NoError(t, err)
+	b, err := os.ReadFile(got)
+	require.NoError(t, err)
+	assert.True(t, bytes.Equal(a, b), "staged file differs from Save's")
+	return b
+}
+
 // A staged save written in parts of an odd size (through one reused
 // buffer, as waves of a staging buffer would be) writes the very bytes Save
 // writes for the same records.
 func TestStagedSaveIsByteIdenticalToSave(t *testing.T) {
-	dir := t.TempDir()
 	recs := sampleRecords()
-	want := filepath.Join(dir, "save.pt")
-	_, err := Save(want, recs, WriteOptions{})
-	require.NoError(t, err)
-
-	got := filepath.Join(dir, "staged.pt")
-	placed, staged, sizes := stagedOf(recs)
-	s, err := BeginStaged(got, placed, staged, sizes, WriteOptions{})
-	require.NoError(t, err)
+	want, got, s, staged := beginBesideSave(t, recs)
 	buf := make([]byte, 3<<20+17) // the reused staging buffer
 	for i, r := range recs {
 		if !staged[i] {
@@ -52,15 +70,11 @@ func TestStagedSaveIsByteIdenticalToSave(t *testing.T) {
 			require.NoError(t, s.WritePart(i, int64(off), buf[:n]))
 		}
 	}
-	_, err = os.Stat(got)
+	_, err := os.Stat(got)
 	assert.True(t, os.IsNotExist(err), "nothing at the target before the commit")
 	st, err := s.Commit()
 	require.NoError(t, err)
-	a, err := os.ReadFile(want)
-	require.NoError(t, err)
-	b, err := os.ReadFile(got)
-	require.NoError(t, err)
-	assert.True(t, bytes.Equal(a, b), "staged file differs from Save's")
+	b := assertSameFile(t, want, got)
 	assert.Equal(t, int64(len(b)), st.FileBytes)
 
 	ar, err := OpenArchive(got)
@@ -78,16 +92,8 @@ func TestStagedSaveIsByteIdenticalToSave(t *testing.T) {
 // two parts of one record in order) write the bytes Save writes; a call
 // whose parts are out of order writes nothing and counts nothing.
 func TestStagedSaveWritesManyPartsInOneCall(t *testing.T) {
-	dir := t.TempDir()
 	recs := sampleRecords()
-	want := filepath.Join(dir, "save.pt")
-	_, err := Save(want, recs, WriteOptions{})
-	require.NoError(t, err)
-
-	got := filepath.Join(dir, "staged.pt")
-	placed, staged, sizes := stagedOf(recs)
-	s, err := BeginStaged(got, placed, staged, sizes, WriteOptions{})
-	require.NoError(t, err)
+	want, got, s, staged := beginBesideSave(t, recs)
 	var parts []Part
 	for i, r := range recs {
 		if staged[i] {
@@ -98,13 +104,9 @@ func TestStagedSaveWritesManyPartsInOneCall(t *testing.T) {
 	swapped := append([]Part{parts[3], parts[2]}, parts[4:]...)
 	assert.ErrorIs(t, s.WriteParts(swapped), gds.ErrInvalid, "a record's parts in order")
 	require.NoError(t, s.WriteParts(parts))
-	_, err = s.Commit()
+	_, err := s.Commit()
 	require.NoError(t, err)
-	a, err := os.ReadFile(want)
-	require.NoError(t, err)
-	b, err := os.ReadFile(got)
-	require.NoError(t, err)
-	assert.True(t, bytes.Equal(a, b), "staged file differs from Save's")
+	assertSameFile(t, want, got)
 }
 
 func TestStagedSaveRefusesMisuse(t *testing.T) {

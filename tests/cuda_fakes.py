@@ -190,6 +190,19 @@ class FakeCuda:
             self.device_peak = self.device_live
 
 
+def fake_offload(fake: FakeCuda, spill_dir: Path, module: torch.nn.Module, *, min_size: int = 16 << 10,
+                 pool_limit: int = 1 << 30, **options: Any) -> Any:
+    """``pyfastensor.offload(spill_dir=, min_size=, module=, **options)`` whose CUDA tensors
+    are staged through ``fake`` (its device, streams and pinned allocator), the pinned pool
+    capped at ``pool_limit``."""
+    import pyfastensor
+    from pyfastensor.offload._staging import Staging
+
+    off = pyfastensor.offload(spill_dir=str(spill_dir), min_size=min_size, module=module, **options)
+    off._device_staging = Staging(fake, pool_limit=pool_limit)
+    return off
+
+
 def build_fake_cufile(where: Path) -> Path | None:
     """Build the fake libcufile and the fake libcuda.so.1 (gds/testdata/fakecufile: the
     driver calls the cuFile probe gets device memory from, served from host memory) into

@@ -14,26 +14,15 @@ import threading
 from pathlib import Path
 
 import torch
-from cuda_fakes import FakeCuda
+from cuda_fakes import FakeCuda, fake_offload
 from offload_models import assert_same_grads, inputs, loss_of, open_handles, train
-
-import pyfastensor
-from pyfastensor.offload._staging import Staging
-
-SMALL = 16 << 10
-
-
-def staged_offload(tmp_path: Path, model: torch.nn.Module, fake: FakeCuda) -> pyfastensor.Offload:
-    off = pyfastensor.offload(spill_dir=str(tmp_path), min_size=SMALL, module=model)
-    off._device_staging = Staging(fake, pool_limit=64 << 20)
-    return off
 
 
 def test_staged_gradients_are_bit_identical_and_the_pool_is_reused(tmp_path: Path) -> None:
     model, batch_of = inputs("transformer")
     want = train(model, batch_of, steps=3)
     fake = FakeCuda()
-    off = staged_offload(tmp_path, model, fake)
+    off = fake_offload(fake, tmp_path, model, pool_limit=64 << 20)
     pool = off._device_staging.pool
     got = train(model, batch_of, steps=3, ctx=lambda: off)
     assert_same_grads(want, got)
@@ -53,7 +42,7 @@ def test_pack_returns_before_the_copy_event_completes(tmp_path: Path) -> None:
     model, batch_of = inputs("mlp")
     want = train(model, batch_of, steps=1)
     fake = FakeCuda()
-    off = staged_offload(tmp_path, model, fake)
+    off = fake_offload(fake, tmp_path, model, pool_limit=64 << 20)
     model = copy.deepcopy(model)
     x, y = batch_of(0)
     fake.gate.clear()  # every device-to-host copy stays in flight
@@ -78,7 +67,7 @@ def test_unpack_before_the_write_started_uploads_the_pinned_copy(tmp_path: Path)
     model, batch_of = inputs("mlp")
     want = train(model, batch_of, steps=1)
     fake = FakeCuda()
-    off = staged_offload(tmp_path, model, fake)
+    off = fake_offload(fake, tmp_path, model, pool_limit=64 << 20)
     model = copy.deepcopy(model)
     x, y = batch_of(0)
     with off:

@@ -26,12 +26,11 @@ from typing import Any
 
 import pytest
 import torch
-from cuda_fakes import FakeCuda
+from cuda_fakes import FakeCuda, fake_offload
 from offload_models import assert_same_grads, inputs, loss_of, open_handles, train
 
 import pyfastensor
 from pyfastensor.offload._saved import Entry
-from pyfastensor.offload._staging import Staging
 
 SMALL = 16 << 10
 STEPS = 4
@@ -108,9 +107,7 @@ def test_resident_count_is_device_bytes_and_stays_within_the_budget(tmp_path: Pa
     budget = _peak_without_offload(model, batch_of) // 2
     fake = FakeCuda()
     extra = {"host_bytes": 1 << 30} if policy == "planned" else {}
-    off = pyfastensor.offload(policy=policy, tier=tier, budget=budget, spill_dir=str(tmp_path), min_size=SMALL,
-                              module=model, **extra)
-    off._device_staging = Staging(fake, pool_limit=1 << 30)
+    off = fake_offload(fake, tmp_path, model, policy=policy, tier=tier, budget=budget, **extra)
     got, seen = _train_watching(model, batch_of, off, fake, gate_forward=True)
     assert_same_grads(want, got)
     assert len(seen) == STEPS - 1
@@ -139,9 +136,7 @@ def test_resident_peak_is_the_device_peak_of_the_copies_brought_back(tmp_path: P
     # Without the forward stash (whose sources are the model's tensors, not the fake's device
     # allocations): the peak is that of the copies brought back alone. The stash's count:
     # tests/test_offload_stash.py.
-    off = pyfastensor.offload(policy="all", tier=tier, spill_dir=str(tmp_path), min_size=SMALL, module=model,
-                              stash_bytes=0)
-    off._device_staging = Staging(fake, pool_limit=1 << 30)
+    off = fake_offload(fake, tmp_path, model, policy="all", tier=tier, stash_bytes=0)
     got, seen = _train_watching(model, batch_of, off, fake, gate_forward=False)
     assert_same_grads(want, got)
     for s in seen:

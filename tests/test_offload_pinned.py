@@ -15,20 +15,12 @@ from typing import Any
 
 import pytest
 import torch
-from cuda_fakes import FakeCuda
+from cuda_fakes import FakeCuda, fake_offload
 from offload_models import assert_same_grads, inputs, open_handles, train
 
 import pyfastensor
-from pyfastensor.offload._staging import Staging
 
-SMALL = 16 << 10
 STEPS = 4
-
-
-def staged(tmp_path: Path, model: torch.nn.Module, fake: FakeCuda, **options: Any) -> pyfastensor.Offload:
-    off = pyfastensor.offload(spill_dir=str(tmp_path), min_size=SMALL, module=model, **options)
-    off._device_staging = Staging(fake, pool_limit=1 << 30)
-    return off
 
 
 def watch_pack(off: pyfastensor.Offload, fake: FakeCuda) -> list[str]:
@@ -60,20 +52,30 @@ def per_step(off: pyfastensor.Offload, fake: FakeCuda, log: list[dict[str, Any]]
     return ctx
 
 
-@pytest.mark.parametrize("model_name", ["transformer", "mlp"])
-def test_host_tier_keeps_pinned_copies_and_allocates_only_in_the_first_step(tmp_path: Path, model_name: str) -> None:
+def train_logged(tmp_path: Path, model_name: str, **options: Any) -> tuple[pyfastensor.Offload, FakeCuda,
+                                                                          list[dict[str, Any]], list[str]]:
+    """Train ``model_name`` for :data:`STEPS` steps under an offload on a fake device, check its
+    gradients against training without one, and check that pinned memory was allocated in the
+    first step only. Returns the offload, the fake, the per-step log and the packs that waited."""
     model, batch_of = inputs(model_name)
     want = train(model, batch_of, steps=STEPS)
     fake = FakeCuda()
-    off = staged(tmp_path, model, fake, tier="host")
+    off = fake_offload(fake, tmp_path, model, **options)
     waited = watch_pack(off, fake)
     log: list[dict[str, Any]] = []
     got = train(model, batch_of, steps=STEPS, ctx=per_step(off, fake, log))
     assert_same_grads(want, got)
     log.append({"pinned_allocations": off.summary().pinned_allocations, "pinned_calls": len(fake.pinned_calls)})
-    assert log[0]["pinned_allocations"] > 0 and log[0]["offloaded"] > 0
+    assert log[0]["pinned_allocations"] > 0
     assert [s["pinned_allocations"] for s in log[1:]] == [0] * (STEPS - 1), log
     assert {s["pinned_calls"] for s in log} == {log[0]["pinned_calls"]}, "no pinned allocation after step 1"
+    return off, fake, log, waited
+
+
+@pytest.mark.parametrize("model_name", ["transformer", "mlp"])
+def test_host_tier_keeps_pinned_copies_and_allocates_only_in_the_first_step(tmp_path: Path, model_name: str) -> None:
+    off, fake, log, waited = train_logged(tmp_path, model_name, tier="host")
+    assert log[0]["offloaded"] > 0
     # The pinned buffer is the stored copy: nothing goes through the native store.
     assert log[0]["engines"] == {} and set(log[0]["bytes_offloaded"]) == {"host"}
     assert off._store is not None and off._store.stats(off._account).get("bytes_written", 0) == 0
@@ -89,7 +91,7 @@ def test_host_tier_uploads_are_issued_ahead_and_joined_at_unpack(tmp_path: Path)
     model, batch_of = inputs("mlp")
     want = train(model, batch_of, steps=2)
     fake = FakeCuda()
-    off = staged(tmp_path, model, fake, tier="host", stash_bytes=0)  # every tensor uploaded (no forward stash)
+    off = fake_offload(fake, tmp_path, model, tier="host", stash_bytes=0)  # every tensor uploaded (no forward stash)
     got = train(model, batch_of, steps=2, ctx=lambda: off)
     assert_same_grads(want, got)
     log = fake.log
@@ -104,18 +106,7 @@ def test_host_tier_uploads_are_issued_ahead_and_joined_at_unpack(tmp_path: Path)
 
 
 def test_ssd_tier_stops_allocating_after_the_first_step(tmp_path: Path) -> None:
-    model, batch_of = inputs("transformer")
-    want = train(model, batch_of, steps=STEPS)
-    fake = FakeCuda()
-    off = staged(tmp_path, model, fake, tier="ssd")
-    waited = watch_pack(off, fake)
-    log: list[dict[str, Any]] = []
-    got = train(model, batch_of, steps=STEPS, ctx=per_step(off, fake, log))
-    assert_same_grads(want, got)
-    log.append({"pinned_allocations": off.summary().pinned_allocations, "pinned_calls": len(fake.pinned_calls)})
-    assert log[0]["pinned_allocations"] > 0
-    assert [s["pinned_allocations"] for s in log[1:]] == [0] * (STEPS - 1), log
-    assert {s["pinned_calls"] for s in log} == {log[0]["pinned_calls"]}, "no pinned allocation after step 1"
+    off, fake, log, waited = train_logged(tmp_path, "transformer", tier="ssd")
     assert set(log[0]["bytes_offloaded"]) == {"ssd"}, "the SSD tier writes from the pinned buffers"
     assert waited == [], "the copies' events are waited for by the store's thread, not pack"
     off.close()

@@ -17,21 +17,13 @@ from typing import Any
 
 import pytest
 import torch
-from cuda_fakes import FakeCuda
+from cuda_fakes import FakeCuda, fake_offload
 from offload_models import assert_same_grads, inputs, loss_of, train
 
 import pyfastensor
-from pyfastensor.offload._staging import Staging
 from pyfastensor.offload._stash import Stash
 
-SMALL = 16 << 10
 STEPS = 3
-
-
-def staged(tmp_path: Path, model: torch.nn.Module, fake: FakeCuda, **options: Any) -> pyfastensor.Offload:
-    off = pyfastensor.offload(spill_dir=str(tmp_path), min_size=SMALL, module=model, **options)
-    off._device_staging = Staging(fake, pool_limit=1 << 30)
-    return off
 
 
 def per_step(off: pyfastensor.Offload, fake: FakeCuda, log: list[dict[str, Any]]) -> Any:
@@ -54,7 +46,7 @@ def run(tmp_path: Path, model_name: str, **options: Any) -> tuple[pyfastensor.Of
     model, batch_of = inputs(model_name)
     want = train(model, batch_of, steps=STEPS)
     fake = FakeCuda()
-    off = staged(tmp_path, model, fake, **options)
+    off = fake_offload(fake, tmp_path, model, **options)
     log: list[dict[str, Any]] = []
     ctx = per_step(off, fake, log)
     got = train(model, batch_of, steps=STEPS, ctx=ctx)
@@ -117,7 +109,7 @@ def test_resident_peak_counts_the_stash(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setattr(Stash, "put", noted)
     model, batch_of = inputs("transformer")
     fake = FakeCuda()
-    off = staged(tmp_path, model, fake, tier="host", stash_bytes=stash_bytes)
+    off = fake_offload(fake, tmp_path, model, tier="host", stash_bytes=stash_bytes)
     want = train(model, batch_of, steps=1)
     x, y = batch_of(0)
     model = copy.deepcopy(model)
@@ -154,8 +146,7 @@ def test_the_stash_is_cleared_when_backward_ends(tmp_path: Path) -> None:
 
     want = grads(torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t))
     fake = FakeCuda()
-    off = pyfastensor.offload(tier="host", min_size=1 << 10, module=torch.nn.ModuleList([a, b]), stash_bytes=1 << 30)
-    off._device_staging = Staging(fake, pool_limit=1 << 30)
+    off = fake_offload(fake, tmp_path, torch.nn.ModuleList([a, b]), min_size=1 << 10, tier="host", stash_bytes=1 << 30)
     got = grads(off)
     assert got[0] == 0, "the first backward's end cleared the stash (z's tensors were in it)"
     for w, g in zip(want[1:], got[1:], strict=True):
@@ -173,7 +164,7 @@ def test_the_stash_is_cleared_when_backward_ends(tmp_path: Path) -> None:
 def test_no_stash_where_it_does_not_apply(tmp_path: Path, options: dict[str, Any]) -> None:
     model, batch_of = inputs("mlp")
     fake = FakeCuda()
-    off = staged(tmp_path, model, fake, **options)
+    off = fake_offload(fake, tmp_path, model, **options)
     train(model, batch_of, steps=STEPS, ctx=lambda: off)
     assert off.summary().stash_hits == 0 and off._stash.bytes == 0
     off.close()
