@@ -39,6 +39,8 @@ from typing import Any
 
 import numpy as np
 
+from ._child import reply_channel
+
 #: Bytes at the start of every sample: its index and its label, int64 little-endian.
 HEADER = 16
 #: The loaders, in report order.
@@ -502,9 +504,11 @@ def _main(argv: list[str] | None = None) -> int:
     root = Path(args.root)
     layout = json.loads((root / "layout.json").read_text())
 
+    reply = reply_channel() if args.handshake else None
+
     def ready() -> None:  # tell the benchmark, then wait for its go (caches dropped)
-        if args.handshake:
-            print("ready", flush=True)
+        if reply is not None:
+            print("ready", file=reply, flush=True)
             if sys.stdin.readline().strip() != "go":
                 sys.exit(3)
 

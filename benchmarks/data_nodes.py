@@ -66,6 +66,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ._child import reply_channel
 from .harness import (
     ReaderCgroups,
     add_command,
@@ -168,10 +169,11 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _node(cfg: dict[str, Any]) -> dict[str, Any]:
+def _node(cfg: dict[str, Any], reply: Any) -> dict[str, Any]:
     """One node's epoch (run in its own process). Modes: ``single``, the whole epoch on one
     node; ``alone``, this rank's share on a single-node loader of its own (no exchange);
-    ``dist``, this rank's share as a node of the cluster."""
+    ``dist``, this rank's share as a node of the cluster. ``reply`` is the line to the
+    benchmark (:func:`~benchmarks.harness.reply_channel`)."""
     import torch
     import torch.distributed as dist
 
@@ -192,7 +194,7 @@ def _node(cfg: dict[str, Any]) -> dict[str, Any]:
         sampler = torch.randperm(len(ds), generator=g)[cfg["rank"]::world].tolist()
     dl = torch.utils.data.DataLoader(ds, batch_size=cfg["batch"], sampler=sampler, collate_fn=list)
     # Built: the parent drops the caches (throttled) and starts every node at once.
-    print("ready", flush=True)
+    print("ready", file=reply, flush=True)
     if sys.stdin.readline().strip() != "go":
         raise SystemExit("the benchmark gave no start")
     if mode == "dist":
@@ -310,8 +312,9 @@ def _run_variant(views: list[Path], world: int, mode: str, prefetch: bool, o: ar
 
         for r, p in enumerate(procs):
             assert p.stdout is not None
-            if p.stdout.readline().strip() != "ready":
-                raise failed(r, "failed before its epoch")
+            line = p.stdout.readline().strip()
+            if line != "ready":
+                raise failed(r, f"failed before its epoch (it said {line!r}, not 'ready')")
         if setting == "throttled":
             disk.drop_caches([v / f for v in views[:world] for f in os.listdir(v)])
             # The nodes' libraries back into the cache (read here, outside their cgroups).
@@ -503,8 +506,8 @@ def _main() -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.data_nodes")
     p.add_argument("--node", required=True, help="one node's JSON config (internal)")
     cfg = json.loads(p.parse_args().node)
-    print(json.dumps(_node(cfg)))
-    sys.stdout.flush()
+    reply = reply_channel()
+    print(json.dumps(_node(cfg, reply)), file=reply, flush=True)
     os._exit(0)
 
 
