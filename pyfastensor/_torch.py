@@ -24,8 +24,8 @@ unsigned dtypes (``torch.uint16``...)  saved by ``torch.save`` from 2.6 on; befo
                                        :func:`unsaved_dtypes` names them for a clear error
 DCP's ``set_up_storage_writer``/        are told the rank in DCP's group from 2.9 on; before,
 ``set_up_storage_reader``              only whether they coordinate: :data:`DCP_PASSES_RANK`
-DCP's load, a ``read_metadata`` error    2.9 to 2.11 swallow it and fail with "metadata is
-                                       None": :data:`DCP_HIDES_METADATA_ERRORS`
+DCP's load, a ``read_metadata`` error    2.9 to 2.11 swallow it and fail on the missing
+                                       metadata (an assertion): :data:`DCP_HIDES_METADATA_ERRORS`
 ``_weights_only_unpickler``            refuses with ``pickle.UnpicklingError`` from 2.5 on;
                                        2.4's refuses with ``RuntimeError``:
                                        :data:`weights_only_unpickler` turns its refusals
@@ -98,7 +98,8 @@ DCP_PASSES_RANK = VERSION >= (2, 9)
 
 
 #: Whether DCP's load swallows a storage reader's ``read_metadata`` error (2.9 to 2.11 fall back
-#: to per-rank metadata, then fail with "metadata is None"; 2.12 and later quote the error).
+#: to per-rank metadata, then fail on its absence: 2.9's "assert metadata is not None", later
+#: ones' "metadata is None"; 2.12 and later quote the error).
 DCP_HIDES_METADATA_ERRORS = (2, 9) <= VERSION < (2, 12)
 
 

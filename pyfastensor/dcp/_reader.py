@@ -127,7 +127,7 @@ class Reader(StorageReader):
                 md = pickle.load(f)
         except FileNotFoundError:
             msg = f"{p}: no checkpoint here (no {METADATA}; was the save committed?)"
-            if _torch.DCP_HIDES_METADATA_ERRORS:  # this torch's DCP would say only "metadata is None"
+            if _torch.DCP_HIDES_METADATA_ERRORS:  # this torch's DCP would say only that metadata is missing
                 warnings.warn(f"pyfastensor.dcp.Reader: {msg}", RuntimeWarning, stacklevel=2)
             raise errors.NotFoundError(msg) from None
         if not isinstance(md, Metadata):
