@@ -64,7 +64,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from ._child import reply_channel
 from .harness import (
@@ -169,11 +169,11 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _node(cfg: dict[str, Any], reply: Any) -> dict[str, Any]:
+def _node(cfg: dict[str, Any], reply: TextIO) -> dict[str, Any]:
     """One node's epoch (run in its own process). Modes: ``single``, the whole epoch on one
     node; ``alone``, this rank's share on a single-node loader of its own (no exchange);
     ``dist``, this rank's share as a node of the cluster. ``reply`` is the line to the
-    benchmark (:func:`~benchmarks.harness.reply_channel`)."""
+    benchmark (:func:`~benchmarks._child.reply_channel`)."""
     import torch
     import torch.distributed as dist
 
