@@ -30,12 +30,14 @@ What runs on a GPU, measured on this machine, in one run:
                   rounds, for pyfastensor, torch (save + fsync / load) and safetensors
                   (save_file + fsync / load_file(device="cuda")):
                     save from CUDA, durable          GB/s, ratio to its round's write limit
+                                                     (each save writes a new file: the last
+                                                     one is removed first, untimed)
                     cold load to CUDA (cache dropped) GB/s, ratio to its round's read limit
                     warm load to CUDA (page cache)    GB/s
                     async_save: the caller's blocking time, and its ratio to the save's
                   each with its spread over the rounds and pyfastensor's paired ratios to
                   its peers, then each target shown as met or not met
-  offload         the CUDA offload benchmark's rows (benchmarks/offload.py)
+  offload         the CUDA offload benchmark's rows (benchmarks/offload_cuda.py)
 
 Without a CUDA device it says so and exits with status 2. Cold reads: as root the
 page cache is dropped before each (echo 3 > drop_caches), else each file's pages
@@ -102,6 +104,15 @@ def _fsync(path: str) -> None:
         os.fsync(dfd)
     finally:
         os.close(dfd)
+
+
+def _remove(path: str) -> None:
+    """Remove ``path`` if it is there, and sync: freeing a file's blocks takes the disk's time
+    (a good part of a second for 2 GB on a filesystem mounted with discard), which no row
+    should pay for another's file."""
+    if os.path.exists(path):
+        os.remove(path)
+        os.sync()
 
 
 def _libraries() -> dict[str, tuple[Callable[[Any, str], None], Callable[[str], Any]]]:
@@ -177,7 +188,9 @@ def checkpoint_rows(directory: str, state: dict[str, Any], rounds: int,
         limits.append(round_limit(directory, limit_size))
         progress(f"checkpoint round {r + 1}/{rounds}")
         for lib, (save, _) in libs.items():
+            _remove(paths[lib])  # a save writes a new file, as the limit's does (untimed, as in benchmarks.checkpoint)
             secs["save"][lib].append(_timed(lambda: save(state, paths[lib])))  # noqa: B023
+        _remove(apath)
         t = time.perf_counter()
         fut = pyfastensor.async_save(state, apath)
         secs["async"]["blocking"].append(time.perf_counter() - t)

@@ -278,13 +278,15 @@ func reserve(f *os.File, size int64) error {
 }
 
 // commit puts tmp in target's place: fsync tmp, rename, fsync the
-// directory (durable), or the rename alone.
+// directory (durable), or the rename alone. The file it replaces is freed
+// after it returns (replaced.go).
 func commit(fsys FS, tmp, target string, durable bool) error {
 	if durable {
 		if err := fsys.Sync(tmp); err != nil {
 			return gds.Classify(err)
 		}
 	}
+	defer release(holdReplaced(target))
 	if err := fsys.Rename(tmp, target); err != nil {
 		return gds.Classify(err)
 	}

@@ -12,7 +12,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 || true
   python -c 'import torch, pyfastensor, json; print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available()); print("cufile", json.dumps(pyfastensor.info()["engines"]["cufile"]))'
   echo "== tests/gpu"
-  python -m pytest -q -rs tests/gpu
+  python -m pytest -q -rs --durations=8 tests/gpu
   status=$?
   if ! python -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
     echo "== no CUDA device here: the suite skipped, no GPU benchmark run"
