@@ -47,6 +47,8 @@ def summarize(*, step_number: int, step: Step, full_disk_events: int, store: Spi
         resident_tensors=step.counts["resident"],
         skipped_tensors=step.counts["skipped"],
         deduplicated=step.counts["dedup"],
+        recast_tensors=step.counts["recast"],
+        recast_bytes=step.recast_bytes,
         staged_tensors=step.counts["staged"],
         bytes_offloaded=offloaded,
         raw_bytes_offloaded=step.raw_bytes,

@@ -8,7 +8,7 @@ from typing import Any
 from ._saved import Entry
 
 #: The saved tensors a step counts, by what became of them.
-COUNTS = ("saved", "offloaded", "staged", "resident", "skipped", "dedup")
+COUNTS = ("saved", "offloaded", "staged", "resident", "skipped", "dedup", "recast")
 
 
 class Step:
@@ -23,6 +23,7 @@ class Step:
         counts: saved tensors by what became of them (:data:`COUNTS`).
         raw_bytes: bytes of the tensors stored, before any codec.
         staged_bytes: bytes of the tensors staged to the host tier.
+        recast_bytes: bytes of the parameters' casts made again in backward instead of stored.
         codec_bytes: by codec: [bytes before, bytes stored].
         pack_seconds, unpack_seconds: time spent in the hooks.
         stash_hits, stash_bytes: unpacks served from the forward stash, and their bytes.
@@ -35,6 +36,7 @@ class Step:
         self.counts = dict.fromkeys(COUNTS, 0)
         self.raw_bytes = 0
         self.staged_bytes = 0
+        self.recast_bytes = 0
         self.codec_bytes: dict[str, list[int]] = {}
         self.pack_seconds = 0.0
         self.unpack_seconds = 0.0

@@ -27,6 +27,7 @@ from ._filter import ModuleWatch, is_parameter, is_relu_output, storages_of, sup
 from ._order import PlannedPrefetcher, Prefetcher
 from ._pool import BufferPool
 from ._profile import Recorder
+from ._recast import Recast, recast_of
 from ._report import summarize
 from ._saved import Entry, Meter, Saved
 from ._stash import Stash
@@ -165,6 +166,13 @@ class Offload:
             backward starts on the stashed tensors instead of on uploads
             without holding more. Cleared when backward ends and when the
             context exits.
+        recast: a saved tensor that is a cast of a parameter to another
+            dtype (what ``torch.autocast`` saves of each weight a matmul
+            uses) is not stored: backward casts the parameter again, which
+            gives the same bits, and no copy goes either way. A parameter
+            changed in place between forward and backward then makes
+            backward raise ``RuntimeError``; ``False`` stores such casts
+            like any other tensor. Default ``True``.
 
     Raises:
         ValueError: for an unknown option value (the message names it).
@@ -201,6 +209,7 @@ class Offload:
         verbose: bool = False,
         host_bytes: int | None = None,
         stash_bytes: int | None = None,
+        recast: bool = True,
     ) -> None:
         _options.check(tier=tier, policy=policy, dictionary=dictionary, on_full=on_full, budget=budget,
                        compression=compression, host_bytes=host_bytes, min_size=min_size, stash_bytes=stash_bytes)
@@ -208,7 +217,7 @@ class Offload:
         self.policy, self.dictionary, self.on_full = policy, dictionary, on_full
         self.compression = _options.compression(compression)
         self.module, self.engine, self.verbose = module, engine, verbose
-        self.host_bytes, self.stash_bytes = host_bytes, stash_bytes
+        self.host_bytes, self.stash_bytes, self.recast = host_bytes, stash_bytes, recast
         self._policy = _policy.for_mode(policy, compression=self.compression, budget=budget, host_bytes=host_bytes,
                                         tier=tier, verbose=verbose)
         self._staging: _staging.Staging | None = None  # planned's host tier; None: the device's (tests set a fake)
@@ -391,6 +400,10 @@ class Offload:
                     or is_parameter(t, self._registered)):
                 step.counts["skipped"] += 1
                 return t
+            if self.recast and (again := recast_of(t)) is not None:
+                step.counts["recast"] += 1
+                step.recast_bytes += t.untyped_storage().nbytes()
+                return again
             storage = t.untyped_storage()
             key = (storage.data_ptr(), storage.nbytes(), t._version, str(t.device))
             with self._lock:
@@ -414,6 +427,8 @@ class Offload:
     def _unpack(self, h: Any) -> torch.Tensor:
         if isinstance(h, torch.Tensor):
             return h
+        if isinstance(h, Recast):
+            return h.restore()
         if h.tensor is not None:
             entry = h.entry
             if not entry.seen and self._recorder is None:

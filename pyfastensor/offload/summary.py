@@ -28,6 +28,10 @@ class OffloadSummary:
         skipped_tensors: parameters, buffers, small and unsupported tensors,
             left to autograd untouched.
         deduplicated: saves that reused the storage of an earlier save.
+        recast_tensors: saved casts of parameters (``torch.autocast``'s
+            copies of the weights) not stored but cast again in backward
+            (``recast=True``).
+        recast_bytes: their bytes: neither copied out nor back.
         bytes_offloaded: bytes written per tier (after compression); under
             ``"host"`` also the bytes kept in pinned host buffers.
         raw_bytes_offloaded: the same tensors' bytes before compression.
@@ -69,6 +73,8 @@ class OffloadSummary:
     staged_tensors: int = 0
     skipped_tensors: int = 0
     deduplicated: int = 0
+    recast_tensors: int = 0
+    recast_bytes: int = 0
     bytes_offloaded: dict[str, int] = field(default_factory=dict)
     raw_bytes_offloaded: int = 0
     bytes_read: int = 0
@@ -94,7 +100,8 @@ class OffloadSummary:
             f"  saved {self.saved_tensors}: offloaded {self.offloaded_tensors}, "
             + (f"staged {self.staged_tensors}, " if self.staged_tensors else "")
             + f"resident {self.resident_tensors}, "
-            f"skipped {self.skipped_tensors}, deduplicated {self.deduplicated}",
+            f"skipped {self.skipped_tensors}, deduplicated {self.deduplicated}"
+            + (f", recast {self.recast_tensors} ({self.recast_bytes / mib:.1f} MiB)" if self.recast_tensors else ""),
             f"  written {written} (raw {self.raw_bytes_offloaded / mib:.1f} MiB), read {self.bytes_read / mib:.1f} MiB",
             f"  resident peak {self.resident_peak_bytes / mib:.1f} MiB (read buffers kept: "
             f"{self.read_buffer_bytes / mib:.1f} MiB, pinned {self.pinned_bytes / mib:.1f} MiB), stall {self.stall_seconds * 1e3:.1f} ms, "

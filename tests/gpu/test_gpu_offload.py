@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import threading
 from pathlib import Path
@@ -67,6 +68,31 @@ def test_gradients_bit_identical_with_cuda_activations_offloaded(tmp_path: Path,
     assert allocations[0] > 0 and allocations[1:] == [0, 0, 0], allocations
     if tier == "host":
         assert off.summary().engines == {}, "the pinned copies are the host tier's: nothing in the native store"
+    off.close()
+
+
+@pytest.mark.parametrize("tier", ["ssd", "host"])
+def test_autocast_weight_casts_recast_bit_identical(tmp_path: Path, tier: str) -> None:
+    model, batch_of = inputs("transformer")
+
+    def autocast() -> Any:
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+
+    want = train_cuda(model, batch_of, 3, ctx=autocast)
+    off = pyfastensor.offload(spill_dir=str(tmp_path), min_size=16 << 10, module=model, tier=tier)
+
+    def both() -> Any:
+        stack = contextlib.ExitStack()
+        stack.enter_context(off)
+        stack.enter_context(autocast())
+        return stack
+
+    got = train_cuda(model, batch_of, 3, ctx=both)
+    for step, (a, b) in enumerate(zip(want, got, strict=True)):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert torch.equal(x, y), f"step {step}, tensor {i}"
+    s = off.summary()
+    assert s.recast_tensors > 0 and s.offloaded_tensors > 0, str(s)
     off.close()
 
 

@@ -1,0 +1,123 @@
+"""Saved casts of parameters (``torch.autocast``'s copies of the weights) are cast again in
+backward instead of stored: gradients bit-identical, their bytes never offloaded, and a parameter
+changed in place between forward and backward caught."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from cuda_fakes import FakeCuda, fake_offload
+from offload_models import inputs, loss_of
+
+import pyfastensor
+
+
+def train_autocast(model: torch.nn.Module, batch_of: Any, steps: int, off: Any = None) -> list[list[torch.Tensor]]:
+    """Train a copy of ``model`` under bf16 autocast (the forward in it, backward after), SGD;
+    every step's gradients."""
+    model = copy.deepcopy(model)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    grads = []
+    for i in range(steps):
+        x, y = batch_of(i)
+        opt.zero_grad()
+        if off is None:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = loss_of(model, x, y)
+            loss.backward()
+        else:
+            with off:
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    loss = loss_of(model, x, y)
+                loss.backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+        opt.step()
+    return grads
+
+
+def assert_same(want: list[list[torch.Tensor]], got: list[list[torch.Tensor]]) -> None:
+    for step, (a, b) in enumerate(zip(want, got, strict=True)):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert torch.equal(x, y), f"step {step}, tensor {i}"
+
+
+@pytest.mark.parametrize("model_name", ["mlp", "transformer"])
+@pytest.mark.parametrize("tier", ["ssd", "host"])
+def test_casts_of_parameters_are_made_again_bit_for_bit(tmp_path: Path, model_name: str, tier: str) -> None:
+    model, batch_of = inputs(model_name)
+    want = train_autocast(model, batch_of, 3)
+    on = pyfastensor.offload(spill_dir=str(tmp_path), min_size=4 << 10, tier=tier)
+    off = pyfastensor.offload(spill_dir=str(tmp_path), min_size=4 << 10, tier=tier, recast=False)
+    assert_same(want, train_autocast(model, batch_of, 3, on))
+    assert_same(want, train_autocast(model, batch_of, 3, off))
+    s_on, s_off = on.summary(), off.summary()
+    assert s_on.recast_tensors > 0 and s_off.recast_tensors == 0
+    assert s_on.offloaded_tensors > 0, "the activations still go to the store"
+    assert s_off.raw_bytes_offloaded == s_on.raw_bytes_offloaded + s_on.recast_bytes, \
+        "recast=False offloads the casts' bytes; recast=True none of them"
+    if model_name == "mlp":  # the first layer's input needs no gradient: its weight is not saved
+        mlp = model.net
+        assert s_on.recast_bytes == 2 * (mlp[2].weight.numel() + mlp[4].weight.numel())
+    on.close()
+    off.close()
+
+
+def test_a_parameter_changed_between_forward_and_backward_is_caught(tmp_path: Path) -> None:
+    model, batch_of = inputs("mlp")
+    x, y = batch_of(0)
+    off = pyfastensor.offload(spill_dir=str(tmp_path), min_size=4 << 10)
+    with off:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = loss_of(model, x, y)
+        with torch.no_grad():
+            model.net[2].weight.add_(1.0)
+        with pytest.raises(RuntimeError, match=r"parameter of shape \(512, 512\) \(torch.float32\) changed in place "
+                                               r"between the forward that saved its torch.bfloat16 cast"):
+            loss.backward()
+    off.close()
+
+
+def leaf_grads(off: Any = None) -> list[torch.Tensor]:
+    """Gradients of a plain leaf's cast, of a parameter's cast changed after the cast, and of a
+    parameter's cast as it is."""
+    g = torch.Generator().manual_seed(2)
+    w = torch.randn(256, 256, generator=g, requires_grad=True)  # not a parameter: its owner may drop it
+    p = torch.nn.Parameter(torch.randn(256, 256, generator=g))
+    q = torch.nn.Parameter(torch.randn(256, 256, generator=g))
+    ctx = off if off is not None else torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t)
+    with ctx:
+        a = w.to(torch.bfloat16)
+        b = p.to(torch.bfloat16)
+        b.mul_(3)  # its bytes are no longer the parameter's cast
+        c = q.to(torch.bfloat16)
+        ((a ** 2).sum() + (b ** 2).sum() + (c ** 2).sum()).backward()  # each saved once
+    return [w.grad, p.grad, q.grad]
+
+
+def test_only_an_unchanged_cast_of_a_parameter_is_recast(tmp_path: Path) -> None:
+    want = leaf_grads()
+    off = pyfastensor.offload(spill_dir=str(tmp_path), min_size=4 << 10)
+    got = leaf_grads(off)
+    assert all(torch.equal(x, y) for x, y in zip(want, got, strict=True))
+    s = off.summary()
+    assert s.recast_tensors == 1 and s.recast_bytes == 256 * 256 * 2, "only q's cast is the parameter's as it is"
+    assert s.offloaded_tensors == 2
+    off.close()
+
+
+def test_recast_casts_skip_the_pinned_staging(tmp_path: Path) -> None:
+    model, batch_of = inputs("mlp")
+    moved = {}
+    for recast in (True, False):
+        fake = FakeCuda()
+        off = fake_offload(fake, tmp_path, model, tier="host", recast=recast)
+        train_autocast(model, batch_of, 2, off)
+        moved[recast] = sum(n for _, n in fake.copies), off.summary()
+        off.close()
+    (on, s_on), (off_bytes, _) = moved[True], moved[False]
+    assert s_on.recast_tensors > 0
+    assert off_bytes - on >= s_on.recast_bytes, "a parameter's cast went through the pinned staging"
