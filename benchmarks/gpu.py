@@ -26,7 +26,7 @@ What runs on a GPU, measured on this machine, in one run:
                   --dir (1 GiB, --quick 256 MiB, 64 MiB blocks), measured again at the start
                   of each checkpoint round: a disk's bandwidth drifts from minute to minute,
                   so each round's rows are compared with the limit of that round
-  checkpoint      a bf16 state dict on the GPU (~2 GB; --quick ~0.5 GB), over interleaved
+  checkpoint      a bf16 state dict on the GPU (~1.9 GB; --quick ~0.5 GB), over interleaved
                   rounds, for pyfastensor, torch (save + fsync / load) and safetensors
                   (save_file + fsync / load_file(device="cuda")):
                     save from CUDA, durable          GB/s, ratio to its round's write limit
@@ -242,7 +242,7 @@ def run(directory: str, *, quick: bool = False, rounds: int | None = None, size:
     """Measure everything :data:`DESCRIPTION` lists; return the raw results."""
     import torch
 
-    nbytes = size or ((512 << 20) if quick else (2 << 30))
+    nbytes = size or ((512 << 20) if quick else (7 << 28))  # 1.88 GB: 29 tensors of a 0.9B-parameter model
     rounds = rounds or (2 if quick else 3)
     progress("pinned copy bandwidth")
     out: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,

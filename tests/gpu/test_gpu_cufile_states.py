@@ -63,13 +63,27 @@ print(json.dumps(out))
 """
 
 
-def run_child(tmp_path: Path, **env: str) -> dict[str, Any]:
-    child_env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-                 "CUBLAS_WORKSPACE_CONFIG": ":4096:8", **env}
-    p = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path)], env=child_env, capture_output=True,
-                       text=True, timeout=240)
-    assert p.returncode == 0, p.stderr[-3000:]
-    return json.loads(p.stdout.strip().splitlines()[-1])
+STATES = ("installed", "no libcufile")
+
+
+@pytest.fixture(scope="module")
+def children(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[dict[str, Any], Path]]:
+    """Each state's child, run side by side: what it printed, and its directory."""
+    procs = {}
+    for state in STATES:
+        d = tmp_path_factory.mktemp(state.replace(" ", "-"))
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+               "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+        if state == "no libcufile":
+            env["PYFASTENSOR_CUFILE_LIB"] = str(d / "nowhere" / "libcufile.so.0")
+        procs[state] = d, subprocess.Popen([sys.executable, "-c", CHILD, str(d)], env=env, text=True,
+                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out = {}
+    for state, (d, p) in procs.items():
+        stdout, stderr = p.communicate(timeout=240)
+        assert p.returncode == 0, f"{state}: {stderr[-3000:]}"
+        out[state] = json.loads(stdout.strip().splitlines()[-1]), d
+    return out
 
 
 def assert_all_round_trips(out: dict[str, Any]) -> None:
@@ -79,10 +93,9 @@ def assert_all_round_trips(out: dict[str, Any]) -> None:
     assert len(out["warnings"]) <= 1, f"a cuFile warning more than once per process: {out['warnings']}"
 
 
-@pytest.mark.parametrize("state", ["installed", "no libcufile"])
-def test_save_load_and_spill_work_whatever_cufile_is(tmp_path: Path, state: str) -> None:
-    env = {} if state == "installed" else {"PYFASTENSOR_CUFILE_LIB": str(tmp_path / "nowhere" / "libcufile.so.0")}
-    out = run_child(tmp_path, **env)
+@pytest.mark.parametrize("state", STATES)
+def test_save_load_and_spill_work_whatever_cufile_is(children: dict[str, Any], state: str) -> None:
+    out, _ = children[state]
     cufile = out["info"]
     print(f"cuFile {state}: {json.dumps(cufile)}; spill engines {out['spill_engines']}")
     assert_all_round_trips(out)
