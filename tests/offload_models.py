@@ -80,8 +80,10 @@ def loss_of(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def train(model: nn.Module, batch_of: Callable, steps: int,
-          ctx: Callable[[], AbstractContextManager] | None = None) -> list[list[torch.Tensor]]:
-    """Train a copy of ``model`` with Adam; return every step's gradients."""
+          ctx: Callable[[], AbstractContextManager] | None = None,
+          forward_ctx: Callable[[], AbstractContextManager] | None = None) -> list[list[torch.Tensor]]:
+    """Train a copy of ``model`` with Adam (each step in ``ctx``, its forward also in
+    ``forward_ctx``: autocast); return every step's gradients, then the final weights."""
     model = copy.deepcopy(model)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     grads = []
@@ -89,7 +91,9 @@ def train(model: nn.Module, batch_of: Callable, steps: int,
         x, y = batch_of(i)
         opt.zero_grad()
         with (ctx() if ctx else nullcontext()):
-            loss_of(model, x, y).backward()
+            with (forward_ctx() if forward_ctx else nullcontext()):
+                loss = loss_of(model, x, y)
+            loss.backward()
         grads.append([p.grad.clone() for p in model.parameters()])
         opt.step()
     grads.append([p.detach().clone() for p in model.parameters()])

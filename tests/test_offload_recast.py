@@ -4,45 +4,21 @@ changed in place between forward and backward caught."""
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from cuda_fakes import FakeCuda, fake_offload
-from offload_models import inputs, loss_of
+from offload_models import assert_same_grads, inputs, loss_of, train
 
 import pyfastensor
 
 
 def train_autocast(model: torch.nn.Module, batch_of: Any, steps: int, off: Any = None) -> list[list[torch.Tensor]]:
-    """Train a copy of ``model`` under bf16 autocast (the forward in it, backward after), SGD;
-    every step's gradients."""
-    model = copy.deepcopy(model)
-    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
-    grads = []
-    for i in range(steps):
-        x, y = batch_of(i)
-        opt.zero_grad()
-        if off is None:
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                loss = loss_of(model, x, y)
-            loss.backward()
-        else:
-            with off:
-                with torch.autocast("cpu", dtype=torch.bfloat16):
-                    loss = loss_of(model, x, y)
-                loss.backward()
-        grads.append([p.grad.clone() for p in model.parameters()])
-        opt.step()
-    return grads
-
-
-def assert_same(want: list[list[torch.Tensor]], got: list[list[torch.Tensor]]) -> None:
-    for step, (a, b) in enumerate(zip(want, got, strict=True)):
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            assert torch.equal(x, y), f"step {step}, tensor {i}"
+    """:func:`offload_models.train` with the forward under bf16 autocast, in ``off`` if given."""
+    return train(model, batch_of, steps, ctx=(lambda: off) if off is not None else None,
+                 forward_ctx=lambda: torch.autocast("cpu", dtype=torch.bfloat16))
 
 
 @pytest.mark.parametrize("model_name", ["mlp", "transformer"])
@@ -52,8 +28,8 @@ def test_casts_of_parameters_are_made_again_bit_for_bit(tmp_path: Path, model_na
     want = train_autocast(model, batch_of, 3)
     on = pyfastensor.offload(spill_dir=str(tmp_path), min_size=4 << 10, tier=tier)
     off = pyfastensor.offload(spill_dir=str(tmp_path), min_size=4 << 10, tier=tier, recast=False)
-    assert_same(want, train_autocast(model, batch_of, 3, on))
-    assert_same(want, train_autocast(model, batch_of, 3, off))
+    assert_same_grads(want, train_autocast(model, batch_of, 3, on))
+    assert_same_grads(want, train_autocast(model, batch_of, 3, off))
     s_on, s_off = on.summary(), off.summary()
     assert s_on.recast_tensors > 0 and s_off.recast_tensors == 0
     assert s_on.offloaded_tensors > 0, "the activations still go to the store"
