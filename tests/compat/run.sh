@@ -57,7 +57,8 @@ for pair in "$@"; do
   result=$(grep -E '^(=+ )?[0-9]+ (passed|failed)' "$log" | tail -n1 | sed 's/=//g; s/^ *//; s/ *$//')
   rm -f "$log"
   [ "${COMPAT_REMOVE_VENV:-0}" = 1 ] && rm -rf "$venv"
-  summary+=("torch $torch_v, Python $py_v: ${result:-no result} (exit $rc)")
+  [ -n "$result" ] || result="no count printed (a -q in PYTEST_ARGS makes pytest's -qq)"
+  summary+=("torch $torch_v, Python $py_v: $result (exit $rc)")
   [ "$rc" -eq 0 ] || status=1
 done
 echo "== compatibility matrix"
