@@ -10,12 +10,11 @@ import (
 
 // ReadPart reads bytes [off, off+len(dst)) of record index into dst, for a
 // reader that moves a record through a buffer smaller than it (a CUDA load
-// through its pinned ring, part after part). crc is the CRC-32 of the
-// record's bytes before off (0 for the first part); ReadPart returns that
-// of its bytes up to off+len(dst), summed as the part lands. At the
-// record's last part the total is checked against the central directory's
-// (unless o.NoVerify): a mismatch is ErrCorrupt naming the record.
-func (a *Archive) ReadPart(index int, off int64, dst []byte, crc uint32, o ReadOptions) (uint32, error) {
+// through its pinned ring). It returns the part's own CRC-32, summed as it
+// lands (0 with o.NoVerify), and checks nothing: the parts of a record may
+// be read at once, in any order, and joined in order with JoinPart, which
+// checks the record at its last part.
+func (a *Archive) ReadPart(index int, off int64, dst []byte, o ReadOptions) (uint32, error) {
 	o.NoVerify = o.NoVerify || a.NoCRC
 	e, err := a.part(index, off, len(dst))
 	if err != nil {
@@ -38,11 +37,26 @@ func (a *Archive) ReadPart(index int, off int64, dst []byte, crc uint32, o ReadO
 	if o.NoVerify {
 		return 0, nil
 	}
-	return a.partSummed(index, off, len(dst), crc, res[0].CRC)
+	return res[0].CRC, nil
 }
 
-// SumPart is ReadPart for a part already in memory (read back from where
-// it was read to, a device): it sums src, bytes [off, off+len(src)) of
+// JoinPart joins the CRC-32 of part [off, off+n) of record index (from
+// ReadPart) to crc, that of the record's bytes before off (0 for the first
+// part), and returns the sum up to off+n. At the record's last part the
+// total is checked against the central directory's: a mismatch is
+// ErrCorrupt naming the record.
+func (a *Archive) JoinPart(index int, off int64, n int, crc, partCRC uint32) (uint32, error) {
+	if _, err := a.part(index, off, n); err != nil {
+		return 0, err
+	}
+	if a.NoCRC {
+		return 0, nil
+	}
+	return a.partSummed(index, off, n, crc, partCRC)
+}
+
+// SumPart is ReadPart and JoinPart for a part already in memory (read back
+// from where it was read to, a device): it sums src, bytes [off, off+len(src)) of
 // record index, onto crc, in parallel pieces, and checks the record's
 // CRC-32 at its last part.
 func (a *Archive) SumPart(index int, off int64, src []byte, crc uint32) (uint32, error) {

@@ -27,7 +27,9 @@ func TestReadPartSumsAcrossParts(t *testing.T) {
 		var crc uint32
 		for off := 0; off < len(r.Data); off += len(buf) {
 			n := min(len(buf), len(r.Data)-off)
-			crc, err = a.ReadPart(i, int64(off), buf[:n], crc, ReadOptions{})
+			part, err := a.ReadPart(i, int64(off), buf[:n], ReadOptions{})
+			require.NoError(t, err, r.Name)
+			crc, err = a.JoinPart(i, int64(off), n, crc, part)
 			require.NoError(t, err, r.Name)
 			got = append(got, buf[:n]...)
 		}
@@ -56,14 +58,22 @@ func TestReadPartCatchesACorruptRecordAtItsLastPart(t *testing.T) {
 	defer a.Close()
 	size := int64(len(recs[big].Data))
 	half := size / 2
-	crc, err := a.ReadPart(big, 0, make([]byte, half), 0, ReadOptions{})
+	// The second half read first: parts are read in any order, joined in order.
+	second, err := a.ReadPart(big, half, make([]byte, size-half), ReadOptions{})
+	require.NoError(t, err, "reading checks nothing")
+	first, err := a.ReadPart(big, 0, make([]byte, half), ReadOptions{})
+	require.NoError(t, err)
+	crc, err := a.JoinPart(big, 0, int(half), 0, first)
 	require.NoError(t, err, "a mismatch shows only once the record is whole")
-	_, err = a.ReadPart(big, half, make([]byte, size-half), crc, ReadOptions{})
+	_, err = a.JoinPart(big, half, int(size-half), crc, second)
 	assert.ErrorIs(t, err, ErrCorrupt)
 	assert.ErrorContains(t, err, recs[big].Name)
-	_, err = a.ReadPart(big, half, make([]byte, size-half), crc, ReadOptions{NoVerify: true})
+	unchecked, err := a.ReadPart(big, half, make([]byte, size-half), ReadOptions{NoVerify: true})
 	assert.NoError(t, err)
-	_, err = a.ReadPart(big, size-1, make([]byte, 2), 0, ReadOptions{})
+	assert.Zero(t, unchecked, "no sum without verify")
+	_, err = a.ReadPart(big, size-1, make([]byte, 2), ReadOptions{})
+	assert.ErrorIs(t, err, gds.ErrInvalid, "a part past the record's end")
+	_, err = a.JoinPart(big, size-1, 2, 0, 0)
 	assert.ErrorIs(t, err, gds.ErrInvalid, "a part past the record's end")
 }
 

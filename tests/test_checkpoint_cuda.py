@@ -4,6 +4,7 @@ for, and the fake libcufile for the cuFile route (in a child process)."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +96,30 @@ def test_a_slot_is_reused_only_after_its_copy_completed(tmp_path: Path, small_po
     assert sum(1 for e in fake.log if e[0] == "sync") >= 12 - 4, "slots were waited for before reuse"
 
 
+def test_the_pieces_of_a_record_larger_than_a_slot_are_read_at_once(
+    tmp_path: Path, small_pool: None, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    path = tmp_path / "s.pt"
+    big = torch.randn(400_000)  # 1.6 MB: 7 pieces of a 256 KiB slot
+    pyfastensor.save({"big": big}, path)
+    second_started = threading.Event()
+    overlapped: list[bool] = []
+    real = _cuda.read_part
+
+    def read_part(archive: Any, index: int, offset: int, *args: Any, **kw: Any) -> int:
+        if offset == 0:  # the first piece returns only once the second has started (or 10 s passed)
+            overlapped.append(second_started.wait(timeout=10))
+        elif offset == POOL // 4:
+            second_started.set()
+        return real(archive, index, offset, *args, **kw)
+
+    monkeypatch.setattr(_cuda, "read_part", read_part)
+    with _device.using(FakeCuda()):
+        got = pyfastensor.load(path, map_location="cuda")
+    assert torch.equal(got["big"], big)
+    assert overlapped == [True], "the second piece's read waited for the first's"
+
+
 def mixed_checkpoint(path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, torch.Tensor]:
     """A checkpoint whose storages say they were saved on cuda:0 (the large ones) and the CPU."""
     tensors = {"a": torch.randn(1000), "b": torch.arange(10), "c": torch.randn(50, 50)}
@@ -144,13 +169,14 @@ def record_offset(path: Path, name: str) -> int:
         return next(e.offset for e in a.entries if e.name.endswith(name))
 
 
-@pytest.mark.parametrize("record", ["data/0", "data/3"], ids=["pieces", "shared-slot"])
+@pytest.mark.parametrize(("record", "at"), [("data/0", 3), ("data/0", POOL // 4 + 7), ("data/3", 3)],
+                         ids=["first-piece", "later-piece", "shared-slot"])
 def test_a_corrupt_record_is_caught_on_the_host_side_of_the_ring(
-    tmp_path: Path, small_pool: None, record: str,
+    tmp_path: Path, small_pool: None, record: str, at: int,
 ) -> None:
     path = tmp_path / "s.pt"
     pyfastensor.save(state(), path)  # data/0 is big's storage (pieces), data/3 a small one
-    flip(path, record_offset(path, record) + 3)
+    flip(path, record_offset(path, record) + at)
     with _device.using(FakeCuda()), pytest.raises(CorruptFileError, match=f'record "archive/{record}"') as ei:
         pyfastensor.load(path, map_location="cuda")
     assert "(tensor [" in str(ei.value), "the message names the tensors stored in the record"

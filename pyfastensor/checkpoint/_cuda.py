@@ -30,9 +30,9 @@ are then moved by one of two routes, decided once per load
   summed), while the slots read before have their host-to-device copies
   run on a side stream; a slot is read into again only once its copy's
   event has completed. Small records share a slot (one native read of many records);
-  records larger than a slot go in slot-sized pieces, the Go core summing
-  each piece as it lands onto the sum of the pieces before it, and checking
-  the total at the last one.
+  records larger than a slot go in slot-sized pieces, read at once as other
+  slots are (the Go core sums each piece alone as it lands) and joined in
+  order as they are copied to the device, the total checked at the last.
 
 ``engine=`` of :func:`pyfastensor.load` picks the route too: ``"cufile"``
 is the cuFile route or an error saying why it cannot be (as
@@ -301,8 +301,11 @@ class _Upload:
         self.fill = 0
         self.depth = max(1, min(reads or config.PINNED_RING_READS, len(ring.slots) - 1))
         # Reads issued, oldest first: (slot, its copies (device destination, slice of the slot),
-        # bytes, the read's future, which returns the CRC-32 summed so far of a record read in pieces).
-        self.pending: deque[tuple[int, list[tuple[torch.Tensor, torch.Tensor]], int, Future[int]]] = deque()
+        # bytes, the read's future, and for a piece of a record larger than a slot what joins the
+        # piece's CRC-32, the future's result, to the record's).
+        self.pending: deque[tuple[int, list[tuple[torch.Tensor, torch.Tensor]], int, Future[int],
+                                  Callable[[int], None] | None]] = deque()
+        self.crcs: dict[int, int] = {}  # CRC-32 of the pieces joined so far, by record
         self.pool: ThreadPoolExecutor | None = None
         #: Most native reads in flight at once during the load.
         self.most_in_flight = 0
@@ -334,21 +337,22 @@ class _Upload:
             self.b.current_stream(device).wait_stream(side)
 
     def _issue(self, slot: int, copies: list[tuple[torch.Tensor, torch.Tensor]], nbytes: int,
-               read: Callable[[], int]) -> Future[int]:
+               read: Callable[[], int], join: Callable[[int], None] | None = None) -> None:
         """Start ``read`` (filling ``slot``) on the load's threads; once ``depth`` reads are in
-        flight, first land the oldest."""
+        flight, first land the oldest. ``join`` takes the read's result when it lands."""
         while len(self.pending) >= self.depth:
             self._land()
         assert self.pool is not None
-        fut = self.pool.submit(read)
-        self.pending.append((slot, copies, nbytes, fut))
+        self.pending.append((slot, copies, nbytes, self.pool.submit(read), join))
         self.most_in_flight = max(self.most_in_flight, len(self.pending))
-        return fut
 
     def _land(self) -> None:
-        """Wait for the oldest read, then copy its slot to the device."""
-        slot, copies, nbytes, fut = self.pending.popleft()
-        fut.result()
+        """Wait for the oldest read, join a piece's CRC-32 to its record's, then copy the slot to
+        the device."""
+        slot, copies, nbytes, fut, join = self.pending.popleft()
+        result = fut.result()
+        if join is not None:
+            join(result)
         self.done(nbytes)
         self._upload(slot, copies)
 
@@ -391,34 +395,43 @@ class _Upload:
         self._issue(slot, copies, sum(r[2] for r in reads), read)
 
     def _pieces(self, i: int, t: torch.Tensor) -> None:
-        """Record ``i``, larger than a slot, in slot-sized pieces: each piece's read sums its bytes
-        onto the sum of the pieces before it, so it waits for the read before it to return (on
-        the load's thread) and only then asks the Go core; the pieces of other records are not
-        held back."""
+        """Record ``i``, larger than a slot, in slot-sized pieces: each read on its own, as any
+        slot's, the Go core summing the piece alone; :meth:`_land` joins the sums in order (the
+        pieces land in the order they were issued) and the last join checks the record."""
         e = self.archive.entries[i]
-        before: Future[int] | None = None
         for lo in range(0, e.size, self.ring.slot_bytes):
             n = min(self.ring.slot_bytes, e.size - lo)
             slot, buf = self.ring.take()
 
-            def read(lo: int = lo, n: int = n, addr: int = buf.data_ptr(), before: Future[int] | None = before) -> int:
-                crc = 0 if before is None else before.result()
-                return read_part(self.archive, i, lo, addr, n, crc, verify=self.verify, engine=self.engine)
-            before = self._issue(slot, [(t[lo:lo + n], buf[:n])], n, read)
+            def read(lo: int = lo, n: int = n, addr: int = buf.data_ptr()) -> int:
+                return read_part(self.archive, i, lo, addr, n, verify=self.verify, engine=self.engine)
+
+            def join(part: int, lo: int = lo, n: int = n) -> None:
+                if self.verify:
+                    self.crcs[i] = join_part(self.archive, i, lo, n, self.crcs.get(i, 0), part)
+            self._issue(slot, [(t[lo:lo + n], buf[:n])], n, read, join)
 
 
-def read_part(archive: Archive, index: int, offset: int, addr: int, nbytes: int, crc: int, *, verify: bool,
+def read_part(archive: Archive, index: int, offset: int, addr: int, nbytes: int, *, verify: bool,
               engine: Any = None) -> int:
     """Read ``nbytes`` of record ``index`` from ``offset`` of its data into ``addr`` (through ``engine``,
-    None: the default choice), its CRC-32 summed by the Go core as it lands onto ``crc`` (that of the
-    bytes before ``offset``); return the new sum.
+    None: the default choice); return the part's own CRC-32, summed by the Go core as it lands (0
+    without ``verify``). Nothing is checked here: :func:`join_part` does, in order."""
+    out = _lib.i64()
+    _lib.call("pft_ckpt_read_part", archive._live(), index, offset, addr, nbytes,
+              _lib.options(engine, verify=verify), ctypes.byref(out))
+    return int(out.value)
+
+
+def join_part(archive: Archive, index: int, offset: int, nbytes: int, crc: int, part: int) -> int:
+    """Join ``part``, the CRC-32 of bytes ``[offset, offset + nbytes)`` of record ``index``, to ``crc``
+    (that of the bytes before ``offset``), in the Go core; return the new sum.
 
     Raises:
         CorruptFileError: at the record's last part, when the sum is not the central directory's.
     """
     out = _lib.i64()
-    _lib.call("pft_ckpt_read_part", archive._live(), index, offset, addr, nbytes, crc,
-              _lib.options(engine, verify=verify), ctypes.byref(out))
+    _lib.call("pft_ckpt_join_part", archive._live(), index, offset, nbytes, crc, part, ctypes.byref(out))
     return int(out.value)
 
 
