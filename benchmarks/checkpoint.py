@@ -51,7 +51,6 @@ import argparse
 import ctypes
 import mmap
 import os
-import shutil
 import statistics
 import time
 from collections.abc import Callable
@@ -68,6 +67,7 @@ from .harness import (
     disk,
     finish,
     progress,
+    remove_saved,
     save_figure,
     spread_text,
     temp_dir,
@@ -285,13 +285,6 @@ _TOOLS: dict[str, tuple[Saver, Loader, str, bool]] = {
 }
 
 
-def _remove(path: str) -> None:
-    if os.path.isdir(path):
-        shutil.rmtree(path)
-    elif os.path.exists(path):
-        os.remove(path)
-
-
 def _files(path: str) -> list[str]:
     if os.path.isdir(path):
         return [os.path.join(path, n) for n in sorted(os.listdir(path))]
@@ -383,7 +376,7 @@ def measure_round(tool: str, w: Workload, directory: str, *, check: bool = False
         return seconds
 
     try:
-        _remove(path)
+        remove_saved(path)
         start = time.perf_counter()
         saver(w.state, path)
         out["save_s"] = time.perf_counter() - start
@@ -392,17 +385,17 @@ def measure_round(tool: str, w: Workload, directory: str, *, check: bool = False
         disk.cache_files(_files(path))  # warm: the whole file in the page cache, for every tool
         out["warm_s"] = timed_load("warm")
         if tool == "pyfastensor":
-            _remove(path)
+            remove_saved(path)
             saver(w.state, path)
             disk.drop_caches(_files(path))
             _fresh_memory(w)
             out["newmem_s"] = read_into_new_memory(path)
             if sized_limit:
                 size = os.path.getsize(path)
-                _remove(path)
+                remove_saved(path)
                 out["sized_write_mbps"] = disk.measure_limit(directory, size=-(-size // MiB) * MiB).write_mbps
     finally:
-        _remove(path)
+        remove_saved(path)
     return out
 
 
@@ -632,7 +625,7 @@ def run(directory: str, *, workloads: list[Workload] | None = None, quick: bool 
                         raise
                     failed[(w.name, tool)] = f"{type(e).__name__}: {e}"
                     rounds[w.name][tool] = []
-                    _remove(os.path.join(directory, _TOOLS[tool][2]))
+                    remove_saved(os.path.join(directory, _TOOLS[tool][2]))
     if limits:
         result["limit"] = {
             "write_mbps": statistics.median(x.write_mbps for x in limits),

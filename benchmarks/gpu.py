@@ -106,15 +106,6 @@ def _fsync(path: str) -> None:
         os.close(dfd)
 
 
-def _remove(path: str) -> None:
-    """Remove ``path`` if it is there, and sync: freeing a file's blocks takes the disk's time
-    (a good part of a second for 2 GB on a filesystem mounted with discard), which no row
-    should pay for another's file."""
-    if os.path.exists(path):
-        os.remove(path)
-        os.sync()
-
-
 def _libraries() -> dict[str, tuple[Callable[[Any, str], None], Callable[[str], Any]]]:
     """``name -> (save to a path durably, load from it to CUDA)`` of each library present."""
     import torch
@@ -188,9 +179,9 @@ def checkpoint_rows(directory: str, state: dict[str, Any], rounds: int,
         limits.append(round_limit(directory, limit_size))
         progress(f"checkpoint round {r + 1}/{rounds}")
         for lib, (save, _) in libs.items():
-            _remove(paths[lib])  # a save writes a new file, as the limit's does (untimed, as in benchmarks.checkpoint)
+            harness.remove_saved(paths[lib])  # a save writes a new file, as the limit's does (untimed)
             secs["save"][lib].append(_timed(lambda: save(state, paths[lib])))  # noqa: B023
-        _remove(apath)
+        harness.remove_saved(apath)
         t = time.perf_counter()
         fut = pyfastensor.async_save(state, apath)
         secs["async"]["blocking"].append(time.perf_counter() - t)

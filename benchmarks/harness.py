@@ -22,6 +22,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -120,6 +121,19 @@ def temp_dir(parent: str | os.PathLike[str] | None, name: str) -> Iterator[str]:
 
 
 # ---------------------------------------------------------------- paired rounds
+
+
+def remove_saved(path: str | os.PathLike[str]) -> None:
+    """Remove a saved checkpoint (a file, or a directory of them) if it is there, and sync, before
+    a writer is timed: freeing a file's blocks takes the disk's time (a good part of a second for
+    2 GB on a filesystem mounted with discard), which no row should pay for another's file."""
+    if os.path.isdir(path):
+        shutil.rmtree(path)
+    elif os.path.exists(path):
+        os.remove(path)
+    else:
+        return
+    os.sync()
 
 
 def paired_ratios(a: Sequence[float], b: Sequence[float]) -> list[float]:

@@ -407,9 +407,8 @@ class _Upload:
                 return read_part(self.archive, i, lo, addr, n, verify=self.verify, engine=self.engine)
 
             def join(part: int, lo: int = lo, n: int = n) -> None:
-                if self.verify:
-                    self.crcs[i] = join_part(self.archive, i, lo, n, self.crcs.get(i, 0), part)
-            self._issue(slot, [(t[lo:lo + n], buf[:n])], n, read, join)
+                self.crcs[i] = join_part(self.archive, i, lo, n, self.crcs.get(i, 0), part)
+            self._issue(slot, [(t[lo:lo + n], buf[:n])], n, read, join if self.verify else None)
 
 
 def read_part(archive: Archive, index: int, offset: int, addr: int, nbytes: int, *, verify: bool,
