@@ -20,8 +20,12 @@ lint:
 	go vet ./...
 	$(PY) -m ruff check pyfastensor benchmarks tests setup.py
 
+# The race detector slows pure computation about tenfold: the planner's
+# property test over G10's 25 traces skips itself under -race and runs here
+# without it.
 test-go:
 	go test -race -count=1 ./...
+	go test -count=1 -run OnG10Traces ./offload
 
 # One target per invocation: -fuzz accepts one package and one target.
 # A crasher is written to the package's testdata/fuzz/<target>/; keep it
