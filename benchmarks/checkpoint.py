@@ -68,6 +68,7 @@ from .harness import (
     finish,
     progress,
     remove_saved,
+    round_order,
     save_figure,
     spread_text,
     temp_dir,
@@ -607,12 +608,8 @@ def run(directory: str, *, workloads: list[Workload] | None = None, quick: bool 
             except Exception as e:  # noqa: BLE001 - the limit is context; the rows still mean something
                 result["limit_error"] = f"disk limit not measured: {e}"
                 limits = []
-        # Each round starts with another tool: the first after the disk's
-        # limit measured slower (GPT-2 cold load 260 ms first, 180 ms
-        # second, medians of 4), and no tool should always take that place.
-        order = tools[i % len(tools):] + tools[: i % len(tools)] if tools else tools
         for w in loads:
-            for tool in order:
+            for tool in round_order(tools, i):
                 if (w.name, tool) in failed:
                     continue
                 if progress:

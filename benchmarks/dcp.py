@@ -47,7 +47,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .harness import add_command, disk, progress, spread_text, temp_dir, write_json
+from .harness import add_command, disk, progress, round_order, spread_text, temp_dir, write_json
 
 MiB = 1 << 20
 
@@ -177,8 +177,7 @@ def _save_load(rank: int, world: int, cfg: dict[str, Any]) -> None:
     _freeze_heap()
     rows = []
     for rnd in range(cfg["rounds"]):
-        order = TOOLS if rnd % 2 == 0 else TOOLS[::-1]
-        for tool in order:
+        for tool in round_order(TOOLS, rnd):
             path = os.path.join(cfg["dir"], f"{tool}-{world}-{cfg['dims'][0]}")
             if rank == 0:
                 shutil.rmtree(path, ignore_errors=True)
@@ -269,8 +268,7 @@ def _reshard(rank: int, world: int, cfg: dict[str, Any]) -> None:
     rows = []
     sums: dict[str, int] = {}
     for rnd in range(cfg["rounds"]):
-        order = TOOLS if rnd % 2 == 0 else TOOLS[::-1]
-        for tool in order:
+        for tool in round_order(TOOLS, rnd):
             path = os.path.join(cfg["dir"], f"{tool}-4-{cfg['dims'][0]}")
             if rank == 0:
                 disk.drop_caches(_files(path))

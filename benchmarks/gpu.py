@@ -27,8 +27,8 @@ What runs on a GPU, measured on this machine, in one run:
                   of each checkpoint round: a disk's bandwidth drifts from minute to minute,
                   so each round's rows are compared with the limit of that round
   checkpoint      a bf16 state dict on the GPU (~1.9 GB; --quick ~0.5 GB), over interleaved
-                  rounds, for pyfastensor, torch (save + fsync / load) and safetensors
-                  (save_file + fsync / load_file(device="cuda")):
+                  rounds (each library first in turn), for pyfastensor, torch (save + fsync /
+                  load) and safetensors (save_file + fsync / load_file(device="cuda")):
                     save from CUDA, durable          GB/s, ratio to its round's write limit
                                                      (each save writes a new file: the last
                                                      one is removed first, untimed)
@@ -178,7 +178,9 @@ def checkpoint_rows(directory: str, state: dict[str, Any], rounds: int,
         progress(f"checkpoint round {r + 1}/{rounds}: the disk's limit")
         limits.append(round_limit(directory, limit_size))
         progress(f"checkpoint round {r + 1}/{rounds}")
-        for lib, (save, _) in libs.items():
+        order = harness.round_order(list(libs), r)
+        for lib in order:
+            save = libs[lib][0]
             harness.remove_saved(paths[lib])  # a save writes a new file, as the limit's does (untimed)
             secs["save"][lib].append(_timed(lambda: save(state, paths[lib])))  # noqa: B023
         harness.remove_saved(apath)
@@ -187,13 +189,15 @@ def checkpoint_rows(directory: str, state: dict[str, Any], rounds: int,
         secs["async"]["blocking"].append(time.perf_counter() - t)
         fut.result()
         secs["async"]["total"].append(time.perf_counter() - t)
-        for lib, (_, load) in libs.items():
+        for lib in order:
+            load = libs[lib][1]
             disk.drop_caches([paths[lib]])
             secs["cold"][lib].append(_timed(lambda: load(paths[lib])))  # noqa: B023
             if lib == "pyfastensor":
                 route = last_cuda_route()
                 routes.add(route.get("route", "?") + (f" ({route['reason']})" if route.get("reason") else ""))
-        for lib, (_, load) in libs.items():
+        for lib in order:
+            load = libs[lib][1]
             disk.cache_files([paths[lib]])
             secs["warm"][lib].append(_timed(lambda: load(paths[lib])))  # noqa: B023
     for p in (*paths.values(), apath):

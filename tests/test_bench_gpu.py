@@ -74,3 +74,57 @@ def test_the_rounds_limits_summarised_and_their_median_bounds_the_offload_rows()
     assert (s["write_gbps"], s["read_gbps"]) == (1.8, 1.8)
     m = gpu.median_limit(limits)
     assert (m.write_mbps, m.read_mbps, m.source) == (1800.0, 1800.0, "engine:direct")
+
+
+def test_round_order_puts_each_item_first_in_turn() -> None:
+    from benchmarks.harness import round_order
+
+    libs = ("pyfastensor", "torch", "safetensors")
+    assert [round_order(libs, r) for r in range(4)] == [
+        ["pyfastensor", "torch", "safetensors"], ["torch", "safetensors", "pyfastensor"],
+        ["safetensors", "pyfastensor", "torch"], ["pyfastensor", "torch", "safetensors"]]
+    assert round_order((), 3) == []
+
+
+def test_checkpoint_rounds_start_with_each_library_in_turn(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No library always takes the first place of a round (right after the disk's limit or the
+    async save's write): saves, cold loads and warm loads each rotate, round by round."""
+    from concurrent.futures import Future
+
+    import pyfastensor
+    from pyfastensor.bench import disk
+    from pyfastensor.bench.disk import DiskLimit
+
+    calls: list[tuple[str, str]] = []
+
+    def lib(name: str) -> tuple:
+        def save(state: object, path: str) -> None:
+            calls.append(("save", name))
+            open(path, "wb").close()
+
+        def load(path: str) -> None:
+            calls.append(("load", name))
+        return save, load
+
+    def async_save(state: object, path: str) -> Future:
+        open(path, "wb").close()
+        f: Future = Future()
+        f.set_result(None)
+        return f
+
+    libs = ("pyfastensor", "torch", "safetensors")
+    monkeypatch.setattr(gpu, "_libraries", lambda: {n: lib(n) for n in libs})
+    monkeypatch.setattr(gpu, "_timed", lambda fn: (fn(), 1.0)[1])
+    monkeypatch.setattr(gpu, "round_limit", lambda d, n: DiskLimit(write_mbps=1e3, read_mbps=1e3, source="s",
+                                                                  write_how="w", read_how="r", note=""))
+    monkeypatch.setattr(pyfastensor, "async_save", async_save)
+    monkeypatch.setattr(disk, "drop_caches", lambda paths: None)
+    monkeypatch.setattr(disk, "cache_files", lambda paths: None)
+    out = gpu.checkpoint_rows(str(tmp_path), {}, 3, progress=lambda line: None)
+    assert all(len(v) == 3 for row in ("save", "cold", "warm") for v in out["seconds"][row].values())
+    per_round = [calls[9 * r:9 * (r + 1)] for r in range(3)]
+    for r, got in enumerate(per_round):
+        want = [libs[(r + i) % 3] for i in range(3)]
+        assert got == [("save", n) for n in want] + [("load", n) for n in want] * 2, f"round {r}"
+    assert [got[0][1] for got in per_round] == list(libs), "each library first once"
+    assert list(tmp_path.iterdir()) == [], "the rounds' files are removed"
