@@ -138,7 +138,7 @@ def remove_saved(path: str | os.PathLike[str]) -> None:
 
 def round_order(items: Sequence[str], r: int) -> list[str]:
     """The order of ``items`` in round ``r``: rotated by one a round, so each takes the first place
-    in turn. The first after a disk's write or its limit's measure ran slower (a GPT-2 cold load:
+    in turn. The first right after the disk's limit was measured ran slower (a GPT-2 cold load:
     260 ms first, 180 ms second, medians of 4), and no tool should always take that place."""
     k = r % len(items) if items else 0
     return [*items[k:], *items[:k]]

@@ -3,6 +3,8 @@ and its targets' arithmetic."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -86,7 +88,7 @@ def test_round_order_puts_each_item_first_in_turn() -> None:
     assert round_order((), 3) == []
 
 
-def test_checkpoint_rounds_start_with_each_library_in_turn(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_checkpoint_rounds_start_with_each_library_in_turn(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """No library always takes the first place of a round (right after the disk's limit or the
     async save's write): saves, cold loads and warm loads each rotate, round by round."""
     from concurrent.futures import Future
