@@ -49,12 +49,14 @@ class FakeStream:
         self.lock = threading.Lock()  # the store's thread waits for events too
 
     def run_until(self, n: int) -> None:
+        """Run the ops up to the n-th. An op counts as done (its events complete) only once it
+        has run: another thread's ``query`` sees a copy still running as in flight."""
         with self.lock:
             while self.done < n:
-                op, self.ops[self.done] = self.ops[self.done], None  # ran: let its tensors go
-                self.done += 1
+                op, self.ops[self.done] = self.ops[self.done], None  # let its tensors go once run
                 assert op is not None
                 op()
+                self.done += 1
 
     def wait_stream(self, other: FakeStream) -> None:
         self.backend.log.append(("wait", self.name, other.name))

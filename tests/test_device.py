@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 from cuda_fakes import FakeCuda
@@ -17,6 +19,28 @@ def test_using_swaps_the_backend_for_the_block_only() -> None:
         assert _device.backend() is fake
     assert _device.backend() is before
     assert isinstance(before, _device.CudaBackend)
+
+
+def test_fake_event_is_not_complete_while_its_copy_runs_on_another_thread() -> None:
+    """The fake models a GPU event: complete once the copies before it have run, not once one
+    has started. (A copy that counted as done when it began let the pinned pool hand out, and
+    unpack read, a buffer still being filled by another thread under CPU load.)"""
+    fake = FakeCuda()
+    side = fake.side_stream(torch.device("cpu"))
+    started, release = threading.Event(), threading.Event()
+    side.ops.append(lambda: (started.set(), release.wait(timeout=60)))
+    done = fake.event()
+    done.record(side)
+    waiter = threading.Thread(target=done.synchronize)
+    waiter.start()
+    try:
+        assert started.wait(timeout=60), "the waiting thread did not run the copy"
+        assert not done.query(), "the event completed while its copy was still running"
+    finally:
+        release.set()
+        waiter.join(timeout=60)
+    assert not waiter.is_alive()
+    assert done.query()
 
 
 def test_pool_reuses_a_buffer_once_every_view_of_it_is_gone() -> None:
