@@ -6,7 +6,11 @@ stream does not happen when it is issued, but when an event recorded after
 it on that stream is synchronized (or another stream waits for it). Code
 that reads a pinned buffer before waiting for its copy's event, or reuses
 a buffer whose copy has not run, reads or clobbers the wrong bytes here
-just as it would on a GPU. "Device memory" is CPU memory.
+just as it would on a GPU: a copy in flight holds its device-side tensor
+(the caching allocator keeps device memory for its stream) but only the
+address of its pinned buffer, which the fake never frees (torch's host
+allocator keeps its blocks). :meth:`FakeCuda.catch_up` runs every copy
+issued, as a GPU has by the end of a step. "Device memory" is CPU memory.
 
 ``gate``: while cleared, synchronizing an event whose copies have not run
 blocks (a copy still in flight), so a test can check what happens before a
@@ -27,6 +31,7 @@ libcufile and a stand-in libcuda.so.1 (:func:`fake_cufile_env`).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import shutil
 import subprocess
@@ -117,19 +122,30 @@ class FakeCuda:
         self.compute = FakeStream(self, "compute")
         self.current = self.compute
         self.sides = 0
+        self._streams: list[FakeStream] = []
         self.pinned_calls: list[int] = []  # sizes of pinned allocations
         self.syncs: list[threading.Thread] = []  # the thread of each event.synchronize()
         self.empties: list[tuple[int, str]] = []  # (bytes, location asked for) of device allocations
         self.copies: list[tuple[str, int]] = []  # (stream, bytes) of copies issued
         self._asked = ""
         self._pinned: list[tuple[int, int]] = []
+        self._pinned_memory: list[torch.Tensor] = []
         self.device_live = 0  # bytes of device allocations alive now
         self.device_peak = 0
-        self._device_lock = threading.Lock()
+        self._device_lock = threading.RLock()  # _device_free is a finalizer: it may run inside empty()
 
     def side_stream(self, device: torch.device) -> FakeStream:
         self.sides += 1
-        return FakeStream(self, f"side{self.sides}")
+        stream = FakeStream(self, f"side{self.sides}")
+        self._streams.append(stream)
+        return stream
+
+    def catch_up(self) -> None:
+        """Run every copy issued so far, as a GPU has by the time a training step ends: the next
+        step finds their events complete (a pinned buffer let go with its copy unread is free
+        then, not in flight)."""
+        for stream in self._streams:
+            stream.synchronize()
 
     def current_stream(self, device: torch.device) -> FakeStream:
         return self.current
@@ -149,6 +165,7 @@ class FakeCuda:
         self.pinned_calls.append(nbytes)
         t = torch.full((nbytes,), 0xEE, dtype=torch.uint8)  # garbage, not zeros
         self._pinned.append((t.data_ptr(), nbytes))
+        self._pinned_memory.append(t)  # never freed: a copy in flight holds only its address
         return t
 
     def is_pinned(self, addr: int) -> bool:
@@ -164,8 +181,20 @@ class FakeCuda:
         self.copies.append((stream.name, dst.numel() * dst.element_size()))
         if stream is self.compute:
             dst.copy_(src)
-        else:
-            stream.ops.append(lambda: dst.copy_(src))
+            return
+        # A GPU's copy in flight keeps no tensor alive. Device memory stays allocated for the
+        # stream (the caching allocator), so the op holds the device-side tensor; pinned memory
+        # is reused as soon as its owner hands it out again, whatever copy still uses it (the
+        # pool's buffers), so the op holds only its address: a buffer reused before its copy
+        # has run gives that copy the new bytes, as on a GPU.
+        n = dst.numel() * dst.element_size()
+        if not (dst.is_contiguous() and src.is_contiguous() and dst.dtype == src.dtype
+                and n == src.numel() * src.element_size()):
+            raise AssertionError(f"fake CUDA: a copy of {tuple(src.shape)} {src.dtype} into "
+                                 f"{tuple(dst.shape)} {dst.dtype} is not one of whole contiguous bytes")
+        held = tuple(t for t in (dst, src) if not self.is_pinned(t.data_ptr()))
+        to, frm = dst.data_ptr(), src.data_ptr()
+        stream.ops.append(lambda: (held, ctypes.memmove(to, frm, n)))
 
     def device(self, location: str) -> torch.device:
         d = torch.device(location)
