@@ -5,7 +5,9 @@ from __future__ import annotations
 import errno
 import gc
 import re
+import threading
 import warnings
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -13,6 +15,8 @@ from offload_models import inputs, open_handles, train
 from torch import nn
 
 import pyfastensor
+from pyfastensor.offload._saved import Meter
+from pyfastensor.offload._store import SpillStore
 
 
 def test_missing_spill_dir_fails_at_entry(tmp_path):
@@ -238,3 +242,42 @@ def test_full_disk_raises_on_request_injected(tmp_path, inject):
     gc.collect()
     assert open_handles() == 0
     assert list(tmp_path.iterdir()) == []
+
+
+def _returns(fn: Callable[[], None]) -> bool:
+    """Run ``fn`` on a thread of its own; whether it returned (a deadlock leaves it blocked)."""
+    t = threading.Thread(target=fn, daemon=True)
+    t.start()
+    t.join(timeout=10)
+    return not t.is_alive()
+
+
+# The garbage collector frees a saved tensor caught in a reference cycle on whichever thread
+# it runs, at any point of the code that thread is in: its finalizers (a storage counted out
+# of the meter, a slot freed) may run while that thread holds the lock they take.
+
+def test_a_storage_freed_while_the_meter_counts_does_not_deadlock() -> None:
+    meter = Meter()
+    held = [torch.empty(4096, dtype=torch.uint8)]
+    meter.track(held[0])
+    assert meter.now == 4096
+
+    def collected_inside() -> None:
+        with meter._lock:
+            held.clear()  # the storage's finalizer runs here, on this thread
+    assert _returns(collected_inside), "the meter's finalizer deadlocked on the meter's own lock"
+    assert meter.now == 0
+
+
+def test_a_slot_freed_by_a_finalizer_inside_the_store_does_not_deadlock(tmp_path) -> None:
+    store = SpillStore("ssd", str(tmp_path))
+    buf = torch.arange(4096).to(torch.uint8)
+    slot = store.put(buf.data_ptr(), buf.numel())
+    store.wait(slot)
+
+    def collected_inside() -> None:
+        with store._lock:
+            store.free(slot)  # what an entry's finalizer does
+    assert _returns(collected_inside), "freeing a slot deadlocked on the store's own lock"  # (left open then)
+    assert store.stats()["live_slots"] == 0
+    store.close()

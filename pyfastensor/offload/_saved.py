@@ -56,7 +56,9 @@ class Meter:
     """
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        # Reentrant: the finalizers that count a storage out (:meth:`_untrack`, :meth:`sub`) run
+        # when the garbage collector frees it, which can be on this thread inside any method here.
+        self._lock = threading.RLock()
         self.now = 0
         self.peak = 0
         self.host = 0  # pinned host buffers holding saved tensors' bytes (not in now or peak)

@@ -91,7 +91,9 @@ class SpillStore:
 
     def __init__(self, tier: str, spill_dir: str | None, engine: str | dict[str, Any] | None = None) -> None:
         self._handle = 0
-        self._lock = threading.Lock()
+        # Reentrant: a saved tensor's finalizer frees its slot (:meth:`free`) when the garbage
+        # collector frees the tensor, which can be on this thread inside any method here.
+        self._lock = threading.RLock()
         self._dictionaries: Any = None
         self.users: weakref.WeakSet[Any] = weakref.WeakSet()  # offload objects using the store
         out = _lib.u64()
