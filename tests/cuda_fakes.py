@@ -121,22 +121,24 @@ class FakeCuda:
         self.gate.set()
         self.compute = FakeStream(self, "compute")
         self.current = self.compute
-        self.sides = 0
-        self._streams: list[FakeStream] = []
+        self._streams: list[FakeStream] = []  # the side streams, in the order made
         self.pinned_calls: list[int] = []  # sizes of pinned allocations
         self.syncs: list[threading.Thread] = []  # the thread of each event.synchronize()
         self.empties: list[tuple[int, str]] = []  # (bytes, location asked for) of device allocations
         self.copies: list[tuple[str, int]] = []  # (stream, bytes) of copies issued
         self._asked = ""
-        self._pinned: list[tuple[int, int]] = []
-        self._pinned_memory: list[torch.Tensor] = []
+        self._pinned: list[torch.Tensor] = []  # never freed: a copy in flight holds only its address
         self.device_live = 0  # bytes of device allocations alive now
         self.device_peak = 0
         self._device_lock = threading.RLock()  # _device_free is a finalizer: it may run inside empty()
 
+    @property
+    def sides(self) -> int:
+        """Side streams made so far."""
+        return len(self._streams)
+
     def side_stream(self, device: torch.device) -> FakeStream:
-        self.sides += 1
-        stream = FakeStream(self, f"side{self.sides}")
+        stream = FakeStream(self, f"side{self.sides + 1}")
         self._streams.append(stream)
         return stream
 
@@ -164,14 +166,13 @@ class FakeCuda:
     def pinned(self, nbytes: int) -> torch.Tensor:
         self.pinned_calls.append(nbytes)
         t = torch.full((nbytes,), 0xEE, dtype=torch.uint8)  # garbage, not zeros
-        self._pinned.append((t.data_ptr(), nbytes))
-        self._pinned_memory.append(t)  # never freed: a copy in flight holds only its address
+        self._pinned.append(t)
         return t
 
     def is_pinned(self, addr: int) -> bool:
         """Whether ``addr`` lies in pinned memory this backend handed out (host memory, not
         "device" memory, though both are CPU memory here)."""
-        return any(lo <= addr < lo + n for lo, n in self._pinned)
+        return any(t.data_ptr() <= addr < t.data_ptr() + t.numel() for t in self._pinned)
 
     def record(self, t: torch.Tensor, stream: FakeStream) -> None:
         self.log.append(("record", stream.name))
@@ -192,9 +193,12 @@ class FakeCuda:
                 and n == src.numel() * src.element_size()):
             raise AssertionError(f"fake CUDA: a copy of {tuple(src.shape)} {src.dtype} into "
                                  f"{tuple(dst.shape)} {dst.dtype} is not one of whole contiguous bytes")
-        held = tuple(t for t in (dst, src) if not self.is_pinned(t.data_ptr()))
+        held = [t for t in (dst, src) if not self.is_pinned(t.data_ptr())]
         to, frm = dst.data_ptr(), src.data_ptr()
-        stream.ops.append(lambda: (held, ctypes.memmove(to, frm, n)))
+
+        def op(_alive: list[torch.Tensor] = held) -> None:  # the device-side tensors live until it runs
+            ctypes.memmove(to, frm, n)
+        stream.ops.append(op)
 
     def device(self, location: str) -> torch.device:
         d = torch.device(location)

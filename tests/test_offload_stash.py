@@ -32,7 +32,7 @@ def per_step(off: pyfastensor.Offload, fake: FakeCuda, log: list[dict[str, Any]]
     steps the fake runs every copy issued (a GPU has): a stashed tensor's pinned copy, which
     nothing waits for, is done by the next step, which may then reuse its buffer."""
     def ctx() -> pyfastensor.Offload:
-        fake.catch_up()  # between steps the GPU has run what the last one issued
+        fake.catch_up()
         if off.step:
             s = off.summary()
             log[-1].update(hits=s.stash_hits, stash_bytes=s.stash_bytes, offloaded=s.offloaded_tensors,
