@@ -9,14 +9,13 @@ from torch import nn
 _RELU = ("ReluBackward", "ThresholdBackward")
 
 
-def storages_of(module: nn.Module | None) -> set[int]:
-    """Addresses of the storages of a module's parameters and buffers."""
+def storages_of(module: nn.Module | None, *, recurse: bool = True) -> set[int]:
+    """Addresses of the storages of a module's parameters and buffers (its submodules' too
+    unless ``recurse=False``)."""
     if module is None:
         return set()
-    out = set()
-    for t in [*module.parameters(), *module.buffers()]:
-        out.add(t.untyped_storage().data_ptr())
-    return out
+    return {t.untyped_storage().data_ptr()
+            for t in [*module.parameters(recurse=recurse), *module.buffers(recurse=recurse)]}
 
 
 class ModuleWatch:
@@ -35,11 +34,19 @@ class ModuleWatch:
         self._handle = nn.modules.module.register_module_forward_pre_hook(self._pre)
 
     def _pre(self, module: nn.Module, args: object) -> None:
+        if torch.compiler.is_compiling():
+            return  # a constant to torch.compile: no graph break in the user's model
         if id(module) in self._seen:
             return
+        try:
+            own = storages_of(module, recurse=False)
+        except RuntimeError:  # torch < 2.5 compiling: a copy of the module over fake tensors
+            return
         self._seen.add(id(module))
-        for t in [*module.parameters(recurse=False), *module.buffers(recurse=False)]:
-            self.registered.add(t.untyped_storage().data_ptr())
+        self.registered |= own
+        compiled = getattr(module, "_orig_mod", None)  # torch.compile's wrapper, called eagerly
+        if isinstance(compiled, nn.Module):
+            self.registered |= storages_of(compiled)
 
     def remove(self) -> None:
         self._handle.remove()

@@ -1,0 +1,77 @@
+"""pyfastensor.offload around a model compiled with torch.compile: no graph break, same gradients.
+
+The ``aot_eager`` backend runs what inductor would be given (Dynamo's graph, AOTAutograd's
+forward and backward, which save their tensors through the hooks) without compiling kernels, so
+the gradients are comparable bit for bit and no C++ toolchain is needed.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import pyfastensor
+from pyfastensor.offload._store import SpillStore
+
+pytestmark = pytest.mark.filterwarnings(
+    # torch's own notice that global module hooks (the offload's parameter watch) also fire
+    # for the compiled wrapper: harmless here, and what this file tests around.
+    "ignore:Using `torch.compile\\(module\\)` when there are global hooks:UserWarning"
+)
+
+
+class Scaled(nn.Module):
+    """Two linear layers and a buffer that autograd saves (``h * scale`` keeps ``scale``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(128, 256)
+        self.b = nn.Linear(256, 128)
+        self.register_buffer("scale", torch.linspace(0.5, 1.5, 256))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.nn.functional.gelu(self.a(x)) * self.scale)
+
+
+def _grads(model: nn.Module, step, x: torch.Tensor, ctx=None) -> list[torch.Tensor]:
+    model.zero_grad()
+    if ctx is None:
+        loss = step(x).square().sum()
+    else:
+        with ctx:
+            loss = step(x).square().sum()
+    loss.backward()
+    return [p.grad.clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("kw", [dict(tier="ssd"), dict(tier="host"),
+                                dict(policy="scheduled", budget=64 << 10)],
+                         ids=["ssd", "host", "scheduled"])
+def test_compiled_model_has_no_graph_break_and_the_same_gradients(tmp_path, monkeypatch, kw):
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = Scaled()
+    x = torch.randn(64, 128)
+    puts: list[int] = []
+    real = SpillStore.put
+
+    def spy(self, addr, n, account=0):
+        puts.append(addr)
+        return real(self, addr, n, account)
+
+    monkeypatch.setattr(SpillStore, "put", spy)
+    # fullgraph=True: a graph break anywhere, the offload's hooks included, is an error.
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    off = pyfastensor.offload(spill_dir=str(tmp_path), min_size=1 << 10, **kw)
+    got = [_grads(model, compiled, x, off) for _ in range(3)]  # the first call compiles inside it
+    s = off.summary()
+    off.close()
+
+    torch._dynamo.reset()
+    plain = torch.compile(model, backend="aot_eager", fullgraph=True)
+    want = _grads(model, plain, x)
+    for g in got:
+        assert all(torch.equal(a, b) for a, b in zip(g, want, strict=True))
+    assert s.offloaded_tensors > 0  # the compiled graph's saved tensors went through the hooks
+    assert model.scale.data_ptr() not in puts  # the buffer was known through the compiled wrapper
