@@ -12,6 +12,12 @@ into the matching exception from :mod:`pyfastensor.errors`, and
 argument and return types of every function come from one table,
 :mod:`pyfastensor._abi`, which the build generates from cgo's header.
 
+Exit: objects that own native resources and are still alive when the
+interpreter exits are closed by :func:`close_at_exit`'s hook, newest first,
+while the modules their ``close`` needs are intact (from Python 3.12 the
+interpreter clears module globals before it collects what they held, so a
+``__del__`` then finds its functions gone).
+
 Fork: a child forked after the library was loaded cannot use the parent's Go
 runtime (its first call would hang), so :func:`lib` raises
 :class:`~pyfastensor.errors.ForkedProcessError` there instead. A child that
@@ -20,11 +26,14 @@ never calls in (a DataLoader worker) is unaffected.
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import importlib.machinery
+import itertools
 import json
 import os
 import threading
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -272,14 +281,36 @@ def cstr(s: str | os.PathLike[str] | None) -> bytes | None:
     return None if s is None else os.fsencode(s)
 
 
+_open: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+_opened = itertools.count()
+
+
+def close_at_exit(obj: Any) -> None:
+    """Have ``obj.close()`` called at interpreter exit if ``obj`` is still alive then (held weakly)."""
+    _open[next(_opened)] = obj
+
+
+@atexit.register
+def _close_open() -> None:
+    if _forked or _lib is None:
+        return
+    for key in sorted(_open.keys(), reverse=True):  # newest first: what depends on an older object
+        obj = _open.get(key)
+        if obj is not None:
+            try:
+                obj.close()
+            except Exception:  # the process is ending: nothing is left to tell
+                pass
+
+
 class Handle:
     """Base of the Python objects that own a Go object through a handle.
 
     Subclasses name the native function that releases it (``_close_fn``)
     and store the handle in ``self._handle`` once the native call that made
     it returned. The handle is released once: by :meth:`close`, at the end
-    of a ``with`` block, or when the object is collected (never in a forked
-    child, which cannot call in).
+    of a ``with`` block, when the object is collected, or at interpreter exit
+    (:func:`close_at_exit`); never in a forked child, which cannot call in.
     """
 
     _close_fn = ""
@@ -288,6 +319,7 @@ class Handle:
     def __init__(self) -> None:
         self._handle = 0
         self._lock = threading.Lock()
+        close_at_exit(self)
 
     def _closed_message(self) -> str:
         return f"{type(self).__name__} is closed"

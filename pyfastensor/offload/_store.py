@@ -103,6 +103,7 @@ class SpillStore:
             ctypes.byref(out),
         )
         self._handle = out.value
+        _lib.close_at_exit(self)
         self.description: dict[str, Any] = self._json("pft_store_describe")
         if "cuFile" in (self.description.get("fallback") or ""):
             from ..engines import cufile_fallback
