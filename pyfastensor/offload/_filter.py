@@ -34,7 +34,7 @@ class ModuleWatch:
         self._handle = nn.modules.module.register_module_forward_pre_hook(self._pre)
 
     def _pre(self, module: nn.Module, args: object) -> None:
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_dynamo_compiling():
             return  # a constant to torch.compile: no graph break in the user's model
         if id(module) in self._seen:
             return

@@ -9,6 +9,7 @@ and full disks (:mod:`._writes`) and the summary (:mod:`._report`).
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 import weakref
@@ -278,7 +279,7 @@ class Offload:
             self._recorder = Recorder(self.compression)  # this is the profiling step
         self._registered = storages_of(self.module)
         self._watch = ModuleWatch(self._registered) if self.module is None else None
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(*_never_compiled(self._pack, self._unpack))
         self._hooks.__enter__()
         self._active = True
         return self
@@ -651,3 +652,19 @@ def offload(**options: Any) -> Offload:
         True
     """
     return Offload(**options)
+
+
+def _never_compiled(*hooks: Any) -> tuple[Any, ...]:
+    """The saved-tensor hooks, kept out of torch.compile.
+
+    Autograd calls them from whatever runs the ops. Where that is eager code inside a compiled
+    call (after a graph break, or in a module torch.compile leaves to eager mode, as torch 2.11
+    does a builtin layer compiled in place), torch.compile takes each hook's frame for user
+    code and compiles it: graph breaks inside, compiled again for new shapes (3 s of a 6 s
+    run of 3 steps of an 8-layer MLP). Marked disabled, they run as written. Wrapped only
+    once torch.compile has been used in the process (its module is imported): eager training
+    pays nothing.
+    """
+    if "torch._dynamo" not in sys.modules:
+        return hooks
+    return tuple(torch.compiler.disable(h) for h in hooks)
