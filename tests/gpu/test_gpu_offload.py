@@ -29,8 +29,12 @@ def deterministic() -> Any:
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = before[1], before[2]
 
 
-def train_cuda(model: torch.nn.Module, batch_of: Any, steps: int, ctx: Any = None) -> list[list[torch.Tensor]]:
+def train_cuda(model: torch.nn.Module, batch_of: Any, steps: int, ctx: Any = None,
+               prepare: Any = None) -> list[list[torch.Tensor]]:
+    """Train a copy of ``model`` on the GPU (``prepare`` called on it first); every step's gradients."""
     model = copy.deepcopy(model).cuda()
+    if prepare is not None:
+        prepare(model)
     opt = torch.optim.SGD(model.parameters(), lr=1e-2)
     out = []
     for i in range(steps):
@@ -137,4 +141,26 @@ def test_pack_does_not_wait_for_the_copy(tmp_path: Path, tier: str) -> None:
         assert spy.log, "the store's thread waited for the copies' events"
     else:
         assert spy.log == [], "the host tier never waits for a copy on the CPU"
+    off.close()
+
+
+def _compile_blocks(model: torch.nn.Module) -> None:
+    for block in model:
+        block.compile(backend="aot_eager", fullgraph=True)
+
+
+@pytest.mark.parametrize("tier", ["ssd", "host"])
+def test_blocks_compiled_one_by_one_offload_bit_identical(tmp_path: Path, tier: str) -> None:
+    """torch.compile per block (aot_eager: AOTAutograd's graphs, no kernel compile time), CUDA
+    activations offloaded at each block's end: the gradients of the same compiled model."""
+    model, batch_of = inputs("transformer")
+    torch._dynamo.reset()
+    want = train_cuda(model, batch_of, 3, prepare=_compile_blocks)
+    torch._dynamo.reset()
+    off = pyfastensor.offload(spill_dir=str(tmp_path), min_size=16 << 10, module=model, tier=tier)
+    got = train_cuda(model, batch_of, 3, ctx=lambda: off, prepare=_compile_blocks)
+    for step, (a, b) in enumerate(zip(want, got, strict=True)):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert torch.equal(x, y), f"step {step}, tensor {i}"
+    assert off.summary().offloaded_tensors > 0
     off.close()
