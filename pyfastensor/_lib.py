@@ -13,7 +13,7 @@ argument and return types of every function come from one table,
 :mod:`pyfastensor._abi`, which the build generates from cgo's header.
 
 Exit: objects that own native resources and are still alive when the
-interpreter exits are closed by :func:`close_at_exit`'s hook, newest first,
+interpreter exits are closed at exit (:func:`close_at_exit`), newest first,
 while the modules their ``close`` needs are intact (from Python 3.12 the
 interpreter clears module globals before it collects what they held, so a
 ``__del__`` then finds its functions gone).
@@ -291,7 +291,7 @@ def close_at_exit(obj: Any) -> None:
 
 
 @atexit.register
-def _close_open() -> None:
+def _close_still_open() -> None:
     if _forked or _lib is None:
         return
     for key in sorted(_open.keys(), reverse=True):  # newest first: what depends on an older object

@@ -40,7 +40,7 @@ class ModuleWatch:
             return
         try:
             own = storages_of(module, recurse=False)
-        except RuntimeError:  # torch < 2.5 compiling: a copy of the module over fake tensors
+        except RuntimeError:  # torch 2.4 compiling: a copy of the module over fake tensors
             return
         self._seen.add(id(module))
         self.registered |= own
