@@ -73,7 +73,30 @@ def test_parameters_and_buffers_never_offloaded(tmp_path, puts, pass_module):
     assert puts, "activations were offloaded"
     assert not own & {addr for addr, _ in puts}
     assert off.summary().skipped_tensors >= 2
-    assert nn.modules.module._global_forward_pre_hooks == {}, "the module watch outlived the context"
+    hooks = nn.modules.module._global_forward_pre_hooks
+    assert len(hooks) == (0 if pass_module else 1), "one watch, kept for the next step"
+    off.close()
+    assert hooks == {}, "the module watch outlived close()"
+
+
+def test_module_watch_is_one_hook_for_every_step_and_goes_with_its_object(tmp_path):
+    """torch.compile guards on the global module hooks: the watch's hook stays the same from
+    step to step (one added and removed per step recompiled a compiled model every step), and
+    goes when the offload object is collected without close()."""
+    m = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 256))
+    x = torch.randn(64, 256)
+    hooks = nn.modules.module._global_forward_pre_hooks
+    off = offload(tmp_path)
+    seen = []
+    for _ in range(3):
+        with off:
+            m(x).sum().backward()
+        seen.append(dict(hooks))
+    assert len(seen[0]) == 1 and seen == [seen[0]] * 3
+    m(x)  # outside the context: not watched
+    del off, seen
+    gc.collect()
+    assert hooks == {}, "the module watch outlived its offload object"
 
 
 def test_same_storage_offloaded_once(tmp_path, puts):

@@ -19,24 +19,38 @@ def storages_of(module: nn.Module | None, *, recurse: bool = True) -> set[int]:
 
 
 class ModuleWatch:
-    """Registers the parameters and buffers of every module run while active.
+    """Registers the parameters and buffers of every module run while a step is on.
 
     Without ``module=``, a buffer saved for backward looks like any input.
     A global forward pre-hook sees each module before its forward runs and
     adds the storages of its own parameters and buffers to ``registered``
     (once per module per step), so they are known before anything they
     feed is packed.
+
+    The hook is registered once and kept from step to step (:meth:`start`,
+    :meth:`stop`), until :meth:`remove`: torch.compile guards on the global
+    hooks, and one added and removed every step recompiled the model every
+    step (falling back to eager mode after its recompile limit).
     """
 
-    def __init__(self, registered: set[int]) -> None:
-        self.registered = registered
+    def __init__(self) -> None:
+        self.registered: set[int] = set()
         self._seen: set[int] = set()
+        self._on = False
         self._handle = nn.modules.module.register_module_forward_pre_hook(self._pre)
+
+    def start(self, registered: set[int]) -> None:
+        """A step begins: add what its modules hold to ``registered``."""
+        self.registered, self._seen, self._on = registered, set(), True
+
+    def stop(self) -> None:
+        """The step's forward is over: modules run until the next :meth:`start` are not watched."""
+        self._on = False
 
     def _pre(self, module: nn.Module, args: object) -> None:
         if torch.compiler.is_dynamo_compiling():
             return  # a constant to torch.compile: no graph break in the user's model
-        if id(module) in self._seen:
+        if not self._on or id(module) in self._seen:
             return
         try:
             own = storages_of(module, recurse=False)

@@ -232,7 +232,9 @@ class Offload:
         self.step = 0
         self._lock = threading.RLock()
         self._active = False
-        self._watch: ModuleWatch | None = None  # without module=: the modules run in the step
+        # Without module=: the modules run in each step (one global hook, kept until close()).
+        self._watch: ModuleWatch | None = None
+        self._unwatch: weakref.finalize | None = None
         self._store: SpillStore | None = None  # kept across steps; None before the first and after close
         self._closed_store: SpillStore | None = None  # closed (exception, close()): the summary's stats
         self._base: dict[str, Any] = {}  # this object's account's totals when the step began
@@ -278,7 +280,11 @@ class Offload:
         if self._policy.profiles():
             self._recorder = Recorder(self.compression)  # this is the profiling step
         self._registered = storages_of(self.module)
-        self._watch = ModuleWatch(self._registered) if self.module is None else None
+        if self.module is None:
+            if self._watch is None:
+                self._watch = ModuleWatch()
+                self._unwatch = weakref.finalize(self, self._watch.remove)
+            self._watch.start(self._registered)
         self._hooks = torch.autograd.graph.saved_tensors_hooks(*_never_compiled(self._pack, self._unpack))
         self._hooks.__enter__()
         self._active = True
@@ -290,8 +296,7 @@ class Offload:
         hooks.__exit__(exc_type, exc, tb)
         self._stash.clear()
         if self._watch is not None:
-            self._watch.remove()
-            self._watch = None
+            self._watch.stop()
         self._active = False
         if self._recorder is not None:
             self._recorder.end = time.perf_counter()
@@ -331,6 +336,9 @@ class Offload:
         if self._active:
             raise RuntimeError("pyfastensor.offload: close() inside the context; exit it first")
         self._pool.clear()
+        if self._unwatch is not None:
+            self._unwatch()  # the global hook goes
+            self._watch = self._unwatch = None
         own, self._own_staging = self._own_staging, None
         if own is not None:
             own.close()
