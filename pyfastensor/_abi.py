@@ -75,9 +75,9 @@ PROTOTYPES: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
     "pft_plan_simulate": ("int", (("char*", "trace"), ("char*", "hardware"), ("char*", "policy"), ("char**", "out"), ("char**", "errOut"),)),
     "pft_plan_make": ("int", (("char*", "trace"), ("char*", "hardware"), ("char**", "out"), ("char**", "errOut"),)),
     "pft_plan_bound": ("int", (("char*", "trace"), ("char*", "hardware"), ("char**", "out"), ("char**", "errOut"),)),
-    "pft_ckpt_read_part": ("int", (("uint64_t", "h"), ("int64_t", "index"), ("int64_t", "off"), ("void*", "addr"), ("int64_t", "nbytes"), ("char*", "options"), ("int64_t*", "crcOut"), ("char**", "errOut"),)),
-    "pft_ckpt_join_part": ("int", (("uint64_t", "h"), ("int64_t", "index"), ("int64_t", "off"), ("int64_t", "nbytes"), ("int64_t", "crcIn"), ("int64_t", "partCRC"), ("int64_t*", "crcOut"), ("char**", "errOut"),)),
-    "pft_ckpt_sum_part": ("int", (("uint64_t", "h"), ("int64_t", "index"), ("int64_t", "off"), ("void*", "addr"), ("int64_t", "nbytes"), ("int64_t", "crcIn"), ("int64_t*", "crcOut"), ("char**", "errOut"),)),
+    "pft_ckpt_ring_start": ("int", (("uint64_t", "h"), ("int64_t", "nslots"), ("void**", "slotAddrs"), ("int64_t", "slotBytes"), ("int64_t", "nfills"), ("int64_t*", "fillSlots"), ("int64_t", "nparts"), ("int64_t*", "fills"), ("int64_t*", "recs"), ("int64_t*", "offs"), ("int64_t*", "lens"), ("int64_t*", "ats"), ("char*", "options"), ("int64_t*", "progress"), ("uint64_t*", "handle"), ("char**", "errOut"),)),
+    "pft_ckpt_ring_next": ("int", (("uint64_t", "h"), ("int64_t", "release"), ("int64_t*", "out"), ("char**", "errOut"),)),
+    "pft_ckpt_ring_close": ("int", (("uint64_t", "h"), ("char**", "errOut"),)),
     "pft_safetensors_save": ("int", (("char*", "path"), ("char*", "spec"), ("int64_t", "n"), ("void**", "addrs"), ("char*", "options"), ("int64_t*", "progress"), ("char**", "out"), ("char**", "errOut"),)),
     "pft_safetensors_open": ("int", (("char*", "path"), ("uint64_t*", "handle"), ("char**", "out"), ("char**", "errOut"),)),
     "pft_safetensors_close": ("int", (("uint64_t", "h"), ("char**", "errOut"),)),
@@ -85,4 +85,5 @@ PROTOTYPES: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
     "pft_ckpt_stage_write": ("int", (("uint64_t", "h"), ("int64_t", "n"), ("int64_t*", "indices"), ("int64_t*", "offsets"), ("void**", "addrs"), ("int64_t*", "sizes"), ("char**", "errOut"),)),
     "pft_ckpt_stage_commit": ("int", (("uint64_t", "h"), ("char**", "out"), ("char**", "errOut"),)),
     "pft_ckpt_stage_abort": ("int", (("uint64_t", "h"), ("char**", "errOut"),)),
+    "pft_ckpt_sum_part": ("int", (("uint64_t", "h"), ("int64_t", "index"), ("int64_t", "off"), ("void*", "addr"), ("int64_t", "nbytes"), ("int64_t", "crcIn"), ("int64_t*", "crcOut"), ("char**", "errOut"),)),
 }

@@ -139,16 +139,10 @@ def cufile_candidates() -> list[str]:
 PINNED_POOL_DEFAULT = 256 << 20
 
 #: Slots of the pinned ring a CUDA load reads through and a save from CUDA
-#: writes through: a load has :data:`PINNED_RING_READS` of them being read and
-#: the others being copied to the device.
+#: writes through: a load reads into every slot whose last copy to the device
+#: has completed (one native read of the whole load, its requests in flight
+#: across slots), while the slots read before are copied to the device.
 PINNED_RING_SLOTS = 4
-
-#: Native reads a CUDA load through the pinned ring keeps in flight, each into
-#: its own slot (on a thread of the load's): while one slot's last pieces land
-#: and are summed, the next slot's requests are already queued at the device,
-#: which a single read at a time leaves idle between reads. The ring's memory
-#: is the same (``PYFASTENSOR_PINNED_POOL``); a load holds two more threads.
-PINNED_RING_READS = 2
 
 
 #: Default of :func:`keep_freed`: at most this, and at most an eighth of the machine's memory.

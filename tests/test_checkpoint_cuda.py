@@ -4,7 +4,6 @@ for, and the fake libcufile for the cuFile route (in a child process)."""
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +14,6 @@ from cuda_fakes import FakeCuda, fake_cufile_env, run_child
 import pyfastensor
 from pyfastensor import _device
 from pyfastensor.checkpoint import _cuda
-from pyfastensor.checkpoint._native import Archive
 from pyfastensor.errors import CorruptFileError, EngineUnavailableError
 
 POOL = 1 << 20  # 4 slots of 256 KiB
@@ -96,28 +94,26 @@ def test_a_slot_is_reused_only_after_its_copy_completed(tmp_path: Path, small_po
     assert sum(1 for e in fake.log if e[0] == "sync") >= 12 - 4, "slots were waited for before reuse"
 
 
-def test_the_pieces_of_a_record_larger_than_a_slot_are_read_at_once(
+def test_a_record_larger_than_the_ring_goes_through_it_in_one_native_read(
     tmp_path: Path, small_pool: None, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     path = tmp_path / "s.pt"
-    big = torch.randn(400_000)  # 1.6 MB: 7 pieces of a 256 KiB slot
-    pyfastensor.save({"big": big}, path)
-    second_started = threading.Event()
-    overlapped: list[bool] = []
-    real = _cuda.read_part
+    big = torch.randn(400_000)  # 1.6 MB: 7 pieces of a 256 KiB slot, through 4 slots
+    pyfastensor.save({"big": big, "small": torch.arange(5)}, path)
+    reads: list[dict[str, Any]] = []
+    real = _cuda.RingRead.__init__
 
-    def read_part(archive: Any, index: int, offset: int, *args: Any, **kw: Any) -> int:
-        if offset == 0:  # the first piece returns only once the second has started (or 10 s passed)
-            overlapped.append(second_started.wait(timeout=10))
-        elif offset == POOL // 4:
-            second_started.set()
-        return real(archive, index, offset, *args, **kw)
+    def spy(self: Any, archive: Any, slots: Any, slot_bytes: int, fill_slots: Any, parts: Any, **kw: Any) -> None:
+        reads.append({"slots": len(slots), "fill_slots": list(fill_slots), "parts": list(parts)})
+        real(self, archive, slots, slot_bytes, fill_slots, parts, **kw)
 
-    monkeypatch.setattr(_cuda, "read_part", read_part)
+    monkeypatch.setattr(_cuda.RingRead, "__init__", spy)
     with _device.using(FakeCuda()):
         got = pyfastensor.load(path, map_location="cuda")
-    assert torch.equal(got["big"], big)
-    assert overlapped == [True], "the second piece's read waited for the first's"
+    assert torch.equal(got["big"], big) and torch.equal(got["small"], torch.arange(5))
+    assert len(reads) == 1, "every fill in one native read"
+    assert reads[0]["slots"] == 4 and reads[0]["fill_slots"] == [0, 1, 2, 3, 0, 1, 2, 3], "slots in turn"
+    assert [p[2] for p in reads[0]["parts"][:7]] == [k * (POOL // 4) for k in range(7)], "big's pieces in order"
 
 
 def mixed_checkpoint(path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, torch.Tensor]:
@@ -221,24 +217,24 @@ def test_an_engine_name_takes_the_pinned_ring_through_that_engine(
     path = tmp_path / "s.pt"
     pyfastensor.save(state(), path)
     engines: list[Any] = []
-    real_read, real_part = _cuda.Archive.read, _cuda.read_part
+    real_read, real_ring = _cuda.Archive.read, _cuda.RingRead.__init__
 
     def read(self: Any, reads: Any, **kw: Any) -> Any:
         engines.append(kw.get("engine"))
         return real_read(self, reads, **kw)
 
-    def part(*args: Any, **kw: Any) -> int:
+    def ring(self: Any, *args: Any, **kw: Any) -> None:
         engines.append(kw.get("engine"))
-        return real_part(*args, **kw)
+        real_ring(self, *args, **kw)
 
     monkeypatch.setattr(_cuda.Archive, "read", read)
-    monkeypatch.setattr(_cuda, "read_part", part)
+    monkeypatch.setattr(_cuda.RingRead, "__init__", ring)
     with _device.using(FakeCuda()):
         got = pyfastensor.load(path, map_location="cuda", engine="posix")
     assert_bit_identical(got, torch.load(path, map_location="cpu"))
     assert _cuda.last_route["route"] == "pinned" and _cuda.last_route["reason"] == "engine='posix'"
     # the pickle first, as on the CPU path (default choice); then every storage read through posix
-    assert engines[0] is None and len(engines) > 2 and set(engines[1:]) == {"posix"}, engines
+    assert engines[0] is None and engines[1:] == ["posix"], engines
 
 
 def test_engine_cufile_where_it_cannot_work_says_why(tmp_path: Path) -> None:
@@ -340,19 +336,25 @@ def test_a_failed_cufile_read_falls_back_to_the_pinned_ring(tmp_path: Path, fake
     assert "CU_FILE_INTERNAL_ERROR" in out["error"], "forced, the failure is the load's"
 
 
+def ring_reads(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """Record each ring read a load starts: its slots' addresses, the fills' slots, the parts."""
+    reads: list[dict[str, Any]] = []
+    real = _cuda.RingRead.__init__
+
+    def spy(self: Any, archive: Any, slots: Any, slot_bytes: int, fill_slots: Any, parts: Any, **kw: Any) -> None:
+        reads.append({"slots": list(slots), "fill_slots": list(fill_slots), "parts": list(parts)})
+        real(self, archive, slots, slot_bytes, fill_slots, parts, **kw)
+
+    monkeypatch.setattr(_cuda.RingRead, "__init__", spy)
+    return reads
+
+
 def test_records_sharing_a_ring_slot_start_on_the_cores_memory_alignment(
     tmp_path: Path, small_pool: None, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     path = tmp_path / "s.pt"
     pyfastensor.save(state(), path)
-    reads: list[tuple[int, int, int]] = []
-    real = Archive.read
-
-    def spy(self: Archive, rs: Any, **kw: Any) -> Any:
-        reads.extend(rs)
-        return real(self, rs, **kw)
-
-    monkeypatch.setattr(Archive, "read", spy)
+    reads = ring_reads(monkeypatch)
     fake = FakeCuda()
     with _device.using(fake):
         got = pyfastensor.load(path, map_location="cuda")
@@ -361,70 +363,41 @@ def test_records_sharing_a_ring_slot_start_on_the_cores_memory_alignment(
     assert_bit_identical(got, torch.load(path, map_location="cpu"))
     align = pyfastensor._lib.settings()["memory_alignment"]
     assert _device.memory_alignment() == align
-    offsets = [addr - base for _, addr, _ in reads if base <= addr < base + POOL]  # not the pickle's reads
+    (read,) = reads
+    assert all((a - base) % align == 0 for a in read["slots"]), "each slot starts on the core's memory alignment"
+    offsets = [at for _, _, _, _, at in read["parts"]]
     assert len(offsets) > 40
-    assert any(off % (POOL // 4) for off in offsets), "several records share a slot"
-    assert all(off % align == 0 for off in offsets), "each record starts on the core's memory alignment"
+    assert any(offsets), "several records share a slot"
+    assert all(at % align == 0 for at in offsets), "each record starts on the core's memory alignment"
 
 
-def overlapping_reads(monkeypatch: pytest.MonkeyPatch, fail_second: bool = False) -> dict[str, Any]:
-    """Patch the ring's native slot reads: the first waits until a second has started (so a
-    load that issued one read at a time would time out here, not pass), and records when it
-    ended; the second raises when ``fail_second``."""
-    import threading
-
-    seen: dict[str, Any] = {"calls": 0, "second": threading.Event(), "first_done": False}
-    lock = threading.Lock()
-    orig = Archive.read
-
-    def read(self: Archive, reads: Any, **kw: Any) -> Any:
-        if not threading.current_thread().name.startswith("pyfastensor-load"):
-            return orig(self, reads, **kw)  # the small records' read, before the ring's
-        with lock:
-            seen["calls"] += 1
-            nth = seen["calls"]
-        if nth == 1:
-            assert seen["second"].wait(timeout=30), "the next slot's read did not start while this one ran"
-            out = orig(self, reads, **kw)
-            seen["first_done"] = True
-            return out
-        if nth == 2:
-            seen["second"].set()
-            if fail_second:
-                raise OSError(5, "injected read error")
-        return orig(self, reads, **kw)
-
-    monkeypatch.setattr(Archive, "read", read)
-    return seen
-
-
-def test_the_ring_keeps_two_reads_in_flight_and_the_bytes_are_the_files(
-    tmp_path: Path, small_pool: None, monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    path = tmp_path / "s.pt"
-    tensors = {f"w{i}": torch.full((60_000,), float(i)) for i in range(12)}  # a slot each
-    tensors["big"] = torch.randn(300, 300, generator=torch.Generator().manual_seed(3))  # in pieces
-    pyfastensor.save(tensors, path)
-    with _device.using(FakeCuda()):
-        seen = overlapping_reads(monkeypatch)
-        got = pyfastensor.load(path, map_location="cuda")
-    assert seen["calls"] >= 12 and seen["first_done"]
-    for k, v in tensors.items():
-        assert torch.equal(got[k], v), k
-
-
-def test_a_failed_read_waits_for_the_read_beside_it_and_frees_the_ring(
+def test_a_failed_read_stops_the_ring_read_before_the_ring_is_given_back(
     tmp_path: Path, small_pool: None, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     path = tmp_path / "s.pt"
     pyfastensor.save({f"w{i}": torch.full((60_000,), float(i)) for i in range(6)}, path)
     fake = FakeCuda()
+    seen: dict[str, Any] = {"nexts": 0, "held_at_close": None}
+    real_next, real_close = _cuda.RingRead.next, _cuda.RingRead.close
+
+    def next_(self: Any, release: int = -1) -> int:
+        seen["nexts"] += 1
+        if seen["nexts"] == 2:
+            raise OSError(5, "injected read error")
+        return real_next(self, release)
+
+    def close(self: Any) -> None:
+        if seen["held_at_close"] is None:
+            seen["held_at_close"] = _device.slab(fake).held
+        real_close(self)
+
     with _device.using(fake):
         pyfastensor.load(path, map_location="cuda")
-        seen = overlapping_reads(monkeypatch, fail_second=True)
+        monkeypatch.setattr(_cuda.RingRead, "next", next_)
+        monkeypatch.setattr(_cuda.RingRead, "close", close)
         with pytest.raises(OSError, match="injected read error"):
             pyfastensor.load(path, map_location="cuda")
-        assert seen["first_done"], "the read still filling a slot ended before the load gave the ring back"
+        assert seen["held_at_close"] is True, "the reads into the ring stopped before the load gave it back"
         assert not _device.slab(fake).held
         monkeypatch.undo()
         monkeypatch.setenv("PYFASTENSOR_PINNED_POOL", str(POOL))

@@ -19,6 +19,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -48,6 +49,16 @@ type Extent struct {
 	Pages *PageSums
 	// Engine names the engine for this extent; "" leaves it to the chooser.
 	Engine string
+	// Ready, for a streamed read into memory reused from extent to extent
+	// (checkpoint.RingRead: the slots of a ring), is waited for before each
+	// of the extent's pieces moves: it returns once Data may be written, or
+	// with an error (which fails the extent) once failed is closed: another
+	// piece of the transfer failed, and the transfer ends.
+	Ready func(failed <-chan struct{}) error
+	// Landed, when not nil, is called once all the extent's bytes have
+	// moved, with their CRC-32 (0 without Sum), from the goroutine that
+	// moved the last piece.
+	Landed func(crc uint32)
 }
 
 // size returns the extent's length.
@@ -176,10 +187,17 @@ func run(files *Files, exts []Extent, engines []string, op Op, workers int, o Op
 		left[i].Store(int64(len(p)))
 		tasks = append(tasks, p...)
 	}
-	err := Run(len(tasks), workers, func(t int) error {
+	failed := make(chan struct{}) // closed at the first task that fails: Ready returns
+	var fail sync.Once
+	task := func(t int) error {
 		pc := tasks[t]
 		e := &exts[pc.Ext]
 		off := e.Off + pc.Lo
+		if e.Ready != nil {
+			if err := e.Ready(failed); err != nil {
+				return &ExtentError{Ext: pc.Ext, Off: off, Err: err}
+			}
+		}
 		started[pc.Ext].CompareAndSwap(0, time.Now().UnixNano())
 		f, err := files.File(engines[pc.Ext])
 		if err != nil {
@@ -214,11 +232,31 @@ func run(files *Files, exts []Extent, engines []string, op Op, workers int, o Op
 		if counted > 0 {
 			files.Count(f.Engine(), counted)
 		}
-		if left[pc.Ext].Add(-1) == 0 && e.Build == nil {
-			d := time.Duration(time.Now().UnixNano() - started[pc.Ext].Load())
-			o.Chooser.Observe(op, e.size(), engines[pc.Ext], d)
+		if left[pc.Ext].Add(-1) == 0 {
+			if e.Build == nil {
+				d := time.Duration(time.Now().UnixNano() - started[pc.Ext].Load())
+				o.Chooser.Observe(op, e.size(), engines[pc.Ext], d)
+			}
+			if e.Landed != nil {
+				var crc uint32
+				if crcs[pc.Ext] != nil {
+					crc = crcs[pc.Ext].Total()
+				}
+				e.Landed(crc)
+			}
 		}
 		return nil
+	}
+	err := Run(len(tasks), workers, func(t int) error {
+		ok := false
+		defer func() { // after a panic too (Run turns it into the task's error)
+			if !ok {
+				fail.Do(func() { close(failed) })
+			}
+		}()
+		err := task(t)
+		ok = err == nil
+		return err
 	})
 	if err != nil {
 		return nil, err

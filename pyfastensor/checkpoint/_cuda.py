@@ -23,16 +23,17 @@ are then moved by one of two routes, decided once per load
   save the copy back but needs a CRC kernel torch does not have.)
 - ``pinned``: a ring of :data:`~pyfastensor.config.PINNED_RING_SLOTS` pinned
   host buffers (``PYFASTENSOR_PINNED_POOL`` bytes in all, allocated once per
-  process): the Go core reads into slots, summing CRC-32s as the bytes
-  land, :data:`~pyfastensor.config.PINNED_RING_READS` slots at once (each
-  read on a thread of the load's own, so the disk always has the next
-  slot's requests queued while one slot's last pieces land and are
-  summed), while the slots read before have their host-to-device copies
-  run on a side stream; a slot is read into again only once its copy's
-  event has completed. Small records share a slot (one native read of many records);
-  records larger than a slot go in slot-sized pieces, read at once as other
-  slots are (the Go core sums each piece alone as it lands) and joined in
-  order as they are copied to the device, the total checked at the last.
+  process). The load is planned as fills, each a slot's worth: small records
+  share a slot, each on its own pages; records larger than a slot go in
+  slot-sized pieces, a fill each. One native read
+  (:class:`~pyfastensor.checkpoint._native.RingRead`) then reads every fill,
+  slot after slot, its requests in flight across fills as in a read of the
+  whole file (so the disk never waits for a slot's last pieces), summing
+  CRC-32s as the bytes land; a fill starts landing in its slot only once the
+  copy of the fill before it there has completed. This thread takes the fills
+  in order, runs each slot's host-to-device copies on a side stream, and
+  releases the slot once their event has completed. The pieces' sums are
+  joined in order, each record checked at its last.
 
 ``engine=`` of :func:`pyfastensor.load` picks the route too: ``"cufile"``
 is the cuFile route or an error saying why it cannot be (as
@@ -62,9 +63,7 @@ import ctypes
 import logging
 import os
 import pickle
-from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -73,7 +72,7 @@ from .. import _device, _lib, config
 from ..engines import EngineFile, cufile_driver_works, cufile_fallback
 from ..errors import CorruptFileError, EngineUnavailableError, FastensorError
 from . import _progress
-from ._native import Archive
+from ._native import Archive, RingRead
 from ._torchzip import PreloadedZip, key_paths
 from ._unpickle import refused, unpickle
 
@@ -283,78 +282,82 @@ def _choose(archive: Archive, engine: Any = None) -> tuple[str, str, EngineFile 
 
 
 class _Upload:
-    """The pinned ring's pipeline (see the module docstring): read slots, ``reads`` at once, each
-    on a thread of the load's own; copy each slot to the device on the side stream once its read
-    has returned, in order; go on with the next slots while the copies run.
-
-    Args:
-        reads: native reads in flight at once (default
-            :data:`~pyfastensor.config.PINNED_RING_READS`, at most the ring's slots less one).
+    """The pinned ring's pipeline (see the module docstring): plan the fills, start one native
+    read of them all (:class:`~pyfastensor.checkpoint._native.RingRead`), then take the fills
+    in order, copy each to the device on the side stream, and release its slot to the reads
+    once the copy's event has completed (a copy runs at PCIe speed, far ahead of the disk).
     """
 
     def __init__(self, archive: Archive, ring: _device.Ring, backend: _device.Backend, verify: bool,
-                 engine: Any = None, done: Callable[[int], None] | None = None, *, reads: int | None = None) -> None:
+                 engine: Any = None, done: Callable[[int], None] | None = None) -> None:
         self.archive, self.ring, self.b, self.verify = archive, ring, backend, verify
         self.engine, self.done = engine, done or (lambda n: None)
         self.streams: dict[torch.device, Any] = {}
-        self.batch: list[tuple[int, torch.Tensor, int]] = []  # (entry, device memory, offset in slot)
-        self.fill = 0
-        self.depth = max(1, min(reads or config.PINNED_RING_READS, len(ring.slots) - 1))
-        # Reads issued, oldest first: (slot, its copies (device destination, slice of the slot),
-        # bytes, the read's future, and for a piece of a record larger than a slot what joins the
-        # piece's CRC-32, the future's result, to the record's).
-        self.pending: deque[tuple[int, list[tuple[torch.Tensor, torch.Tensor]], int, Future[int],
-                                  Callable[[int], None] | None]] = deque()
-        self.crcs: dict[int, int] = {}  # CRC-32 of the pieces joined so far, by record
-        self.pool: ThreadPoolExecutor | None = None
-        #: Most native reads in flight at once during the load.
-        self.most_in_flight = 0
+
+    def plan(self, records: list[tuple[int, torch.Tensor]]) -> tuple[
+            list[int], list[tuple[int, int, int, int, int]], list[list[tuple[torch.Tensor, torch.Tensor]]]]:
+        """The fills of ``records`` (in file order): each fill's slot (in turn), the parts
+        ``(fill, entry, offset in the record, bytes, offset in the slot)``, and each fill's
+        copies ``(device destination, slice of the slot)``. Records that fit share a slot,
+        each on its own pages (direct reads land in place); larger ones go in slot-sized
+        pieces, a fill each."""
+        slot_bytes, align, slots = self.ring.slot_bytes, self.ring.align, self.ring.slots
+        fill_slots: list[int] = []
+        parts: list[tuple[int, int, int, int, int]] = []
+        copies: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
+        at = slot_bytes  # no fill open
+
+        def open_fill() -> torch.Tensor:
+            fill_slots.append(len(fill_slots) % len(slots))
+            copies.append([])
+            return slots[fill_slots[-1]]
+
+        for i, t in records:
+            n = t.numel()
+            if n == 0:
+                continue
+            if n > slot_bytes:
+                for lo in range(0, n, slot_bytes):
+                    m = min(slot_bytes, n - lo)
+                    slot = open_fill()
+                    copies[-1].append((t[lo:lo + m], slot[:m]))
+                    parts.append((len(copies) - 1, i, lo, m, 0))
+                at = slot_bytes
+                continue
+            at = -(-at // align) * align
+            if at + n > slot_bytes:
+                open_fill()
+                at = 0
+            copies[-1].append((t, slots[fill_slots[-1]][at:at + n]))
+            parts.append((len(copies) - 1, i, 0, n, at))
+            at += n
+        return fill_slots, parts, copies
 
     def run(self, records: list[tuple[int, torch.Tensor]]) -> None:
-        slot_bytes, align = self.ring.slot_bytes, self.ring.align
-        self.pool = ThreadPoolExecutor(self.depth, thread_name_prefix="pyfastensor-load")
+        fill_slots, parts, copies = self.plan(records)
+        nbytes = [0] * len(fill_slots)
+        for k, _, _, n, _ in parts:
+            nbytes[k] += n
+        self.ring.drain()  # no copy of an earlier user still reads a slot
+        held: tuple[int, Any] | None = None  # the fill whose copy runs, and its event
         try:
-            for i, t in records:
-                n = t.numel()
-                if n > slot_bytes:
-                    self._flush()
-                    self._pieces(i, t)
-                    continue
-                at = -(-self.fill // align) * align  # each record on its own pages: direct reads land in place
-                if at + n > slot_bytes:
-                    self._flush()
-                    at = 0
-                self.batch.append((i, t, at))
-                self.fill = at + n
-            self._flush()
-            while self.pending:
-                self._land()
+            with RingRead(self.archive, [s.data_ptr() for s in self.ring.slots], self.ring.slot_bytes,
+                          fill_slots, parts, verify=self.verify, engine=self.engine) as reads:
+                while True:
+                    release = -1
+                    if held is not None:
+                        (release, event), held = held, None
+                        event.synchronize()
+                    k = reads.next(release)
+                    if k < 0:
+                        break
+                    self.done(nbytes[k])
+                    held = (k, self._upload(copies[k]))
         finally:
-            # A read still running writes into the ring: none may outlive the load's hold on it.
-            self.pool.shutdown(wait=True)
-        self.ring.drain()
+            if held is not None:  # a failure: no copy may outlive the load's hold on the ring
+                held[1].synchronize()
         for device, side in self.streams.items():  # the user's stream sees the copies
             self.b.current_stream(device).wait_stream(side)
-
-    def _issue(self, slot: int, copies: list[tuple[torch.Tensor, torch.Tensor]], nbytes: int,
-               read: Callable[[], int], join: Callable[[int], None] | None = None) -> None:
-        """Start ``read`` (filling ``slot``) on the load's threads; once ``depth`` reads are in
-        flight, first land the oldest. ``join`` takes the read's result when it lands."""
-        while len(self.pending) >= self.depth:
-            self._land()
-        assert self.pool is not None
-        self.pending.append((slot, copies, nbytes, self.pool.submit(read), join))
-        self.most_in_flight = max(self.most_in_flight, len(self.pending))
-
-    def _land(self) -> None:
-        """Wait for the oldest read, join a piece's CRC-32 to its record's, then copy the slot to
-        the device."""
-        slot, copies, nbytes, fut, join = self.pending.popleft()
-        result = fut.result()
-        if join is not None:
-            join(result)
-        self.done(nbytes)
-        self._upload(slot, copies)
 
     def _side(self, device: torch.device) -> Any:
         s = self.streams.get(device)
@@ -363,9 +366,9 @@ class _Upload:
             s.wait_stream(self.b.current_stream(device))  # the allocations are made on it
         return s
 
-    def _upload(self, slot: int, copies: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """Copy ``(device destination, slice of the slot)`` pairs on their devices' side streams,
-        and hold the slot until the copies' events have completed."""
+    def _upload(self, copies: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
+        """Copy ``(device destination, slice of the slot)`` pairs on their devices' side streams;
+        return the event (or events, as one) that completes once the slot may be read into again."""
         devices: list[torch.device] = []
         for dst, src in copies:
             with self.b.use(self._side(dst.device)):
@@ -377,61 +380,7 @@ class _Upload:
             ev = self.b.event()
             ev.record(self._side(device))
             events.append(ev)
-        if events:
-            self.ring.used(slot, events[0] if len(events) == 1 else _AllOf(events))
-
-    def _flush(self) -> None:
-        if not self.batch:
-            return
-        slot, buf = self.ring.take()
-        base = buf.data_ptr()
-        reads = [(i, base + at, t.numel()) for i, t, at in self.batch if t.numel()]
-        copies = [(t, buf[at:at + t.numel()]) for _, t, at in self.batch if t.numel()]
-        self.batch, self.fill = [], 0
-
-        def read() -> int:
-            self.archive.read(reads, verify=self.verify, engine=self.engine)
-            return 0
-        self._issue(slot, copies, sum(r[2] for r in reads), read)
-
-    def _pieces(self, i: int, t: torch.Tensor) -> None:
-        """Record ``i``, larger than a slot, in slot-sized pieces: each read on its own, as any
-        slot's, the Go core summing the piece alone; :meth:`_land` joins the sums in order (the
-        pieces land in the order they were issued) and the last join checks the record."""
-        e = self.archive.entries[i]
-        for lo in range(0, e.size, self.ring.slot_bytes):
-            n = min(self.ring.slot_bytes, e.size - lo)
-            slot, buf = self.ring.take()
-
-            def read(lo: int = lo, n: int = n, addr: int = buf.data_ptr()) -> int:
-                return read_part(self.archive, i, lo, addr, n, verify=self.verify, engine=self.engine)
-
-            def join(part: int, lo: int = lo, n: int = n) -> None:
-                self.crcs[i] = join_part(self.archive, i, lo, n, self.crcs.get(i, 0), part)
-            self._issue(slot, [(t[lo:lo + n], buf[:n])], n, read, join if self.verify else None)
-
-
-def read_part(archive: Archive, index: int, offset: int, addr: int, nbytes: int, *, verify: bool,
-              engine: Any = None) -> int:
-    """Read ``nbytes`` of record ``index`` from ``offset`` of its data into ``addr`` (through ``engine``,
-    None: the default choice); return the part's own CRC-32, summed by the Go core as it lands (0
-    without ``verify``). Nothing is checked here: :func:`join_part` does, in order."""
-    out = _lib.i64()
-    _lib.call("pft_ckpt_read_part", archive._live(), index, offset, addr, nbytes,
-              _lib.options(engine, verify=verify), ctypes.byref(out))
-    return int(out.value)
-
-
-def join_part(archive: Archive, index: int, offset: int, nbytes: int, crc: int, part: int) -> int:
-    """Join ``part``, the CRC-32 of bytes ``[offset, offset + nbytes)`` of record ``index``, to ``crc``
-    (that of the bytes before ``offset``), in the Go core; return the new sum.
-
-    Raises:
-        CorruptFileError: at the record's last part, when the sum is not the central directory's.
-    """
-    out = _lib.i64()
-    _lib.call("pft_ckpt_join_part", archive._live(), index, offset, nbytes, crc, part, ctypes.byref(out))
-    return int(out.value)
+        return events[0] if len(events) == 1 else _AllOf(events)
 
 
 class _AllOf:

@@ -325,3 +325,61 @@ class Archive(_lib.Handle):
 
     def _closed_message(self) -> str:
         return f"archive {self.path!r} is closed"
+
+
+class RingRead(_lib.Handle):
+    """Records of ``archive`` read through a ring of slots reused from fill to fill, all in one
+    native transfer (``checkpoint/ringread.go``): its pieces stay in flight across fills, and a
+    fill starts landing in its slot only once the fill before it there has been released.
+
+    Take the fills in order with :meth:`next`, copy each out of its slot, and release it in a
+    later call. Closing (at the end of a ``with`` block too) stops the reads and returns once
+    none is in flight: the slots' memory must outlive it, and the archive stays open until then.
+
+    Args:
+        archive: the opened archive.
+        slots: the address of each slot, each ``slot_bytes`` long.
+        slot_bytes: the slots' size.
+        fill_slots: the slot of each fill.
+        parts: ``(fill, entry index, offset in the record, bytes, offset in the slot)``, in fill
+            order; the parts of a record in order and covering it.
+        verify: check each record's CRC-32 as :meth:`next` completes it. Default ``True``.
+        engine: an engine name or open dictionaries; None: the default choice.
+        counter: advanced by the bytes landed, from the reads' threads.
+
+    Raises:
+        ValueError: a plan that breaks the rules above (from the Go core).
+    """
+
+    _close_fn = "pft_ckpt_ring_close"
+
+    def __init__(self, archive: Archive, slots: Sequence[int], slot_bytes: int, fill_slots: Sequence[int],
+                 parts: Sequence[tuple[int, int, int, int, int]], *, verify: bool = True, engine: Any = None,
+                 counter: ctypes.c_int64 | None = None) -> None:
+        super().__init__()
+        self.archive = archive  # the Go core holds its file until close
+        i64 = ctypes.c_int64
+        cols = [(i64 * len(parts))(*col) for col in zip(*parts, strict=True)] if parts else [None] * 5
+        handle = _lib.u64()
+        _lib.call(
+            "pft_ckpt_ring_start", archive._live(), len(slots), (ctypes.c_void_p * len(slots))(*slots), slot_bytes,
+            len(fill_slots), (i64 * len(fill_slots))(*fill_slots), len(parts), *cols,
+            _lib.options(engine, verify=verify), ctypes.byref(counter) if counter is not None else None,
+            ctypes.byref(handle))
+        self._handle = handle.value
+
+    def next(self, release: int = -1) -> int:
+        """Release fill ``release``'s slot (-1: none), then wait for the next fill in order and
+        return its index, or -1 once every fill has been returned.
+
+        Raises:
+            CorruptFileError: a record the fill completes does not match its CRC-32, or the file
+                ends inside it.
+            OSError: a read failed.
+        """
+        out = _lib.i64()
+        _lib.call("pft_ckpt_ring_next", self._live(), release, ctypes.byref(out))
+        return int(out.value)
+
+    def _closed_message(self) -> str:
+        return f"ring read of {self.archive.path!r} is closed"
