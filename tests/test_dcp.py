@@ -321,6 +321,58 @@ def test_device_tensors_pass_through_pinned_memory(tmp_path, monkeypatch):
     assert len(FakeStaging.allocs) == 3 and FakeStaging.syncs == [1]
 
 
+def test_waves_bound_the_staged_bytes_and_keep_the_order():
+    sizes = {"a": 400, "h1": 0, "b": 500, "c": 200, "big": 5000, "h2": 0, "d": 100}
+    got = _staging.waves(list(sizes), sizes.__getitem__, 1000)
+    assert got == [["a", "h1", "b"], ["c"], ["big", "h2"], ["d"]], "items in order; an item over the bound alone"
+    assert [x for w in got for x in w] == list(sizes)
+    assert _staging.waves([], sizes.__getitem__, 1000) == []
+    assert _staging.waves(["h1", "h2"], sizes.__getitem__, 1) == [["h1", "h2"]], "host items stage nothing"
+
+
+class CountingStaging(FakeStaging):
+    """FakeStaging that also records the bytes allocated between two waits: what one wave pins."""
+
+    waves: list[int] = []
+
+    @staticmethod
+    def _alloc(shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+        t = FakeStaging._alloc(shape, dtype)
+        CountingStaging.waves[-1] += t.numel() * t.element_size()
+        return t
+
+    def wait(self) -> None:
+        super().wait()
+        CountingStaging.waves.append(0)
+
+
+def test_device_tensors_go_in_waves_of_the_staging_bound(tmp_path, monkeypatch):
+    from pyfastensor.dcp import _reader
+
+    monkeypatch.setenv("PYFASTENSOR_DCP_STAGING", "1M")
+    monkeypatch.setattr(_writer, "Staging", CountingStaging)
+    monkeypatch.setattr(_reader, "Staging", CountingStaging)
+    FakeStaging.allocs, FakeStaging.syncs, CountingStaging.waves = [], [], [0]
+    g = torch.Generator().manual_seed(5)
+    sd = {f"w{i}": torch.randn(100_000, generator=g) for i in range(6)}  # 400 KB each: two a wave
+    sd["big"] = torch.randn(300_000, generator=g)  # 1.2 MB: over the bound, alone
+    dcp.save(sd, storage_writer=Writer(tmp_path))
+    pinned = [n for n in CountingStaging.waves if n]
+    assert len(pinned) == 4 and max(n for n in pinned if n < 1 << 20) == 800_000 and 1_200_000 in pinned
+    files = sorted(p.name for p in tmp_path.glob("__0_*.pfd"))
+    assert [f.split("_")[3] for f in files] == ["0", "1", "2", "3"], "a data file per wave"
+    CountingStaging.waves = [0]
+    got = {k: torch.zeros_like(v) for k, v in sd.items()}
+    dcp.load(got, storage_reader=Reader(tmp_path))
+    assert_loaded(got, sd)
+    pinned = [n for n in CountingStaging.waves if n]
+    assert len(pinned) == 4 and max(n for n in pinned if n < 1 << 20) == 800_000, "the load stages as much"
+    monkeypatch.setenv("PYFASTENSOR_DCP_STAGING", "12K")
+    for cls in (Writer, Reader):
+        with pytest.raises(ValueError, match="PYFASTENSOR_DCP_STAGING='12K': expected at least 1M"):
+            cls(tmp_path)
+
+
 def test_staging_of_host_tensors_copies_only_views():
     s = _staging.Staging(empty_pinned=lambda *a: pytest.fail("no pinned memory for host tensors"),
                          synchronize=lambda: pytest.fail("nothing to wait for"))

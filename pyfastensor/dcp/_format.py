@@ -1,8 +1,9 @@
 """What a pyfastensor DCP checkpoint holds, beside DCP's own metadata.
 
-A checkpoint directory holds one data file per rank and save,
-``__<rank>_<n>_<save id>.pfd`` (raw records, each on a 4 KiB boundary; see
-checkpoint/dcp.go), and ``.metadata``: DCP's :class:`Metadata`, pickled, whose
+A checkpoint directory holds each rank's data files of a save,
+``__<rank>_<n>_<save id>.pfd`` (raw records, each on a 4 KiB boundary, see
+checkpoint/dcp.go; a file per wave of device tensors staged through pinned
+memory, :mod:`pyfastensor.dcp._staging`), and ``.metadata``: DCP's :class:`Metadata`, pickled, whose
 ``storage_data`` maps each item's :class:`MetadataIndex` to a :class:`Record`.
 Only Python reads ``.metadata`` (as DCP's FileSystemReader does: it is a
 pickle, to be loaded from trusted directories only).

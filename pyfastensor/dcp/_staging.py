@@ -1,19 +1,38 @@
 """Device tensors pass through pinned host memory on their way to and from files.
 
 Go moves bytes between files and host memory only (DESIGN.md: device-side work
-is torch's). A save copies each device tensor into a pinned host tensor with a
-non-blocking copy, waits once for all of them, then hands the host copies to
-Go; a load reads into pinned host tensors and copies them to the device,
-waiting once before the host memory is let go. The two hooks, allocation and
-waiting, are attributes so that tests fake them on machines without a GPU.
+is torch's). A save copies a wave of device tensors (:func:`waves`, at most
+``PYFASTENSOR_DCP_STAGING`` bytes) into pinned host tensors with non-blocking
+copies, waits once for all of them, then hands the host copies to Go; a load
+reads a wave into pinned host tensors and copies them to the device, waiting
+once before the host memory is let go. The two hooks, allocation and waiting,
+are attributes so that tests fake them on machines without a GPU.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import torch
+
+T = TypeVar("T")
+
+
+def waves(items: Sequence[T], staged: Callable[[T], int], bound: int) -> list[list[T]]:
+    """``items`` in order, cut into runs whose ``staged`` bytes (what each puts in pinned memory:
+    0 for an item that is not staged) add up to at most ``bound``, or are one item's larger
+    than ``bound``. No run is empty; no items, no runs."""
+    out: list[list[T]] = []
+    held = 0  # staged bytes of the last run
+    for item in items:
+        n = staged(item)
+        if not out or (n and held and held + n > bound):
+            out.append([])
+            held = 0
+        out[-1].append(item)
+        held += n
+    return out
 
 
 def _empty_pinned(shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:

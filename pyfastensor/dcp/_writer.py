@@ -16,9 +16,10 @@ from torch.distributed.checkpoint.staging import BlockingAsyncStager
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
+from .. import config
 from . import _engines, _native
 from ._format import METADATA, Prefix, Record
-from ._staging import Staging
+from ._staging import Staging, waves
 
 #: DCP's metadata version of the checkpoints written (filesystem.py's CURRENT_DCP_VERSION).
 DCP_VERSION = "1.0.0"
@@ -32,10 +33,14 @@ def item_name(index: MetadataIndex) -> str:
 class Writer(StorageWriter, BlockingAsyncStager):
     """A :class:`~torch.distributed.checkpoint.StorageWriter` that writes through pyfastensor's engines.
 
-    Each rank writes its items into one data file of its own,
-    ``__<rank>_0_<save id>.pfd``: raw records, each starting on a 4 KiB boundary, no
+    Each rank writes its items into data files of its own,
+    ``__<rank>_<n>_<save id>.pfd``: raw records, each starting on a 4 KiB boundary, no
     pickling of tensors (non-contiguous tensors and views are written as their
-    values; device tensors pass through pinned host memory). DCP's metadata records,
+    values). Device tensors pass through pinned host memory in waves of at most
+    ``PYFASTENSOR_DCP_STAGING`` bytes (default 1G; read when the writer is made), a data
+    file each, so a rank pins that much whatever its share of the state; host tensors
+    are written from their own memory, in the file of the wave they fall in. DCP's
+    metadata records,
     per item, the file, offset, length, dtype, shape, CRC-32 and the CRC-32 of every
     4 KiB page, so a resharded load reads and checks only the pages it needs. Items
     DCP serializes itself (``WriteItemType.BYTE_IO``) are records of those bytes.
@@ -60,6 +65,10 @@ class Writer(StorageWriter, BlockingAsyncStager):
             :mod:`pyfastensor.dcp._engines`), or a
             :class:`~pyfastensor.dictionary.Dictionaries` used as given.
         durable: fsync data files, metadata and directory. Default: ``True``.
+
+    Raises:
+        ValueError: ``thread_count`` below 1, or ``PYFASTENSOR_DCP_STAGING`` malformed or
+            below 1M.
 
     Example::
 
@@ -90,6 +99,7 @@ class Writer(StorageWriter, BlockingAsyncStager):
         self.thread_count = thread_count
         self.engine = engine
         self.durable = durable
+        self.staging_bytes = config.dcp_staging()
         self.save_id = uuid.uuid4().hex[:12]
         self.rank: int | None = None
         self.is_coordinator = False
@@ -127,15 +137,38 @@ class Writer(StorageWriter, BlockingAsyncStager):
         return [dataclasses.replace(p, storage_data=Prefix(i, self.save_id)) for i, p in enumerate(plans)]
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
-        """Write this rank's items into its data file, in one native call."""
+        """Write this rank's items: one native call per data file, device tensors staged
+        through pinned memory in waves of at most ``PYFASTENSOR_DCP_STAGING`` bytes, each wave
+        a data file of its own (host items go with the wave they fall in)."""
         prefix: Prefix = plan.storage_data if plan.storage_data is not None else Prefix(0, self.save_id)
-        name = prefix.data_file(0)
         staging = Staging()
+        data = {id(item): item if item.type == WriteItemType.BYTE_IO else planner.resolve_data(item).detach()
+                for item in plan.items}
+
+        def staged(item: Any) -> int:
+            t = data[id(item)]
+            return t.numel() * t.element_size() if item.type != WriteItemType.BYTE_IO and staging.on_device(t) else 0
+
+        results: list[WriteResult] = []
+        stats: list[dict[str, Any]] = []
+        try:
+            for k, wave in enumerate(waves(plan.items, staged, self.staging_bytes)):
+                results += self._write_wave(prefix.data_file(k), wave, data, planner, staging, stats)
+        finally:
+            self._close_shared()
+        self.last_stats = _joined(stats)
+        fut: Future[list[WriteResult]] = Future()
+        fut.set_result(results)
+        return fut
+
+    def _write_wave(self, name: str, items: list[Any], data: dict[int, Any], planner: SavePlanner,
+                    staging: Staging, stats: list[dict[str, Any]]) -> list[WriteResult]:
+        """Write ``items`` as the data file ``name``, in one native call; return their results."""
         keep: list[Any] = []  # the host memory handed to Go, alive until the call returns
         metas: list[tuple[str, tuple[int, ...]]] = []
         addrs: list[int] = []
         sizes: list[int] = []
-        for item in plan.items:
+        for item in items:
             if item.type == WriteItemType.BYTE_IO:
                 raw = planner.resolve_data(item).getvalue()
                 arr = np.frombuffer(raw, dtype=np.uint8)
@@ -144,32 +177,25 @@ class Writer(StorageWriter, BlockingAsyncStager):
                 sizes.append(arr.size)
                 metas.append(("bytes", ()))
                 continue
-            t = planner.resolve_data(item).detach()
+            t = data[id(item)]
             host = staging.to_host(t)
             keep.append(host)
             addrs.append(host.data_ptr() if host.numel() else 0)
             sizes.append(host.numel() * host.element_size())
             metas.append((str(t.dtype), tuple(t.shape)))
         staging.wait()
-        results: list[WriteResult] = []
-        if plan.items:
-            try:
-                recs, self.last_stats = _native.save_items(
-                    str(self.path / name), [item_name(i.index) for i in plan.items], addrs, sizes,
-                    durable=self.durable, engine=self._shared.engine if self._shared else None,
-                    workers=self.thread_count or 0)
-            finally:
-                del keep
-                self._close_shared()
-            for item, rec, (dtype, shape) in zip(plan.items, recs, metas, strict=True):
-                results.append(WriteResult(
-                    index=item.index, size_in_bytes=rec["length"],
-                    storage_data=Record(name, rec["offset"], rec["length"], rec["crc32"], rec["pages"], dtype, shape)))
-        else:
-            self._close_shared()
-        fut: Future[list[WriteResult]] = Future()
-        fut.set_result(results)
-        return fut
+        try:
+            recs, st = _native.save_items(
+                str(self.path / name), [item_name(i.index) for i in items], addrs, sizes,
+                durable=self.durable, engine=self._shared.engine if self._shared else None,
+                workers=self.thread_count or 0)
+        finally:
+            del keep
+        stats.append(st)
+        return [WriteResult(index=item.index, size_in_bytes=rec["length"],
+                            storage_data=Record(name, rec["offset"], rec["length"], rec["crc32"], rec["pages"],
+                                                dtype, shape))
+                for item, rec, (dtype, shape) in zip(items, recs, metas, strict=True)]
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         """Commit the checkpoint: ``.metadata`` written last, durably; then the data files of
@@ -204,3 +230,19 @@ class Writer(StorageWriter, BlockingAsyncStager):
             self._shared = None
 
 
+
+
+def _joined(stats: list[dict[str, Any]]) -> dict[str, Any]:
+    """The stats of several data file writes as one: numbers summed, bytes per engine summed."""
+    out: dict[str, Any] = {}
+    for st in stats:
+        for k, v in st.items():
+            if isinstance(v, dict):
+                d = out.setdefault(k, {})
+                for e, n in v.items():
+                    d[e] = d.get(e, 0) + n
+            elif isinstance(v, int | float) and not isinstance(v, bool):
+                out[k] = out.get(k, 0) + v
+            else:
+                out.setdefault(k, v)
+    return out
