@@ -116,20 +116,10 @@ func TestRingReadCatchesACorruptRecordAtItsLastPart(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, f.Close())
 
-	fillSlots, parts := ringPlan(a, 1<<20, 2)
-	r, err := a.StartRing(ringSlots(2, 1<<20), fillSlots, parts, ReadOptions{})
-	require.NoError(t, err)
-	release := -1
-	for {
-		k, err := r.Next(release)
-		if err != nil {
-			assert.ErrorIs(t, err, ErrCorrupt)
-			assert.ErrorContains(t, err, recs[big].Name)
-			break
-		}
-		require.GreaterOrEqual(t, k, 0, "the corrupt record was delivered")
-		release = k
-	}
+	r := startSampleRing(t, a)
+	err = takeAll(t, r)
+	assert.ErrorIs(t, err, ErrCorrupt)
+	assert.ErrorContains(t, err, recs[big].Name)
 	assert.NoError(t, r.Close(), "the reads themselves went well")
 }
 
@@ -140,31 +130,43 @@ func TestRingReadFailureReachesNextAndFreesWaitingPieces(t *testing.T) {
 	path, recs, a := openSample(t)
 	big := len(recs) - 2
 	require.NoError(t, os.Truncate(path, a.Entries[big].DataOff+gds.DefaultTaskSize))
+	r := startSampleRing(t, a)
+	err := takeAll(t, r)
+	assert.ErrorIs(t, err, ErrCorrupt)
+	assert.ErrorContains(t, err, "file ends inside the record's data")
+	assert.ErrorContains(t, err, recs[big].Name)
+	assert.ErrorIs(t, r.Close(), ErrCorrupt, "Close reports the failure too")
+}
+
+// startSampleRing starts reading a's records through 2 slots of 1 MiB.
+func startSampleRing(t *testing.T, a *Archive) *RingRead {
+	t.Helper()
 	fillSlots, parts := ringPlan(a, 1<<20, 2)
 	r, err := a.StartRing(ringSlots(2, 1<<20), fillSlots, parts, ReadOptions{})
 	require.NoError(t, err)
+	return r
+}
+
+// takeAll takes every fill, releasing each in the next call, and returns
+// the first error; it fails the test if every fill came.
+func takeAll(t *testing.T, r *RingRead) error {
+	t.Helper()
 	release := -1
 	for {
 		k, err := r.Next(release)
 		if err != nil {
-			assert.ErrorIs(t, err, ErrCorrupt)
-			assert.ErrorContains(t, err, "file ends inside the record's data")
-			assert.ErrorContains(t, err, recs[big].Name)
-			break
+			return err
 		}
-		require.GreaterOrEqual(t, k, 0, "a fill past the file's end was delivered")
+		require.GreaterOrEqual(t, k, 0, "every fill was delivered")
 		release = k
 	}
-	assert.ErrorIs(t, r.Close(), ErrCorrupt, "Close reports the failure too")
 }
 
 // Closing in the middle stops the read: pieces waiting for a slot give up,
 // those in flight land, and Close returns; Next after it fails.
 func TestRingReadClosesMidway(t *testing.T) {
 	_, _, a := openSample(t)
-	fillSlots, parts := ringPlan(a, 1<<20, 2)
-	r, err := a.StartRing(ringSlots(2, 1<<20), fillSlots, parts, ReadOptions{})
-	require.NoError(t, err)
+	r := startSampleRing(t, a)
 	k, err := r.Next(-1)
 	require.NoError(t, err)
 	require.Equal(t, 0, k)
@@ -178,11 +180,9 @@ func TestRingReadClosesMidway(t *testing.T) {
 // forever: Next refuses, naming what to release.
 func TestRingReadRefusesToWaitForAHeldSlot(t *testing.T) {
 	_, _, a := openSample(t)
-	fillSlots, parts := ringPlan(a, 1<<20, 2)
-	r, err := a.StartRing(ringSlots(2, 1<<20), fillSlots, parts, ReadOptions{})
-	require.NoError(t, err)
+	r := startSampleRing(t, a)
 	defer r.Close()
-	_, err = r.Next(-1)
+	_, err := r.Next(-1)
 	require.NoError(t, err)
 	_, err = r.Next(-1) // fill 1, slot 1: free
 	require.NoError(t, err)

@@ -1,7 +1,6 @@
 package checkpoint
 
 import (
-	"path/filepath"
 	"testing"
 
 	"github.com/pyfastensor/pyfastensor/gds"
@@ -12,14 +11,9 @@ import (
 // SumPart over a record's bytes in memory, part after part, agrees with
 // its CRC-32, and catches a flipped byte at the last part.
 func TestSumPartChecksRecordsInMemory(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "ck.pt")
-	recs := sampleRecords()
-	_, err := Save(path, recs, WriteOptions{})
-	require.NoError(t, err)
-	a, err := OpenArchive(path)
-	require.NoError(t, err)
-	defer a.Close()
+	_, recs, a := openSample(t)
 	const part = 3<<20 + 5
+	var err error
 	for i, r := range recs {
 		var crc uint32
 		for off := 0; off < len(r.Data); off += part {

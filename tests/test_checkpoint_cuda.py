@@ -94,25 +94,31 @@ def test_a_slot_is_reused_only_after_its_copy_completed(tmp_path: Path, small_po
     assert sum(1 for e in fake.log if e[0] == "sync") >= 12 - 4, "slots were waited for before reuse"
 
 
+def ring_reads(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """Record each ring read a load starts: its slots' addresses, the fills' slots, the parts."""
+    reads: list[dict[str, Any]] = []
+    real = _cuda.RingRead.__init__
+
+    def spy(self: Any, archive: Any, slots: Any, slot_bytes: int, fill_slots: Any, parts: Any, **kw: Any) -> None:
+        reads.append({"slots": list(slots), "fill_slots": list(fill_slots), "parts": list(parts)})
+        real(self, archive, slots, slot_bytes, fill_slots, parts, **kw)
+
+    monkeypatch.setattr(_cuda.RingRead, "__init__", spy)
+    return reads
+
+
 def test_a_record_larger_than_the_ring_goes_through_it_in_one_native_read(
     tmp_path: Path, small_pool: None, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     path = tmp_path / "s.pt"
     big = torch.randn(400_000)  # 1.6 MB: 7 pieces of a 256 KiB slot, through 4 slots
     pyfastensor.save({"big": big, "small": torch.arange(5)}, path)
-    reads: list[dict[str, Any]] = []
-    real = _cuda.RingRead.__init__
-
-    def spy(self: Any, archive: Any, slots: Any, slot_bytes: int, fill_slots: Any, parts: Any, **kw: Any) -> None:
-        reads.append({"slots": len(slots), "fill_slots": list(fill_slots), "parts": list(parts)})
-        real(self, archive, slots, slot_bytes, fill_slots, parts, **kw)
-
-    monkeypatch.setattr(_cuda.RingRead, "__init__", spy)
+    reads = ring_reads(monkeypatch)
     with _device.using(FakeCuda()):
         got = pyfastensor.load(path, map_location="cuda")
     assert torch.equal(got["big"], big) and torch.equal(got["small"], torch.arange(5))
     assert len(reads) == 1, "every fill in one native read"
-    assert reads[0]["slots"] == 4 and reads[0]["fill_slots"] == [0, 1, 2, 3, 0, 1, 2, 3], "slots in turn"
+    assert len(reads[0]["slots"]) == 4 and reads[0]["fill_slots"] == [0, 1, 2, 3, 0, 1, 2, 3], "slots in turn"
     assert [p[2] for p in reads[0]["parts"][:7]] == [k * (POOL // 4) for k in range(7)], "big's pieces in order"
 
 
@@ -334,19 +340,6 @@ def test_a_failed_cufile_read_falls_back_to_the_pinned_ring(tmp_path: Path, fake
     assert "CU_FILE_INTERNAL_ERROR" in out["reason"]
     out = run_child(path, "cuda", fake_cufile_env(fake_cufile, PYFASTENSOR_CUDA_LOAD="cufile"), fail_read=True)
     assert "CU_FILE_INTERNAL_ERROR" in out["error"], "forced, the failure is the load's"
-
-
-def ring_reads(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
-    """Record each ring read a load starts: its slots' addresses, the fills' slots, the parts."""
-    reads: list[dict[str, Any]] = []
-    real = _cuda.RingRead.__init__
-
-    def spy(self: Any, archive: Any, slots: Any, slot_bytes: int, fill_slots: Any, parts: Any, **kw: Any) -> None:
-        reads.append({"slots": list(slots), "fill_slots": list(fill_slots), "parts": list(parts)})
-        real(self, archive, slots, slot_bytes, fill_slots, parts, **kw)
-
-    monkeypatch.setattr(_cuda.RingRead, "__init__", spy)
-    return reads
 
 
 def test_records_sharing_a_ring_slot_start_on_the_cores_memory_alignment(
