@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"github.com/pyfastensor/pyfastensor/gds"
+	"github.com/pyfastensor/pyfastensor/internal/testutil"
+	"github.com/pyfastensor/pyfastensor/transfer"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -149,7 +151,7 @@ func startSampleRing(t *testing.T, a *Archive) *RingRead {
 
 // takeAll takes every fill, releasing each in the next call, and returns
 // the first error; it fails the test if every fill came.
-func takeAll(t *testing.T, r *RingRead) error {
+func takeAll(t *testing.T, r interface{ Next(int) (int, error) }) error {
 	t.Helper()
 	release := -1
 	for {
@@ -249,4 +251,42 @@ func TestRingReadRunsAheadIntoFreeSlots(t *testing.T) {
 		assert.Equal(t, k, got)
 	}
 	require.NoError(t, r.Close())
+}
+
+// A raw ring (a safetensors file's tensors) delivers the file's bytes
+// through reused slots; a file cut short is ErrCorrupt naming the offset.
+func TestRawRingReadsExtentsAndCatchesATruncatedFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "raw")
+	data := testutil.Pattern(5<<20+77, 9)
+	require.NoError(t, os.WriteFile(path, data, 0o644))
+	var fillSlots []int
+	var exts []transfer.RingExtent
+	for off, k := int64(0), 0; off < int64(len(data)); off, k = off+1<<20, k+1 {
+		fillSlots = append(fillSlots, k%2)
+		exts = append(exts, transfer.RingExtent{Fill: k, Off: off, Len: min(1<<20, int64(len(data))-off)})
+	}
+	slots := ringSlots(2, 1<<20)
+	r, err := StartRawRing(path, slots, fillSlots, exts, ReadOptions{})
+	require.NoError(t, err)
+	var got []byte
+	release := -1
+	for {
+		k, err := r.Next(release)
+		require.NoError(t, err)
+		if k < 0 {
+			break
+		}
+		got = append(got, slots[fillSlots[k]][:exts[k].Len]...)
+		release = k
+	}
+	require.NoError(t, r.Close())
+	assert.True(t, bytes.Equal(data, got))
+
+	require.NoError(t, os.Truncate(path, 3<<20+5))
+	r, err = StartRawRing(path, slots, fillSlots, exts, ReadOptions{})
+	require.NoError(t, err)
+	err = takeAll(t, r)
+	assert.ErrorIs(t, err, ErrCorrupt)
+	assert.ErrorContains(t, err, "file ends before the 1048576 bytes expected here")
+	assert.ErrorIs(t, r.Close(), ErrCorrupt)
 }

@@ -23,7 +23,7 @@ import torch
 
 from ._buffers import empty_bytes
 from .checkpoint import _progress
-from .checkpoint._native import SafetensorsFile, STensor, read_raw, write_safetensors
+from .checkpoint._native import RingRead, SafetensorsFile, STensor, read_raw, write_safetensors
 
 #: safetensors dtype names.
 DTYPES: dict[str, torch.dtype] = {
@@ -117,12 +117,17 @@ def load_file(
     """Load a safetensors file, like :func:`safetensors.torch.load_file`.
 
     The header is validated (offsets contiguous, sizes matching shapes and
-    dtypes, within the file) before any tensor is read; each tensor is then
-    read in parallel straight into its destination.
+    dtypes, within the file) before any tensor is read. To the CPU, each
+    tensor is read in parallel straight into its memory. To a CUDA device,
+    each tensor is allocated there and filled through the pinned ring of
+    :func:`pyfastensor.load` (one native read of the file into pinned slots,
+    each slot copied to the device while the next ones are read), never
+    through pageable host memory; other devices get the CPU tensors moved
+    with ``.to(device)``.
 
     Args:
         filename: the file to read.
-        device: where to put the tensors. Default: ``"cpu"``.
+        device: where to put the tensors (a CUDA device number is ``"cuda:N"``). Default: ``"cpu"``.
         engine: one I/O engine for every tensor; default: chosen by size.
         progress: progress bar for long loads. Default: ``PYFASTENSOR_PROGRESS``.
 
@@ -133,9 +138,14 @@ def load_file(
         CorruptFileError: the header is malformed or inconsistent, or the file is truncated.
     """
     path = os.fspath(filename)
+    dev = torch.device(f"cuda:{device}" if isinstance(device, int) else device)
     # One open file for the header and the data: a save replacing the file
     # meanwhile (a rename) cannot pair this header with another file's bytes.
     with SafetensorsFile(path) as f:
+        total = sum(info["end"] - info["begin"] for info in f.tensors)
+        desc = f"load {os.path.basename(path)}"
+        if dev.type == "cuda":
+            return _load_to_cuda(f, dev, engine, _progress.Manual(total, desc, progress))
         out: dict[str, torch.Tensor] = {}
         extents = []
         for info in f.tensors:
@@ -144,9 +154,35 @@ def load_file(
             out[info["name"]] = t
             if n:
                 extents.append((info["begin"], t.data_ptr(), n))
-        _progress.run(lambda c: read_raw(f.source, extents, engine=engine, counter=c),
-                      sum(e[2] for e in extents), f"load {os.path.basename(path)}", progress)
-    dev = torch.device(f"cuda:{device}" if isinstance(device, int) else device)
+        _progress.run(lambda c: read_raw(f.source, extents, engine=engine, counter=c), total, desc, progress)
     if dev.type != "cpu":
         out = {k: v.to(dev) for k, v in out.items()}
+    return out
+
+
+def _load_to_cuda(f: SafetensorsFile, dev: torch.device, engine: str | None,
+                  bar: _progress.Manual) -> dict[str, torch.Tensor]:
+    """The tensors of ``f`` on ``dev``, through the pinned ring (see :func:`load_file`)."""
+    from . import _device, config
+    from .checkpoint._ring import upload
+
+    b = _device.backend()
+    target = b.device(str(dev))  # torch's check of the device, and its index for a bare "cuda"
+    out: dict[str, torch.Tensor] = {}
+    records: list[tuple[int, torch.Tensor]] = []  # (file offset, device memory)
+    for info in f.tensors:
+        n = info["end"] - info["begin"]
+        mem = b.empty(n, target)
+        out[info["name"]] = mem.view(DTYPES[info["dtype"]]).view(info["shape"])
+        records.append((info["begin"], mem))
+
+    def start(slots: list[int], slot_bytes: int, fills: list[int], parts: list[tuple[int, ...]]) -> RingRead:
+        raw = [(fill, at_file + off, n, at) for fill, at_file, off, n, at in parts]
+        return RingRead.of_file(f.source, slots, slot_bytes, fills, raw, engine=engine)
+
+    try:
+        with _device.slab(b).hold() as buf:
+            upload(_device.Ring(buf, config.PINNED_RING_SLOTS), b, records, start, bar.add)
+    finally:
+        bar.close()
     return out

@@ -86,3 +86,33 @@ def test_load_reads_the_file_whose_header_it_parsed_while_a_save_replaces_it(tmp
     monkeypatch.undo()
     got = pyfastensor.safetensors.load_file(path)
     assert_same({k: got[k] for k in new}, new)
+
+
+def test_a_load_to_cuda_goes_through_the_pinned_ring(tmp_path, monkeypatch):
+    from cuda_fakes import FakeCuda
+
+    from pyfastensor import _device
+    from pyfastensor.checkpoint import _native
+
+    monkeypatch.setenv("PYFASTENSOR_PINNED_POOL", "1M")  # 4 slots of 256 KiB: "big" in 11 pieces
+    t = tensors()
+    st.save_file(t, tmp_path / "theirs.safetensors")
+    reads: list[int] = []
+    real = _native.RingRead.of_file.__func__
+
+    def spy(cls, path, slots, slot_bytes, fills, parts, **kw):
+        reads.append(len(fills))
+        return real(cls, path, slots, slot_bytes, fills, parts, **kw)
+
+    monkeypatch.setattr(_native.RingRead, "of_file", classmethod(spy))
+    fake = FakeCuda()  # its side-stream copies land only once their event is waited for
+    with _device.using(fake):
+        got = pyfastensor.safetensors.load_file(tmp_path / "theirs.safetensors", device="cuda:1")
+        again = pyfastensor.safetensors.load_file(tmp_path / "theirs.safetensors", device=1)
+    assert list(got) == list(st.load_file(tmp_path / "theirs.safetensors"))
+    for k in t:
+        assert_same(got[k], t[k])
+        assert_same(again[k], t[k])
+    assert len(reads) == 2 and reads[0] > 4, "one ring read a load, more fills than slots"
+    assert {loc for _, loc in fake.empties} == {"cuda:1"}
+    assert fake.pinned_calls == [1 << 20], "the ring is pinned once per process"

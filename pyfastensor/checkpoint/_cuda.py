@@ -23,17 +23,10 @@ are then moved by one of two routes, decided once per load
   save the copy back but needs a CRC kernel torch does not have.)
 - ``pinned``: a ring of :data:`~pyfastensor.config.PINNED_RING_SLOTS` pinned
   host buffers (``PYFASTENSOR_PINNED_POOL`` bytes in all, allocated once per
-  process). The load is planned as fills, each a slot's worth: small records
-  share a slot, each on its own pages; records larger than a slot go in
-  slot-sized pieces, a fill each. One native read
-  (:class:`~pyfastensor.checkpoint._native.RingRead`) then reads every fill,
-  slot after slot, its requests in flight across fills as in a read of the
-  whole file (so the disk never waits for a slot's last pieces), summing
-  CRC-32s as the bytes land; a fill starts landing in its slot only once the
-  copy of the fill before it there has completed. This thread takes the fills
-  in order, runs each slot's host-to-device copies on a side stream, and
-  releases the slot once their event has completed. The pieces' sums are
-  joined in order, each record checked at its last.
+  process), read by one native read of every record, each slot copied to
+  the device on a side stream and read into again once the copy has
+  completed (:mod:`pyfastensor.checkpoint._ring`); CRC-32s are summed as the
+  bytes land, each record checked at its last piece.
 
 ``engine=`` of :func:`pyfastensor.load` picks the route too: ``"cufile"``
 is the cuFile route or an error saying why it cannot be (as
@@ -73,6 +66,7 @@ from ..engines import EngineFile, cufile_driver_works, cufile_fallback
 from ..errors import CorruptFileError, EngineUnavailableError, FastensorError
 from . import _progress
 from ._native import Archive, RingRead
+from ._ring import upload
 from ._torchzip import PreloadedZip, key_paths
 from ._unpickle import refused, unpickle
 
@@ -250,7 +244,9 @@ def fill(archive: Archive, records: list[tuple[int, torch.Tensor]], *, verify: b
                 cufile_fallback(reason)
                 cufile = None
         if cufile is None:
-            _Upload(archive, ring, backend, verify, engine, done).run(records)
+            def start(slots: list[int], slot_bytes: int, fills: list[int], parts: list[tuple[int, ...]]) -> RingRead:
+                return RingRead.of_archive(archive, slots, slot_bytes, fills, parts, verify=verify, engine=engine)
+            upload(ring, backend, records, start, done)
         elif verify:
             _read_back(archive, records, ring, backend)
     return route
@@ -279,122 +275,6 @@ def _choose(archive: Archive, engine: Any = None) -> tuple[str, str, EngineFile 
         if cufile_driver_works(os.path.dirname(os.path.abspath(archive.path))):
             cufile_fallback(reason)  # installed, yet it failed on this filesystem
         return "pinned", reason, None
-
-
-class _Upload:
-    """The pinned ring's pipeline (see the module docstring): plan the fills, start one native
-    read of them all (:class:`~pyfastensor.checkpoint._native.RingRead`), then take the fills
-    in order, copy each to the device on the side stream, and release its slot to the reads
-    once the copy's event has completed (a copy runs at PCIe speed, far ahead of the disk).
-    """
-
-    def __init__(self, archive: Archive, ring: _device.Ring, backend: _device.Backend, verify: bool,
-                 engine: Any = None, done: Callable[[int], None] | None = None) -> None:
-        self.archive, self.ring, self.b, self.verify = archive, ring, backend, verify
-        self.engine, self.done = engine, done or (lambda n: None)
-        self.streams: dict[torch.device, Any] = {}
-
-    def plan(self, records: list[tuple[int, torch.Tensor]]) -> tuple[
-            list[int], list[tuple[int, int, int, int, int]], list[list[tuple[torch.Tensor, torch.Tensor]]]]:
-        """The fills of ``records`` (in file order): each fill's slot (in turn), the parts
-        ``(fill, entry, offset in the record, bytes, offset in the slot)``, and each fill's
-        copies ``(device destination, slice of the slot)``. Records that fit share a slot,
-        each on its own pages (direct reads land in place); larger ones go in slot-sized
-        pieces, a fill each."""
-        slot_bytes, align, slots = self.ring.slot_bytes, self.ring.align, self.ring.slots
-        fill_slots: list[int] = []
-        parts: list[tuple[int, int, int, int, int]] = []
-        copies: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
-        at = slot_bytes  # no fill open
-
-        def open_fill() -> torch.Tensor:
-            fill_slots.append(len(fill_slots) % len(slots))
-            copies.append([])
-            return slots[fill_slots[-1]]
-
-        for i, t in records:
-            n = t.numel()
-            if n == 0:
-                continue
-            if n > slot_bytes:
-                for lo in range(0, n, slot_bytes):
-                    m = min(slot_bytes, n - lo)
-                    slot = open_fill()
-                    copies[-1].append((t[lo:lo + m], slot[:m]))
-                    parts.append((len(copies) - 1, i, lo, m, 0))
-                at = slot_bytes
-                continue
-            at = -(-at // align) * align
-            if at + n > slot_bytes:
-                open_fill()
-                at = 0
-            copies[-1].append((t, slots[fill_slots[-1]][at:at + n]))
-            parts.append((len(copies) - 1, i, 0, n, at))
-            at += n
-        return fill_slots, parts, copies
-
-    def run(self, records: list[tuple[int, torch.Tensor]]) -> None:
-        fill_slots, parts, copies = self.plan(records)
-        nbytes = [0] * len(fill_slots)
-        for k, _, _, n, _ in parts:
-            nbytes[k] += n
-        self.ring.drain()  # no copy of an earlier user still reads a slot
-        held: tuple[int, Any] | None = None  # the fill whose copy runs, and its event
-        try:
-            with RingRead(self.archive, [s.data_ptr() for s in self.ring.slots], self.ring.slot_bytes,
-                          fill_slots, parts, verify=self.verify, engine=self.engine) as reads:
-                while True:
-                    release = -1
-                    if held is not None:
-                        (release, event), held = held, None
-                        event.synchronize()
-                    k = reads.next(release)
-                    if k < 0:
-                        break
-                    self.done(nbytes[k])
-                    held = (k, self._upload(copies[k]))
-        finally:
-            if held is not None:  # a failure: no copy may outlive the load's hold on the ring
-                held[1].synchronize()
-        for device, side in self.streams.items():  # the user's stream sees the copies
-            self.b.current_stream(device).wait_stream(side)
-
-    def _side(self, device: torch.device) -> Any:
-        s = self.streams.get(device)
-        if s is None:
-            s = self.streams[device] = self.b.side_stream(device)
-            s.wait_stream(self.b.current_stream(device))  # the allocations are made on it
-        return s
-
-    def _upload(self, copies: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
-        """Copy ``(device destination, slice of the slot)`` pairs on their devices' side streams;
-        return the event (or events, as one) that completes once the slot may be read into again."""
-        devices: list[torch.device] = []
-        for dst, src in copies:
-            with self.b.use(self._side(dst.device)):
-                self.b.copy(dst, src)
-            if dst.device not in devices:
-                devices.append(dst.device)
-        events = []
-        for device in devices:
-            ev = self.b.event()
-            ev.record(self._side(device))
-            events.append(ev)
-        return events[0] if len(events) == 1 else _AllOf(events)
-
-
-class _AllOf:
-    """Events of several streams as one: complete when all are."""
-
-    def __init__(self, events: list[Any]) -> None:
-        self.events = events
-
-    def query(self) -> bool:
-        return all(e.query() for e in self.events)
-
-    def synchronize(self) -> None:
-        for e in self.events:
-            e.synchronize()
 
 
 def _read_back(archive: Archive, records: list[tuple[int, torch.Tensor]], ring: _device.Ring,

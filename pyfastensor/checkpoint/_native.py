@@ -328,45 +328,72 @@ class Archive(_lib.Handle):
 
 
 class RingRead(_lib.Handle):
-    """Records of ``archive`` read through a ring of slots reused from fill to fill, all in one
-    native transfer (``checkpoint/ringread.go``): its pieces stay in flight across fills, and a
-    fill starts landing in its slot only once the fill before it there has been released.
+    """A file read through a ring of slots reused from fill to fill, all in one native transfer
+    (``transfer/ring.go``): its pieces stay in flight across fills, and a fill starts landing
+    in its slot only once the fill before it there has been released. Made by
+    :meth:`of_archive` (records of an archive, their CRC-32s checked) or :meth:`of_file` (raw
+    extents of a file).
 
     Take the fills in order with :meth:`next`, copy each out of its slot, and release it in a
     later call. Closing (at the end of a ``with`` block too) stops the reads and returns once
-    none is in flight: the slots' memory must outlive it, and the archive stays open until then.
-
-    Args:
-        archive: the opened archive.
-        slots: the address of each slot, each ``slot_bytes`` long.
-        slot_bytes: the slots' size.
-        fill_slots: the slot of each fill.
-        parts: ``(fill, entry index, offset in the record, bytes, offset in the slot)``, in fill
-            order; the parts of a record in order and covering it.
-        verify: check each record's CRC-32 as :meth:`next` completes it. Default ``True``.
-        engine: an engine name or open dictionaries; None: the default choice.
-        counter: advanced by the bytes landed, from the reads' threads.
-
-    Raises:
-        ValueError: a plan that breaks the rules above (from the Go core).
+    none is in flight: the slots' memory must outlive it.
     """
 
-    _close_fn = "pft_ckpt_ring_close"
+    _close_fn = "pft_ring_close"
 
-    def __init__(self, archive: Archive, slots: Sequence[int], slot_bytes: int, fill_slots: Sequence[int],
-                 parts: Sequence[tuple[int, int, int, int, int]], *, verify: bool = True, engine: Any = None,
-                 counter: ctypes.c_int64 | None = None) -> None:
+    def __init__(self, fn: str, first: Any, slots: Sequence[int], slot_bytes: int, fill_slots: Sequence[int],
+                 columns: Sequence[Sequence[int]], options: bytes, counter: ctypes.c_int64 | None,
+                 what: str) -> None:
         super().__init__()
-        self.archive = archive  # the Go core holds its file until close
+        self.what = what
         i64 = ctypes.c_int64
-        cols = [(i64 * len(parts))(*col) for col in zip(*parts, strict=True)] if parts else [None] * 5
+        n = len(columns[0]) if columns else 0
+        cols = [(i64 * n)(*col) if n else None for col in columns]
         handle = _lib.u64()
-        _lib.call(
-            "pft_ckpt_ring_start", archive._live(), len(slots), (ctypes.c_void_p * len(slots))(*slots), slot_bytes,
-            len(fill_slots), (i64 * len(fill_slots))(*fill_slots), len(parts), *cols,
-            _lib.options(engine, verify=verify), ctypes.byref(counter) if counter is not None else None,
-            ctypes.byref(handle))
+        _lib.call(fn, first, len(slots), (ctypes.c_void_p * len(slots))(*slots), slot_bytes, len(fill_slots),
+                  (i64 * len(fill_slots))(*fill_slots), n, *cols, options,
+                  ctypes.byref(counter) if counter is not None else None, ctypes.byref(handle))
         self._handle = handle.value
+
+    @classmethod
+    def of_archive(cls, archive: Archive, slots: Sequence[int], slot_bytes: int, fill_slots: Sequence[int],
+                   parts: Sequence[tuple[int, int, int, int, int]], *, verify: bool = True, engine: Any = None,
+                   counter: ctypes.c_int64 | None = None) -> RingRead:
+        """Read records of ``archive`` (kept open by the Go core until :meth:`close`).
+
+        Args:
+            archive: the opened archive.
+            slots: the address of each slot, each ``slot_bytes`` long.
+            slot_bytes: the slots' size.
+            fill_slots: the slot of each fill.
+            parts: ``(fill, entry index, offset in the record, bytes, offset in the slot)``, in
+                fill order; the parts of a record in order and covering it.
+            verify: check each record's CRC-32 as :meth:`next` completes it. Default ``True``.
+            engine: an engine name or open dictionaries; None: the default choice.
+            counter: advanced by the bytes landed, from the reads' threads.
+
+        Raises:
+            ValueError: a plan that breaks the rules above (from the Go core).
+        """
+        fill, rec, off, n, at = zip(*parts, strict=True) if parts else ((),) * 5
+        r = cls("pft_ckpt_ring_start", archive._live(), slots, slot_bytes, fill_slots, (fill, rec, off, n, at),
+                _lib.options(engine, verify=verify), counter, archive.path)
+        r.archive = archive  # the handle it holds stays valid while the read runs
+        return r
+
+    @classmethod
+    def of_file(cls, path: str, slots: Sequence[int], slot_bytes: int, fill_slots: Sequence[int],
+                parts: Sequence[tuple[int, int, int, int]], *, engine: Any = None,
+                counter: ctypes.c_int64 | None = None) -> RingRead:
+        """Read raw extents of the file at ``path``: ``parts`` holds ``(fill, file offset, bytes,
+        offset in the slot)``, in fill order; the other arguments are :meth:`of_archive`'s.
+
+        Raises:
+            CorruptFileError: (from :meth:`next`) the file ends before an extent's end.
+        """
+        fill, off, n, at = zip(*parts, strict=True) if parts else ((),) * 4
+        return cls("pft_raw_ring_start", _lib.cstr(path), slots, slot_bytes, fill_slots, (fill, off, n, at),
+                   _lib.options(engine), counter, path)
 
     def next(self, release: int = -1) -> int:
         """Release fill ``release``'s slot (-1: none), then wait for the next fill in order and
@@ -374,12 +401,12 @@ class RingRead(_lib.Handle):
 
         Raises:
             CorruptFileError: a record the fill completes does not match its CRC-32, or the file
-                ends inside it.
+                ends inside what it reads.
             OSError: a read failed.
         """
         out = _lib.i64()
-        _lib.call("pft_ckpt_ring_next", self._live(), release, ctypes.byref(out))
+        _lib.call("pft_ring_next", self._live(), release, ctypes.byref(out))
         return int(out.value)
 
     def _closed_message(self) -> str:
-        return f"ring read of {self.archive.path!r} is closed"
+        return f"ring read of {self.what!r} is closed"
