@@ -169,12 +169,12 @@ def _load_to_cuda(f: SafetensorsFile, dev: torch.device, engine: str | None,
     b = _device.backend()
     target = b.device(str(dev))  # torch's check of the device, and its index for a bare "cuda"
     out: dict[str, torch.Tensor] = {}
-    records: list[tuple[int, torch.Tensor]] = []  # (file offset, device memory)
+    records: list[tuple[int, int, torch.Tensor]] = []  # (file offset, the same, device memory)
     for info in f.tensors:
         n = info["end"] - info["begin"]
         mem = b.empty(n, target)
         out[info["name"]] = mem.view(DTYPES[info["dtype"]]).view(info["shape"])
-        records.append((info["begin"], mem))
+        records.append((info["begin"], info["begin"], mem))
 
     def start(slots: list[int], slot_bytes: int, fills: list[int], parts: list[tuple[int, ...]]) -> RingRead:
         raw = [(fill, at_file + off, n, at) for fill, at_file, off, n, at in parts]

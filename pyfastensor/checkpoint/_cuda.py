@@ -246,7 +246,7 @@ def fill(archive: Archive, records: list[tuple[int, torch.Tensor]], *, verify: b
         if cufile is None:
             def start(slots: list[int], slot_bytes: int, fills: list[int], parts: list[tuple[int, ...]]) -> RingRead:
                 return RingRead.of_archive(archive, slots, slot_bytes, fills, parts, verify=verify, engine=engine)
-            upload(ring, backend, records, start, done)
+            upload(ring, backend, [(i, archive.entries[i].offset, t) for i, t in records], start, done)
         elif verify:
             _read_back(archive, records, ring, backend)
     return route

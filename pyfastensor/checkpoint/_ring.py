@@ -1,9 +1,9 @@
 """The pinned ring's pipeline of a load to CUDA: records read from a file into pinned slots by
 one native read, each slot copied to the device on a side stream, then read into again.
 
-The load is planned as fills, each a slot's worth: small records share a slot, each on its own
-pages (O_DIRECT reads land in place); records larger than a slot go in slot-sized pieces, a fill
-each. One native read (:class:`~pyfastensor.checkpoint._native.RingRead`) reads every fill, slot
+The load is planned as fills, each a slot's worth: small records share a slot; records larger
+than a slot go in slot-sized pieces, a fill each; each part lies in its slot as its bytes lie in
+the file relative to a page, so O_DIRECT reads land in place. One native read (:class:`~pyfastensor.checkpoint._native.RingRead`) reads every fill, slot
 after slot, its requests in flight across fills as in a read of the whole file (so the disk never
 waits for a slot's last pieces); a fill starts landing in its slot only once the copy of the fill
 before it there has completed. The calling thread takes the fills in order, runs each slot's
@@ -28,11 +28,12 @@ from ._native import RingRead
 Start = Callable[[list[int], int, list[int], list[tuple[int, int, int, int, int]]], RingRead]
 
 
-def upload(ring: _device.Ring, backend: _device.Backend, records: list[tuple[int, torch.Tensor]], start: Start,
-           done: Callable[[int], None] | None = None) -> None:
-    """Fill device memory through ``ring``: ``records`` holds ``(record, uint8 device tensor of
-    its size)`` in file order (a record is whatever ``start`` reads by that number: an archive's
-    entry index, a file offset); ``done`` is called with the bytes of each fill as it lands.
+def upload(ring: _device.Ring, backend: _device.Backend, records: list[tuple[int, int, torch.Tensor]],
+           start: Start, done: Callable[[int], None] | None = None) -> None:
+    """Fill device memory through ``ring``: ``records`` holds ``(record, its bytes' file offset,
+    uint8 device tensor of its size)`` in file order (a record is whatever ``start`` reads by
+    that number: an archive's entry index, a file offset); ``done`` is called with the bytes of
+    each fill as it lands.
     Returns once every copy has been issued on its device's side stream; the current streams
     wait for them. Errors of the read (a corrupt record, a short file) are raised here, after
     every read and copy in flight has ended."""
@@ -47,13 +48,15 @@ class _Upload:
         self.ring, self.b, self.start, self.done = ring, backend, start, done
         self.streams: dict[torch.device, Any] = {}
 
-    def plan(self, records: list[tuple[int, torch.Tensor]]) -> tuple[
+    def plan(self, records: list[tuple[int, int, torch.Tensor]]) -> tuple[
             list[int], list[tuple[int, int, int, int, int]], list[list[tuple[torch.Tensor, torch.Tensor]]]]:
         """The fills of ``records`` (in file order): each fill's slot (in turn), the parts
         ``(fill, record, offset in the record, bytes, offset in the slot)``, and each fill's
-        copies ``(device destination, slice of the slot)``. Records that fit share a slot,
-        each on its own pages (direct reads land in place); larger ones go in slot-sized
-        pieces, a fill each."""
+        copies ``(device destination, slice of the slot)``. Records that fit share a slot;
+        larger ones go in slot-sized pieces, a fill each. Every part starts in its slot at the
+        offset its bytes have in the file, modulo the memory alignment (slots start on it), so
+        O_DIRECT moves the aligned middle of each in place, not through a bounce buffer: on a
+        page of its own for our files, whose records are page-aligned."""
         slot_bytes, align, slots = self.ring.slot_bytes, self.ring.align, self.ring.slots
         fill_slots: list[int] = []
         parts: list[tuple[int, int, int, int, int]] = []
@@ -65,28 +68,31 @@ class _Upload:
             copies.append([])
             return slots[fill_slots[-1]]
 
-        for i, t in records:
+        for i, pos, t in records:
             n = t.numel()
             if n == 0:
                 continue
-            if n > slot_bytes:
-                for lo in range(0, n, slot_bytes):
-                    m = min(slot_bytes, n - lo)
+            if n + pos % align > slot_bytes:
+                lo = 0
+                while lo < n:  # the first piece ends on a slot's end: the others start aligned
+                    at = (pos + lo) % align
+                    m = min(slot_bytes - at, n - lo)
                     slot = open_fill()
-                    copies[-1].append((t[lo:lo + m], slot[:m]))
-                    parts.append((len(copies) - 1, i, lo, m, 0))
+                    copies[-1].append((t[lo:lo + m], slot[at:at + m]))
+                    parts.append((len(copies) - 1, i, lo, m, at))
+                    lo += m
                 at = slot_bytes
                 continue
-            at = -(-at // align) * align
+            at += (pos - at) % align  # the first offset from here that is pos modulo align
             if at + n > slot_bytes:
                 open_fill()
-                at = 0
+                at = pos % align
             copies[-1].append((t, slots[fill_slots[-1]][at:at + n]))
             parts.append((len(copies) - 1, i, 0, n, at))
             at += n
         return fill_slots, parts, copies
 
-    def run(self, records: list[tuple[int, torch.Tensor]]) -> None:
+    def run(self, records: list[tuple[int, int, torch.Tensor]]) -> None:
         fill_slots, parts, copies = self.plan(records)
         nbytes = [0] * len(fill_slots)
         for k, _, _, n, _ in parts:
