@@ -71,6 +71,57 @@ func pft_safetensors_save(path, spec *C.char, n C.int64_t, addrs *unsafe.Pointer
 	})
 }
 
+// pft_safetensors_stage_begin lays out a safetensors file at path for a
+// staged save, as pft_safetensors_save lays it out, creates its temporary
+// file and writes the header and every tensor not marked in staged (from
+// its address, read during the call only); handle receives the save's
+// handle, whose pft_ckpt_stage_write parts are by tensor (index in spec's
+// tensors; addrs[k] is ignored where staged[k] is non-zero), then
+// pft_ckpt_stage_commit or pft_ckpt_stage_abort. spec, options as for
+// pft_safetensors_save.
+//
+//export pft_safetensors_stage_begin
+func pft_safetensors_stage_begin(path, spec *C.char, n C.int64_t, addrs *unsafe.Pointer, staged *C.int, options *C.char,
+	handle *C.uint64_t, errOut **C.char) C.int {
+	return call(errOut, func() error {
+		var s safetensorsSpec
+		if err := parseJSON(spec, &s); err != nil {
+			return err
+		}
+		if int64(n) != int64(len(s.Tensors)) || (n > 0 && (addrs == nil || staged == nil)) {
+			return fmt.Errorf("%w: %d addresses and staged flags for %d tensors", gds.ErrInvalid, n, len(s.Tensors))
+		}
+		flags := make([]bool, len(s.Tensors))
+		if n > 0 {
+			as, st := unsafe.Slice(addrs, n), unsafe.Slice(staged, n)
+			for i := range s.Tensors {
+				t := &s.Tensors[i]
+				if flags[i] = st[i] != 0; flags[i] {
+					continue
+				}
+				if t.Size < 0 {
+					return fmt.Errorf("%w: tensor %q: size %d", gds.ErrInvalid, t.Name, t.Size)
+				}
+				p, err := memory(as[i], C.size_t(t.Size))
+				if err != nil {
+					return fmt.Errorf("tensor %q: %w", t.Name, err)
+				}
+				t.Data = p
+			}
+		}
+		o, err := writeOptions(options, nil)
+		if err != nil {
+			return err
+		}
+		r, err := checkpoint.BeginStagedSafetensors(C.GoString(path), s.Tensors, s.Metadata, flags, o)
+		if err != nil {
+			return err
+		}
+		*handle = newHandle(stagedSave(rawStaged{r}))
+		return nil
+	})
+}
+
 // pft_safetensors_open parses and validates the header of the
 // safetensors file at path (checkpoint.OpenSafetensors) and keeps the file
 // open; out receives {"path", "file_size", "tensors": [{"name", "dtype",

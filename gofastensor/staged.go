@@ -14,10 +14,11 @@ import (
 	"github.com/pyfastensor/pyfastensor/gds"
 )
 
-// Staged saves (checkpoint.TorchStaged): begin with torch's archive laid
-// out, write the staged storages' data in parts, commit or abort. A save larger than
-// the memory it is staged through (a CUDA state through a bounded pinned
-// buffer) goes this way.
+// Staged saves (checkpoint.TorchStaged, checkpoint.StagedRaw): begin with
+// torch's archive (or a safetensors file, pft_safetensors_stage_begin)
+// laid out, write the staged storages' (tensors') data in parts, commit or
+// abort. A save larger than the memory it is staged through (a CUDA state
+// through a bounded pinned buffer) goes this way.
 
 // pft_ckpt_stage_begin lays out torch.save's zip archive for a staged save
 // at path, as pft_ckpt_save_torch lays it out (the records, their order
@@ -60,23 +61,41 @@ func pft_ckpt_stage_begin(path, prefix, pkl *C.char, pklLen C.int64_t, byteorder
 		if err != nil {
 			return err
 		}
-		*handle = newHandle(s)
+		*handle = newHandle(stagedSave(torchStaged{s}))
 		return nil
 	})
 }
 
+// stagedSave is what pft_ckpt_stage_write, _commit and _abort take: a
+// torch archive's staged save (parts by storage) or a safetensors file's
+// (parts by tensor).
+type stagedSave interface {
+	write(parts []checkpoint.Part) error
+	Commit() (checkpoint.Stats, error)
+	Abort()
+}
+
+type torchStaged struct{ *checkpoint.TorchStaged }
+
+func (s torchStaged) write(parts []checkpoint.Part) error { return s.WriteStorages(parts) }
+
+type rawStaged struct{ *checkpoint.StagedRaw }
+
+func (s rawStaged) write(parts []checkpoint.Part) error { return s.WriteParts(parts) }
+
 // pft_ckpt_stage_write writes n parts of staged storages in one transfer
 // (parallel pieces, as a whole save's): part j is sizes[j] bytes at
 // addrs[j], the data of staged storage indices[j] (its place in
-// pft_ckpt_stage_begin's keys) from offset offsets[j]. Parts of a storage
-// come in order, within a call and from call to call. The memory is read
-// during the call only.
+// pft_ckpt_stage_begin's keys, or in pft_safetensors_stage_begin's
+// tensors) from offset offsets[j]. Parts of a storage come in order,
+// within a call and from call to call. The memory is read during the call
+// only.
 //
 //export pft_ckpt_stage_write
 func pft_ckpt_stage_write(h C.uint64_t, n C.int64_t, indices, offsets *C.int64_t, addrs *unsafe.Pointer,
 	sizes *C.int64_t, errOut **C.char) C.int {
 	return call(errOut, func() error {
-		s, err := lookup[*checkpoint.TorchStaged](h)
+		s, err := lookup[stagedSave](h)
 		if err != nil {
 			return err
 		}
@@ -97,7 +116,7 @@ func pft_ckpt_stage_write(h C.uint64_t, n C.int64_t, indices, offsets *C.int64_t
 			}
 			parts[j] = checkpoint.Part{Rec: int(is[j]), Off: int64(offs[j]), Data: p}
 		}
-		return s.WriteStorages(parts)
+		return s.write(parts)
 	})
 }
 
@@ -108,7 +127,7 @@ func pft_ckpt_stage_write(h C.uint64_t, n C.int64_t, indices, offsets *C.int64_t
 //export pft_ckpt_stage_commit
 func pft_ckpt_stage_commit(h C.uint64_t, out **C.char, errOut **C.char) C.int {
 	return call(errOut, func() error {
-		s, err := release[*checkpoint.TorchStaged](h)
+		s, err := release[stagedSave](h)
 		if err != nil {
 			return err
 		}
@@ -126,7 +145,7 @@ func pft_ckpt_stage_commit(h C.uint64_t, out **C.char, errOut **C.char) C.int {
 //export pft_ckpt_stage_abort
 func pft_ckpt_stage_abort(h C.uint64_t, errOut **C.char) C.int {
 	return call(errOut, func() error {
-		s, err := release[*checkpoint.TorchStaged](h)
+		s, err := release[stagedSave](h)
 		if err != nil {
 			return err
 		}

@@ -80,6 +80,7 @@ PROTOTYPES: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
     "pft_ring_next": ("int", (("uint64_t", "h"), ("int64_t", "release"), ("int64_t*", "out"), ("char**", "errOut"),)),
     "pft_ring_close": ("int", (("uint64_t", "h"), ("char**", "errOut"),)),
     "pft_safetensors_save": ("int", (("char*", "path"), ("char*", "spec"), ("int64_t", "n"), ("void**", "addrs"), ("char*", "options"), ("int64_t*", "progress"), ("char**", "out"), ("char**", "errOut"),)),
+    "pft_safetensors_stage_begin": ("int", (("char*", "path"), ("char*", "spec"), ("int64_t", "n"), ("void**", "addrs"), ("int*", "staged"), ("char*", "options"), ("uint64_t*", "handle"), ("char**", "errOut"),)),
     "pft_safetensors_open": ("int", (("char*", "path"), ("uint64_t*", "handle"), ("char**", "out"), ("char**", "errOut"),)),
     "pft_safetensors_close": ("int", (("uint64_t", "h"), ("char**", "errOut"),)),
     "pft_ckpt_stage_begin": ("int", (("char*", "path"), ("char*", "prefix"), ("char*", "pkl"), ("int64_t", "pklLen"), ("char*", "byteorder"), ("char*", "serial"), ("int64_t", "n"), ("char*", "keys"), ("void**", "addrs"), ("int64_t*", "sizes"), ("int*", "staged"), ("char*", "options"), ("uint64_t*", "handle"), ("char**", "errOut"),)),

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from ._buffers import empty_bytes
-from .checkpoint import _progress
+from .checkpoint import _from_device, _progress
 from .checkpoint._native import RingRead, SafetensorsFile, STensor, read_raw, write_safetensors
 
 #: safetensors dtype names.
@@ -97,14 +97,52 @@ def save_file(
     if metadata is not None:
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
             raise ValueError("metadata must map str to str")
-    # Host copies of device tensors: alive, as the tensors are, until the native call returns.
+    path = os.fspath(filename)
+    if any(_from_device.on_device(t.untyped_storage()) for t in tensors.values()):
+        _save_from_cuda(tensors, path, metadata, durable, engine, progress)
+        return
+    # Host copies of other devices' tensors: alive, as the tensors are, until the native call returns.
     host = {k: t.detach().cpu() if t.device.type != "cpu" else t.detach() for k, t in tensors.items()}
     specs = [STensor(k, _NAMES[t.dtype], tuple(t.shape), t.data_ptr() if t.numel() else 0,
                      t.numel() * t.element_size()) for k, t in host.items()]
     _progress.run(
-        lambda c: write_safetensors(os.fspath(filename), specs, metadata, durable=durable, engine=engine, counter=c),
-        sum(s.nbytes for s in specs), f"save {os.path.basename(filename)}", progress,
+        lambda c: write_safetensors(path, specs, metadata, durable=durable, engine=engine, counter=c),
+        sum(s.nbytes for s in specs), f"save {os.path.basename(path)}", progress,
     )
+
+
+def _save_from_cuda(tensors: dict[str, torch.Tensor], path: str, metadata: dict[str, str] | None, durable: bool,
+                    engine: str | None, progress: bool | None) -> None:
+    """:func:`save_file` of a dict with CUDA tensors: a staged save whose CUDA tensors go through
+    the process's pinned ``"save"`` ring (as :func:`pyfastensor.save`'s do), their copies
+    pipelined with the writes; the others are written first, from their memory."""
+    from . import _device, config
+    from .checkpoint._staged import StagedSafetensors
+
+    b = _device.backend()
+    cuda = [_from_device.on_device(t.untyped_storage()) for t in tensors.values()]
+    host = {k: t.detach() if on or t.device.type == "cpu" else t.detach().cpu()
+            for (k, t), on in zip(tensors.items(), cuda, strict=True)}
+    specs = [STensor(k, _NAMES[t.dtype], tuple(t.shape), 0 if on or not t.numel() else t.data_ptr(),
+                     t.numel() * t.element_size()) for (k, t), on in zip(host.items(), cuda, strict=True)]
+    bar = _progress.Manual(sum(s.nbytes for s in specs), f"save {os.path.basename(path)}", progress)
+    try:
+        with _device.slab(b, "save").hold() as buf:
+            staged = StagedSafetensors(path, specs, metadata, cuda, durable=durable, engine=engine)
+            bar.add(sum(s.nbytes for s, on in zip(specs, cuda, strict=True) if not on))
+            drain = _from_device.Drain(b, staged, buf, config.PINNED_RING_SLOTS, done=bar.add)
+            try:
+                for i, (t, on) in enumerate(zip(host.values(), cuda, strict=True)):
+                    if on and t.numel():
+                        drain.put(i, t.reshape(-1).view(torch.uint8))
+                drain.finish()
+                staged.commit()
+            except BaseException:
+                drain.wait()  # no copy may still be landing in the slab when the next user gets it
+                staged.close()  # the temporary file goes; the target is untouched
+                raise
+    finally:
+        bar.close()
 
 
 def load_file(

@@ -146,3 +146,26 @@ def test_a_failed_write_leaves_the_old_file_and_frees_the_ring(
     assert not _device.slab(fake, "save").held
     pyfastensor.save(tensors, tmp_path / "f.pt")
     assert_loads_as(tmp_path / "f.pt", tensors)
+
+
+def test_safetensors_save_from_cuda_goes_through_the_ring_and_is_the_file_of_a_cpu_save(
+    tmp_path: Path, fake: FakeCuda, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import safetensors.torch as st
+
+    tensors = {k: v for k, v in state().items() if k not in ("view",)}  # safetensors refuses shared memory
+    tensors["big"] = tensors["big"].clone()
+    with monkeypatch.context() as m:
+        m.setattr(torch.Tensor, "cpu", lambda t: pytest.fail("a tensor was copied to the host whole"))
+        pyfastensor.safetensors.save_file(tensors, tmp_path / "d.safetensors", metadata={"format": "pt"})
+    with monkeypatch.context() as m:
+        m.setattr(_from_device, "on_device", lambda s: False)  # the same tensors, saved from the host
+        pyfastensor.safetensors.save_file(tensors, tmp_path / "h.safetensors", metadata={"format": "pt"})
+    assert (tmp_path / "d.safetensors").read_bytes() == (tmp_path / "h.safetensors").read_bytes()
+    got = st.load_file(tmp_path / "d.safetensors")
+    for k, v in tensors.items():
+        assert got[k].dtype == v.dtype and torch.equal(raw(got[k].contiguous()), raw(v.contiguous())), k
+    side = [n for s, n in fake.copies if s != "compute"]
+    assert side and max(side) <= POOL // 4, "device-to-host copies of a slot at most, on a side stream"
+    assert fake.pinned_calls == [POOL], "the save ring, pinned once"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.safetensors", "h.safetensors"], "no temporary file"

@@ -65,7 +65,7 @@ class _Slot:
 
 
 class Drain:
-    """Device storages written to a :class:`StagedSave` through a pinned buffer cut into ring
+    """Device bytes written to a :class:`StagedSave` through a pinned buffer cut into ring
     slots (see the module docstring). Not safe for concurrent use; :meth:`put` and :meth:`finish`
     may run on different threads one after the other (an ``async_save``'s caller, then its
     background write).
@@ -100,13 +100,14 @@ class Drain:
             s.wait_stream(self.b.current_stream(device))  # the values as of now
         return s
 
-    def put(self, index: int, storage: torch.UntypedStorage) -> None:
-        """Copy storage ``index`` (its place in the archive's keys) into the ring, writing older
-        slots to make room as needed."""
-        n = storage.nbytes()
+    def put(self, index: int, src: torch.Tensor) -> None:
+        """Copy ``src``, the flat uint8 bytes on their device of staged item ``index`` (a storage,
+        by its place in the archive's keys, or a safetensors file's tensor) into the ring, writing
+        older slots to make room as needed."""
+        n = src.numel()
         if not n:
             return
-        src, side = bytes_of(storage), self._side(storage.device)
+        side = self._side(src.device)
         if n <= self.slot_bytes:
             slot = self.open
             at = 0 if slot is None else -(-slot.fill // self.align) * self.align  # own pages: direct I/O in place

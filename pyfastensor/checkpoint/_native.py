@@ -138,14 +138,19 @@ def write_safetensors(
 
     ``metadata`` keeps its order; None writes no ``__metadata__``.
     """
+    spec, addrs = safetensors_spec(tensors, metadata)
+    return _lib.call_json("pft_safetensors_save", _lib.cstr(path), spec, len(tensors), addrs,
+                          _lib.options(engine, durable=durable),
+                          ctypes.byref(counter) if counter is not None else None)
+
+
+def safetensors_spec(tensors: Sequence[STensor], metadata: dict[str, str] | None) -> tuple[bytes, Any]:
+    """The JSON spec of a safetensors file the Go core lays out, and the tensors' addresses."""
     spec = {
         "tensors": [{"name": t.name, "dtype": t.dtype, "shape": list(t.shape), "size": t.nbytes} for t in tensors],
         "metadata": None if metadata is None else [{"key": k, "value": v} for k, v in metadata.items()],
     }
-    addrs = (ctypes.c_void_p * len(tensors))(*[t.addr or None for t in tensors])
-    return _lib.call_json("pft_safetensors_save", _lib.cstr(path), json.dumps(spec).encode(), len(tensors), addrs,
-                          _lib.options(engine, durable=durable),
-                          ctypes.byref(counter) if counter is not None else None)
+    return json.dumps(spec).encode(), (ctypes.c_void_p * len(tensors))(*[t.addr or None for t in tensors])
 
 
 class SafetensorsFile(_lib.Handle):

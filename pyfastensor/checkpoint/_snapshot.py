@@ -162,6 +162,6 @@ def _in_waves(b: _device.Backend, buf: torch.Tensor, device: list[tuple[str, tor
     drain = snap.drain = _from_device.Drain(b, snap.staged, buf, config.PINNED_RING_SLOTS)
     for i, key in enumerate(archive.keys):
         if key in on_device:
-            drain.put(i, skel.storages[key])
+            drain.put(i, _from_device.bytes_of(skel.storages[key]))
     drain.hold_compute()
     snap.waves = -(-drain.slots_filled // config.PINNED_RING_SLOTS)

@@ -1,11 +1,13 @@
-"""Staged saves: a checkpoint whose storage records are written in parts (checkpoint/staged.go).
+"""Staged saves: a checkpoint whose storage records are written in parts (checkpoint/staged.go,
+checkpoint/stagedraw.go).
 
-``async_save`` of a CUDA state larger than its pinned staging buffer writes
-each wave of device-to-host copies to the file, then reuses the buffer for
-the next: the archive is laid out first (:class:`StagedSave`), the staged
-storages' bytes written part after part, the rest at :meth:`StagedSave.commit`,
-which commits the file durably as :func:`pyfastensor.save` does. The file
-is the one ``save`` writes for the same skeleton.
+A save of CUDA tensors writes each wave of device-to-host copies to the file,
+then reuses the pinned buffer for the next (:mod:`._from_device`): the archive
+is laid out first (:class:`StagedSave`), the staged storages' bytes written
+part after part, the rest at :meth:`StagedSave.commit`, which commits the file
+durably as :func:`pyfastensor.save` does. The file is the one ``save`` writes
+for the same skeleton. :class:`StagedSafetensors` does the same for a
+safetensors file (:func:`pyfastensor.safetensors.save_file`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .. import _lib
-from ._native import TorchArchive
+from ._native import STensor, TorchArchive, safetensors_spec
 
 
 class StagedSave(_lib.Handle):
@@ -80,3 +82,33 @@ class StagedSave(_lib.Handle):
 
     def _closed_message(self) -> str:
         return f"staged save of {os.path.basename(self.path)!r} is over"
+
+
+class StagedSafetensors(StagedSave):
+    """A staged save of a safetensors file to ``path`` (``checkpoint/stagedraw.go``): the Go core
+    lays it out as :func:`pyfastensor.safetensors.save_file` does, and writes the header and the
+    tensors not staged (from their memory, during the call); :meth:`write` and
+    :meth:`write_parts` take the staged ones' bytes by tensor (its place in ``tensors``), then
+    :meth:`commit`. Closing it without :meth:`commit` aborts it.
+
+    Args:
+        path: the target.
+        tensors: every tensor of the file (a staged one's address is ignored).
+        metadata: the header's metadata (None: none).
+        staged: per tensor, whether its bytes come through :meth:`write`.
+        durable: fsync the file and its directory at commit. Default ``True``.
+        engine: one I/O engine for every tensor; default: chosen by size.
+    """
+
+    def __init__(self, path: str, tensors: Sequence[STensor], metadata: dict[str, str] | None,
+                 staged: Sequence[bool], *, durable: bool = True, engine: str | None = None) -> None:
+        _lib.Handle.__init__(self)
+        self.path = path
+        if len(staged) != len(tensors):
+            raise ValueError(f"{len(staged)} staged flags for {len(tensors)} tensors")
+        spec, addrs = safetensors_spec(tensors, metadata)
+        handle = _lib.u64()
+        _lib.call("pft_safetensors_stage_begin", _lib.cstr(path), spec, len(tensors), addrs,
+                  (ctypes.c_int * len(tensors))(*[int(st) for st in staged]), _lib.options(engine, durable=durable),
+                  ctypes.byref(handle))
+        self._handle = handle.value

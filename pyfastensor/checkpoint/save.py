@@ -165,7 +165,7 @@ def _write_from_device(
             try:
                 for i, key in enumerate(archive.keys):
                     if key in device:
-                        drain.put(i, skel.storages[key])
+                        drain.put(i, _from_device.bytes_of(skel.storages[key]))
                 drain.finish()
                 staged.commit()
             except BaseException:

@@ -101,19 +101,3 @@ def test_engine_argument_picks_the_route(tmp_path: Path, route: str, engine: str
     got = pyfastensor.load(path, map_location="cuda", engine=engine)
     assert_bit_identical(got, torch.load(path, map_location="cuda"))
     assert _cuda.last_route["route"] == ("cufile" if engine == "cufile" else "pinned")
-
-
-def test_safetensors_load_to_cuda_is_safetensors_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from safetensors.torch import load_file, save_file
-
-    monkeypatch.setenv("PYFASTENSOR_PINNED_POOL", str(POOL))
-    s = {k: v for k, v in state().items() if k not in ("view", "t")}  # safetensors refuses shared memory
-    save_file(s, tmp_path / "s.safetensors")
-    with _device.using(_device.CudaBackend()):
-        got = pyfastensor.safetensors.load_file(tmp_path / "s.safetensors", device="cuda")
-    want = load_file(tmp_path / "s.safetensors", device="cuda")
-    assert list(got) == list(want)
-    for k, w in want.items():
-        g = got[k]
-        assert (g.device, g.dtype, g.shape) == (w.device, w.dtype, w.shape), k
-        assert torch.equal(g.view(torch.uint8) if g.numel() else g, w.view(torch.uint8) if w.numel() else w), k
