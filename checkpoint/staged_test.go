@@ -50,7 +50,7 @@ func assertSameFile(t *testing.T, want, got string) []byte {
 	require.NoError(t, err)
 	b, err := os.ReadFile(got)
 	require.NoError(t, err)
-	assert.True(t, bytes.Equal(a, b), "staged file differs from Save's")
+	assert.True(t, bytes.Equal(a, b), "%s differs from %s", got, want)
 	return b
 }
 
@@ -170,11 +170,7 @@ func TestTorchStagedIsByteIdenticalToSaveTorch(t *testing.T) {
 	}
 	_, err = s.Commit()
 	require.NoError(t, err)
-	a, err := os.ReadFile(want)
-	require.NoError(t, err)
-	b, err := os.ReadFile(got)
-	require.NoError(t, err)
-	assert.True(t, bytes.Equal(a, b), "staged file differs from SaveTorch's")
+	assertSameFile(t, want, got)
 
 	ar, err := OpenArchive(got)
 	require.NoError(t, err)

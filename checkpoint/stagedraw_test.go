@@ -44,11 +44,7 @@ func TestStagedSafetensorsIsByteIdenticalToSaveSafetensors(t *testing.T) {
 	require.NoError(t, s.WriteParts([]Part{{Rec: 2, Off: 7, Data: tensors[2].Data[7:]}, {Rec: 0, Off: 1000, Data: tensors[0].Data[1000:]}}))
 	_, err = s.Commit()
 	require.NoError(t, err)
-	a, err := os.ReadFile(want)
-	require.NoError(t, err)
-	b, err := os.ReadFile(got)
-	require.NoError(t, err)
-	assert.True(t, bytes.Equal(a, b), "staged file differs from SaveSafetensors'")
+	assertSameFile(t, want, got)
 }
 
 // A staged save committed before its staged tensors are whole, or

@@ -116,7 +116,7 @@ def _save_from_cuda(tensors: dict[str, torch.Tensor], path: str, metadata: dict[
     """:func:`save_file` of a dict with CUDA tensors: a staged save whose CUDA tensors go through
     the process's pinned ``"save"`` ring (as :func:`pyfastensor.save`'s do), their copies
     pipelined with the writes; the others are written first, from their memory."""
-    from . import _device, config
+    from . import _device
     from .checkpoint._staged import StagedSafetensors
 
     b = _device.backend()
@@ -127,20 +127,11 @@ def _save_from_cuda(tensors: dict[str, torch.Tensor], path: str, metadata: dict[
                      t.numel() * t.element_size()) for (k, t), on in zip(host.items(), cuda, strict=True)]
     bar = _progress.Manual(sum(s.nbytes for s in specs), f"save {os.path.basename(path)}", progress)
     try:
-        with _device.slab(b, "save").hold() as buf:
-            staged = StagedSafetensors(path, specs, metadata, cuda, durable=durable, engine=engine)
-            bar.add(sum(s.nbytes for s, on in zip(specs, cuda, strict=True) if not on))
-            drain = _from_device.Drain(b, staged, buf, config.PINNED_RING_SLOTS, done=bar.add)
-            try:
-                for i, (t, on) in enumerate(zip(host.values(), cuda, strict=True)):
-                    if on and t.numel():
-                        drain.put(i, t.reshape(-1).view(torch.uint8))
-                drain.finish()
-                staged.commit()
-            except BaseException:
-                drain.wait()  # no copy may still be landing in the slab when the next user gets it
-                staged.close()  # the temporary file goes; the target is untouched
-                raise
+        staged = StagedSafetensors(path, specs, metadata, cuda, durable=durable, engine=engine)
+        bar.add(sum(s.nbytes for s, on in zip(specs, cuda, strict=True) if not on))
+        _from_device.drain_into(b, staged, ((i, t.reshape(-1).view(torch.uint8))
+                                            for i, (t, on) in enumerate(zip(host.values(), cuda, strict=True))
+                                            if on and t.numel()), bar.add)
     finally:
         bar.close()
 

@@ -30,12 +30,12 @@ one (tests/cuda_fakes.py).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 
-from .. import _device
+from .. import _device, config
 from ._staged import StagedSave
 
 
@@ -184,3 +184,25 @@ class Drain:
         """Block until every copy issued has landed (the ring may then be reused elsewhere)."""
         for side in self.sides.values():
             side.synchronize()
+
+
+def drain_into(backend: _device.Backend, staged: StagedSave, items: Iterable[tuple[int, torch.Tensor]],
+               done: Callable[[int], None] | None = None) -> None:
+    """Copy ``items`` (``(index, flat uint8 bytes on their device)``) into ``staged`` through the
+    process's pinned ``"save"`` ring (:class:`Drain`), then commit it. On any failure the copies
+    in flight are waited for (none may land in the slab once its next user has it) and the save
+    is aborted: its temporary file goes, the target is untouched."""
+    try:
+        with _device.slab(backend, "save").hold() as buf:
+            drain = Drain(backend, staged, buf, config.PINNED_RING_SLOTS, done=done)
+            try:
+                for i, src in items:
+                    drain.put(i, src)
+                drain.finish()
+            except BaseException:
+                drain.wait()
+                raise
+        staged.commit()
+    except BaseException:
+        staged.close()
+        raise

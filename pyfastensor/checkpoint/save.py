@@ -17,7 +17,7 @@ import torch
 if TYPE_CHECKING:
     from ..dictionary import Dictionaries
 
-from .. import _device, _torch, config
+from .. import _device, _torch
 from . import _from_device, _progress
 from ._native import TorchArchive, write_archive
 from ._skeleton import Skeleton, pickle_skeleton
@@ -159,19 +159,9 @@ def _write_from_device(
     archive, keep, total = torch_archive(skel, disable_byteorder=disable_byteorder, staged=device)
     bar = _progress.Manual(total, f"save {os.path.basename(path)}", progress)
     try:
-        with _device.slab(b, "save").hold() as buf:
-            staged = StagedSave(path, archive, [k in device for k in archive.keys], durable=durable, engine=engine)
-            drain = _from_device.Drain(b, staged, buf, config.PINNED_RING_SLOTS, done=bar.add)
-            try:
-                for i, key in enumerate(archive.keys):
-                    if key in device:
-                        drain.put(i, _from_device.bytes_of(skel.storages[key]))
-                drain.finish()
-                staged.commit()
-            except BaseException:
-                drain.wait()  # no copy may still be landing in the slab when the next user gets it
-                staged.close()  # the temporary file goes; the target is untouched
-                raise
+        staged = StagedSave(path, archive, [k in device for k in archive.keys], durable=durable, engine=engine)
+        _from_device.drain_into(b, staged, ((i, _from_device.bytes_of(skel.storages[key]))
+                                            for i, key in enumerate(archive.keys) if key in device), bar.add)
     finally:
         bar.close()
     keep.clear()  # the native calls have returned: the memory may go
