@@ -7,6 +7,7 @@ import gc
 import re
 import threading
 import warnings
+import weakref
 from collections.abc import Callable
 
 import pytest
@@ -126,6 +127,12 @@ def test_full_disk_found_at_exit_raises_and_leaks_nothing(tmp_path, monkeypatch)
     assert off._store is None and open_handles() == 0, "the failed step kept its store"
     with pytest.raises(RuntimeError, match="released"):
         loss.backward()
+    # Nothing the failure left behind keeps the object (and the step's graph) alive: the full disk
+    # a finalizer saw is kept without the frames it was raised in.
+    gone = weakref.ref(off)
+    del off, loss
+    gc.collect()
+    assert gone() is None, "the failed step's offload object outlived every reference to it"
 
 
 def test_exception_in_one_object_spares_another_sharing_the_store(tmp_path):

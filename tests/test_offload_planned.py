@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import gc
+import weakref
 from collections.abc import Iterator
 
 import pytest
@@ -195,6 +197,19 @@ def test_infeasible_budget_raises_naming_budget_and_need(tmp_path):
         assert f"budget={need - 1} bytes is infeasible" in msg and f"needs {need} bytes" in msg, msg
         assert f"give budget >= {need}" in msg
     assert isinstance(e.value, ValueError)
+    del e
+
+    def entry() -> None:
+        mine = torch.empty(1)
+        alive.append(weakref.ref(mine))
+        with off:
+            pass
+
+    alive: list[weakref.ref[torch.Tensor]] = []
+    with pytest.raises(InvalidArgumentError):
+        entry()
+    gc.collect()
+    assert alive[0]() is None, "the error kept for later entries kept the frames it was raised through"
     off.close()
     assert open_handles() == 0
 

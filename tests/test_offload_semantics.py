@@ -67,16 +67,17 @@ def test_parameters_and_buffers_never_offloaded(tmp_path, puts, pass_module):
 
     m = M()
     x = torch.randn(64, 256)
+    hooks = nn.modules.module._global_forward_pre_hooks
+    before = set(hooks)  # another test's objects may still await collection
     with offload(tmp_path, module=m if pass_module else None) as off:
         m(x).sum().backward()
     own = {t.untyped_storage().data_ptr() for t in [*m.parameters(), *m.buffers()]}
     assert puts, "activations were offloaded"
     assert not own & {addr for addr, _ in puts}
     assert off.summary().skipped_tensors >= 2
-    hooks = nn.modules.module._global_forward_pre_hooks
-    assert len(hooks) == (0 if pass_module else 1), "one watch, kept for the next step"
+    assert len(set(hooks) - before) == (0 if pass_module else 1), "one watch, kept for the next step"
     off.close()
-    assert hooks == {}, "the module watch outlived close()"
+    assert set(hooks) <= before, "the module watch outlived close()"
 
 
 def test_module_watch_is_one_hook_for_every_step_and_goes_with_its_object(tmp_path):
@@ -86,16 +87,17 @@ def test_module_watch_is_one_hook_for_every_step_and_goes_with_its_object(tmp_pa
     m = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 256))
     x = torch.randn(64, 256)
     hooks = nn.modules.module._global_forward_pre_hooks
+    before = set(hooks)  # another test's objects may still await collection
     off = offload(tmp_path)
     seen = []
     for _ in range(3):
         with off:
             m(x).sum().backward()
-        seen.append(dict(hooks))
+        seen.append({k: v for k, v in hooks.items() if k not in before})
     assert len(seen[0]) == 1 and seen == [seen[0]] * 3
     del off, seen
     gc.collect()
-    assert hooks == {}, "the module watch outlived its offload object"
+    assert set(hooks) <= before, "the module watch outlived its offload object"
 
 
 def test_same_storage_offloaded_once(tmp_path, puts):

@@ -173,14 +173,17 @@ class Planned(Policy):
         super().__init__()  # no compression: tensors migrate as they are
         self.budget, self.host_bytes, self.tier, self.verbose = budget, host_bytes, tier, verbose
         self.placement: _planned.Placement | None = None  # the plan by pack index
-        self.error: InvalidArgumentError | None = None  # an infeasible budget: every later entry raises it
+        # An infeasible budget: every later entry raises it anew. A message, not the exception: one
+        # raised again would keep every frame it passed through (a step's autograd graph among
+        # them, whose C++ nodes hold the offload's hooks: a cycle the garbage collector cannot see).
+        self.error: str | None = None
 
     def profiles(self) -> bool:
         return self.placement is None
 
     def check(self) -> None:
         if self.error is not None:
-            raise self.error
+            raise InvalidArgumentError(self.error)
 
     def learn(self, rec: Recorder, *, tier: str, device: torch.device | None) -> None:
         device = device or torch.device("cpu")
@@ -191,7 +194,7 @@ class Planned(Policy):
         try:
             result = _planned.make(prof, rec.unpacks, self.budget, host, device)
         except InvalidArgumentError as e:
-            self.error = e
+            self.error = str(e)
             raise
         result["profile"] = prof
         self.result = result

@@ -157,7 +157,10 @@ class Writes:
         """A full disk seen when a slot was freed (a finalizer: cannot raise)."""
         if self.on_full == "raise":
             self.full += 1
-            self.late_error = e
+            # Without its traceback: the frames it holds hold their callers' (a training step's
+            # autograd graph, whose C++ nodes hold this object's hooks: a cycle the garbage
+            # collector cannot see).
+            self.late_error = e.with_traceback(None)
         else:
             self.full_disk(e)
 
