@@ -10,6 +10,7 @@ work as usual.
 from __future__ import annotations
 
 import errno
+from typing import Any
 
 
 class FastensorError(Exception):
@@ -24,21 +25,32 @@ class EndOfFileError(FastensorError, EOFError):
     """A read reached the end of the file before filling its buffer."""
 
 
-class NoSpaceError(FastensorError, OSError):
+class _FromMessage:
+    """An ``OSError`` made from its message alone, its errno fixed by its class: pickled and
+    copied as it is made (``OSError``'s own way passes the errno too, which ``__init__`` does not
+    take), so it crosses processes intact: DCP gathers each rank's exception to every rank."""
+
+    strerror: str
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.strerror,), self.__dict__ or None
+
+
+class NoSpaceError(_FromMessage, FastensorError, OSError):
     """The filesystem is full (``errno.ENOSPC``)."""
 
     def __init__(self, message: str) -> None:
         super().__init__(errno.ENOSPC, message)
 
 
-class NotFoundError(FastensorError, FileNotFoundError):
+class NotFoundError(_FromMessage, FastensorError, FileNotFoundError):
     """No such file or directory (``errno.ENOENT``)."""
 
     def __init__(self, message: str) -> None:
         super().__init__(errno.ENOENT, message)
 
 
-class PermissionDeniedError(FastensorError, PermissionError):
+class PermissionDeniedError(_FromMessage, FastensorError, PermissionError):
     """Permission denied (``errno.EACCES``)."""
 
     def __init__(self, message: str) -> None:

@@ -109,6 +109,18 @@ def test_missing_file_is_file_not_found(tmp_path):
     assert str(missing) in str(ei.value)
 
 
+@pytest.mark.parametrize("name", ["NoSpaceError", "NotFoundError", "PermissionDeniedError"])
+def test_errno_errors_cross_processes_intact(name):
+    # DCP gathers each rank's exception to every rank (pickled); a copy raised again is one too.
+    import copy
+    import pickle
+
+    cls = getattr(pyfastensor.errors, name)
+    e = cls("direct: write /ckpt/x at 4096: no space left on device")
+    for back in (pickle.loads(pickle.dumps(e)), copy.copy(e)):
+        assert type(back) is cls and back.errno == e.errno and str(back) == str(e)
+
+
 def test_full_filesystem_raises_no_space(mount_fs):
     dir_ = mount_fs("tmpfs", "size=1m")
     data = np.zeros(4 << 20, dtype=np.uint8)
