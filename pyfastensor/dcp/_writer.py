@@ -142,12 +142,12 @@ class Writer(StorageWriter, BlockingAsyncStager):
         a data file of its own (host items go with the wave they fall in)."""
         prefix: Prefix = plan.storage_data if plan.storage_data is not None else Prefix(0, self.save_id)
         staging = Staging()
-        data = {id(item): item if item.type == WriteItemType.BYTE_IO else planner.resolve_data(item).detach()
-                for item in plan.items}
+        data = {id(item): planner.resolve_data(item).detach()  # the tensors; BYTE_IO is resolved when written
+                for item in plan.items if item.type != WriteItemType.BYTE_IO}
 
         def staged(item: Any) -> int:
-            t = data[id(item)]
-            return t.numel() * t.element_size() if item.type != WriteItemType.BYTE_IO and staging.on_device(t) else 0
+            t = data.get(id(item))
+            return t.numel() * t.element_size() if t is not None and staging.on_device(t) else 0
 
         results: list[WriteResult] = []
         stats: list[dict[str, Any]] = []
@@ -228,8 +228,6 @@ class Writer(StorageWriter, BlockingAsyncStager):
         if self._shared is not None:
             self._shared.close()
             self._shared = None
-
-
 
 
 def _joined(stats: list[dict[str, Any]]) -> dict[str, Any]:
