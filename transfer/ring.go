@@ -57,9 +57,9 @@ type ringFill struct {
 	released bool          // the caller is done with its slot
 }
 
-// ErrRingStopped fails the pieces that were waiting for a slot when the
+// errRingStopped fails the pieces that were waiting for a slot when the
 // read was closed (Close does not report it).
-var ErrRingStopped = fmt.Errorf("%w: ring read closed", gds.ErrClosed)
+var errRingStopped = fmt.Errorf("%w: ring read closed", gds.ErrClosed)
 
 // StartRing starts reading exts of the file at path into slots: fill k
 // goes to slots[fillSlots[k]], and exts come in fill order. With sum, each
@@ -131,9 +131,9 @@ func (r *Ring) waiter(f *ringFill) func(<-chan struct{}) error {
 		case <-f.ready:
 			return nil
 		case <-r.stop:
-			return ErrRingStopped
+			return errRingStopped
 		case <-failed:
-			return ErrRingStopped
+			return errRingStopped
 		}
 	}
 }
@@ -159,7 +159,7 @@ func (r *Ring) lander(f *ringFill, k int) func(uint32) {
 func (r *Ring) Next(release int) (fill, first int, crcs []uint32, err error) {
 	select {
 	case <-r.stop:
-		return -1, 0, nil, ErrRingStopped
+		return -1, 0, nil, errRingStopped
 	default:
 	}
 	if release >= 0 {
@@ -203,7 +203,7 @@ func (r *Ring) Next(release int) (fill, first int, crcs []uint32, err error) {
 func (r *Ring) Close() error {
 	r.halt.Do(func() { close(r.stop) })
 	<-r.done
-	if errors.Is(r.err, ErrRingStopped) {
+	if errors.Is(r.err, errRingStopped) {
 		return nil
 	}
 	return r.err
