@@ -110,3 +110,40 @@ def test_put_after_orders_the_write_after_ready(tmp_path: Path) -> None:
         raise AssertionError("the ready() error must reach wait()")
     store.free(bad)
     store.close()
+
+
+def test_a_failed_deferred_put_keeps_no_frame_of_those_who_waited(tmp_path: Path) -> None:
+    # The store outlives steps: a failed put's error kept with the traceback of a wait would keep
+    # that caller's frames (in an unpack hook: the step's autograd graph) until the slot is freed.
+    import gc
+    import weakref
+
+    from pyfastensor.errors import NoSpaceError
+    from pyfastensor.offload._store import SpillStore
+
+    store = SpillStore("ssd", str(tmp_path))
+    buf = torch.zeros(1 << 12, dtype=torch.uint8)
+
+    def full() -> None:
+        raise NoSpaceError("spill file: no space left")
+
+    bad = store.put_after(full, buf.data_ptr(), buf.numel())
+
+    class Graph:  # stands for what a caller's frame holds
+        pass
+
+    def caller() -> weakref.ref[Graph]:
+        graph = Graph()
+        try:
+            store.wait(bad)
+        except NoSpaceError as e:
+            assert e.strerror == "spill file: no space left" and e.errno == 28
+        else:
+            raise AssertionError("the put's error must reach wait()")
+        return weakref.ref(graph)
+
+    first, second = caller(), caller()  # raised again to a second waiter, as it was made
+    gc.collect()
+    assert first() is None and second() is None, "the kept error holds a waiter's frame"
+    store.free(bad)
+    store.close()

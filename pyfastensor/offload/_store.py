@@ -15,6 +15,7 @@ object's ``close()`` closes it at once when no other object uses it.
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import functools
 import itertools
@@ -33,6 +34,15 @@ _BATCH = 256
 #: Slot ids :meth:`SpillStore.put_after` hands out start here, far above the
 #: native store's (which count up from 1), so the two never meet.
 _DEFERRED_BASE = 1 << 62
+
+
+def _fresh(error: BaseException) -> BaseException:
+    """A copy of a kept error to raise, so that the kept one never gathers the frames it passes
+    through (an unpack hook's hold the step's graph); the error itself where it cannot be copied."""
+    try:
+        return copy.copy(error)
+    except Exception:  # noqa: BLE001 - an exception type that cannot be remade from its args
+        return error
 
 
 class _Deferred:
@@ -214,7 +224,7 @@ class SpillStore:
                 with self._lock:
                     self._by_native[d.slot] = slot
             except BaseException as e:  # noqa: BLE001 - handed to whoever waits for the slot
-                d.error = e
+                d.error = e.with_traceback(None)
             d.issued.set()
 
     def _native(self, slot: int) -> int:
@@ -224,7 +234,7 @@ class SpillStore:
             return slot
         d.issued.wait()
         if d.error is not None:
-            raise d.error
+            raise _fresh(d.error)
         return d.slot
 
     def wait(self, slot: int) -> None:
