@@ -26,14 +26,18 @@ def test_record_over_4gib(tmp_path):
         pytest.skip("needs 12 GiB of free disk")
     if os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES") < 8 << 30:
         pytest.skip("needs 8 GiB of free memory")
-    big = torch.zeros((4 << 30) + 4096, dtype=torch.uint8)  # zero pages until touched
-    big[-3:] = torch.tensor([1, 2, 3], dtype=torch.uint8)
-    obj = {"big": big, "after": torch.arange(10)}
-    pyfastensor.save(obj, tmp_path / "big.pt", durable=False)
-    del big
-    got = torch.load(tmp_path / "big.pt", mmap=True)  # stock torch, zip64 offsets and sizes
-    assert torch.equal(got["after"], torch.arange(10))
-    assert got["big"].shape == obj["big"].shape and got["big"][-3:].tolist() == [1, 2, 3]
-    del got
-    with pyfastensor.open(tmp_path / "big.pt") as ck:
-        assert torch.equal(ck["after"], torch.arange(10))
+    path = tmp_path / "big.pt"
+    try:
+        big = torch.zeros((4 << 30) + 4096, dtype=torch.uint8)  # zero pages until touched
+        big[-3:] = torch.tensor([1, 2, 3], dtype=torch.uint8)
+        obj = {"big": big, "after": torch.arange(10)}
+        pyfastensor.save(obj, path, durable=False)
+        del big
+        got = torch.load(path, mmap=True)  # stock torch, zip64 offsets and sizes
+        assert torch.equal(got["after"], torch.arange(10))
+        assert got["big"].shape == obj["big"].shape and got["big"][-3:].tolist() == [1, 2, 3]
+        del got
+        with pyfastensor.open(path) as ck:
+            assert torch.equal(ck["after"], torch.arange(10))
+    finally:  # pytest keeps the last runs' temporary directories: 4 GiB each, without this
+        path.unlink(missing_ok=True)
