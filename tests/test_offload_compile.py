@@ -81,10 +81,27 @@ def test_compiled_model_has_no_graph_break_and_the_same_gradients(tmp_path, monk
     assert model.scale.data_ptr() not in puts  # the buffer was known through the compiled wrapper
 
 
+def _fullgraph_compiles_builtin_layers() -> bool:
+    """Whether this torch runs a builtin layer compiled in place with ``fullgraph=True``: torch
+    2.13 raises "found no compiled frames" there (the layer's forward is in Dynamo's skipfiles),
+    offload or not. Where it does not, a graph break is still counted, and checked, below."""
+    torch._dynamo.reset()
+    layer = nn.Linear(2, 2)
+    layer.compile(backend="aot_eager", fullgraph=True)
+    try:
+        layer(torch.zeros(1, 2))
+    except RuntimeError as e:
+        if "found no compiled frames" not in str(e):
+            raise
+        return False
+    return True
+
+
 def test_modules_compiled_one_by_one_keep_the_saved_tensors_within_the_budget(tmp_path):
     """Each compiled module saves its tensors at the end of its forward and takes them all back
     at the start of its backward: compiled module by module, the offload holds the budget as in
     eager mode (a whole model in one graph would take everything back at once)."""
+    fullgraph = _fullgraph_compiles_builtin_layers()
     torch._dynamo.reset()
     torch.manual_seed(0)
     model, x = deep_mlp(256, 8), torch.randn(256, 256)
@@ -99,7 +116,7 @@ def test_modules_compiled_one_by_one_keep_the_saved_tensors_within_the_budget(tm
     base = none.summary().resident_peak_bytes
     none.close()
     for layer in model:
-        layer.compile(backend="aot_eager", fullgraph=True)
+        layer.compile(backend="aot_eager", fullgraph=fullgraph)
     breaks = torch._dynamo.utils.counters["graph_break"]
     breaks.clear()
     off = pyfastensor.offload(policy="all", budget=base // 5, min_size=64 << 10, module=model,
