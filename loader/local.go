@@ -92,8 +92,13 @@ const LocalRestoreWait = 30 * time.Second
 // answer: position, source, label, length.
 const LocalMetaFields = 4
 
-// localMaxFrame bounds a frame: a batch of a million requests.
-const localMaxFrame = 16 + 8<<20
+// localMaxFrame bounds a request's frame: a batch of a million requests
+// (8 bytes each), or a worker's part of a state for a pack of n samples
+// (two bitmaps of n/8 bytes in base64: n/3 bytes, in JSON with its head),
+// whichever is larger.
+func localMaxFrame(samples int) uint32 {
+	return 16 + uint32(max(8<<20, samples/2+1<<20))
+}
 
 // LocalHelloInfo is the answer to LocalHello.
 type LocalHelloInfo struct {
@@ -146,6 +151,8 @@ type Local struct {
 	srv    Backend
 	ln     *net.UnixListener
 	status func(error) int32
+	// maxFrame bounds a request's frame (localMaxFrame of the pack).
+	maxFrame uint32
 
 	mu     sync.Mutex
 	closed bool
@@ -177,7 +184,7 @@ func ServeLocal(srv Backend, addr string, o LocalOptions) (*Local, error) {
 	if status == nil {
 		status = func(error) int32 { return 1 }
 	}
-	l := &Local{srv: srv, ln: ln, status: status, conns: map[*net.UnixConn]struct{}{}}
+	l := &Local{srv: srv, ln: ln, status: status, conns: map[*net.UnixConn]struct{}{}, maxFrame: localMaxFrame(srv.Len())}
 	l.wg.Add(1)
 	go l.accept()
 	return l, nil
@@ -319,10 +326,13 @@ func (l *Local) serve(c *net.UnixConn) {
 		l.wg.Done()
 	}()
 	for {
-		body, fds, err := readFrame(c)
+		body, fds, err := readFrame(c, l.maxFrame)
 		if err != nil {
 			for _, fd := range fds {
 				_ = unix.Close(fd)
+			}
+			if errors.Is(err, ErrInvalid) { // too large: say so before the connection ends
+				_ = writeFrame(c, response(l.status(err), 0, 0, []byte(err.Error())))
 			}
 			return // EOF, a closed endpoint, a malformed frame: the connection ends
 		}
@@ -643,14 +653,15 @@ func writeFrame(c *net.UnixConn, b []byte) error {
 
 // readFrame reads one frame's body and the file descriptors that came
 // with it.
-func readFrame(c *net.UnixConn) (body []byte, fds []int, err error) {
+// A frame larger than limit is refused (ErrInvalid) unread.
+func readFrame(c *net.UnixConn, limit uint32) (body []byte, fds []int, err error) {
 	var head [4]byte
 	if fds, err = readFull(c, head[:], nil); err != nil {
 		return nil, fds, err
 	}
 	size := binary.LittleEndian.Uint32(head[:])
-	if size > localMaxFrame {
-		return nil, fds, fmt.Errorf("%w: a frame of %d bytes", ErrInvalid, size)
+	if size > limit {
+		return nil, fds, fmt.Errorf("%w: a request of %d bytes, over this server's limit of %d", ErrInvalid, size, limit)
 	}
 	body = make([]byte, size)
 	fds, err = readFull(c, body, fds)

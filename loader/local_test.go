@@ -44,7 +44,7 @@ func (lc *localClient) do(op uint32, n int, arg uint64, payload []byte, fd int) 
 	}
 	_, _, err := lc.c.WriteMsgUnix(b, oob, nil)
 	require.NoError(lc.t, err)
-	body, _, err := readFrame(lc.c)
+	body, _, err := readFrame(lc.c, 1<<31)
 	require.NoError(lc.t, err)
 	return int32(binary.LittleEndian.Uint32(body)), int(binary.LittleEndian.Uint32(body[4:])), binary.LittleEndian.Uint64(body[8:]), body[16:]
 }
@@ -141,6 +141,28 @@ func TestLocalClientsShareOneEpoch(t *testing.T) {
 	st, _, _, out = clients[0].do(9, 0, 0, nil, -1)
 	require.EqualValues(t, 7, st)
 	require.Contains(t, string(out), "unknown request 9")
+}
+
+// A request larger than the server takes is answered with an error that
+// says so (not a dropped connection); the limit grows with the pack, so a
+// worker's part of a state always fits.
+func TestLocalRefusesAnOversizedRequestWithAReason(t *testing.T) {
+	_, p := newPack(t, datasetOpts{n: 40, classes: 2, maxSize: 200, seed: 73}, 5)
+	l := serveLocal(t, newServer(t, p, minBudget(p), 2))
+	require.EqualValues(t, 16+8<<20, l.maxFrame)
+	require.EqualValues(t, 16+(30_000_000/2+1<<20), localMaxFrame(30_000_000), "a 30M-sample pack: parts of 10 MB")
+
+	c := dialLocal(t, l.Addr())
+	head := make([]byte, 20)
+	binary.LittleEndian.PutUint32(head, l.maxFrame+1)
+	_, err := c.c.Write(head)
+	require.NoError(t, err)
+	body, _, err := readFrame(c.c, 1<<31)
+	require.NoError(t, err)
+	require.EqualValues(t, 7, binary.LittleEndian.Uint32(body))
+	require.Contains(t, string(body[16:]), fmt.Sprintf("a request of %d bytes, over this server's limit of %d", l.maxFrame+1, l.maxFrame))
+	_, _, err = readFrame(c.c, 1<<31)
+	require.Error(t, err, "the connection ends")
 }
 
 // A client that goes away holding a batch gives it back: asked again,

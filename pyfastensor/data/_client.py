@@ -108,15 +108,20 @@ class Client:
 
     def _call(self, op: int, n: int, arg: int, payload: bytes, fd: int | None = None) -> tuple[int, int, bytes]:
         frame = _REQUEST.pack(16 + len(payload), op, n, arg) + payload
+        sent: OSError | None = None
         try:
             if fd is None:
                 self._sock.sendall(frame)
             else:
                 socket.send_fds(self._sock, [frame], [fd])
+        except OSError as e:  # the server may have refused the request and said why before closing
+            sent = e
+        try:
             head = self._recv(4)
             body = self._recv(struct.unpack("<I", head)[0])
         except OSError as e:
-            raise errors.ServerUnavailableError(f"{self.what}: the loader server at {self.address!r} is gone ({e})") from None
+            raise errors.ServerUnavailableError(
+                f"{self.what}: the loader server at {self.address!r} is gone ({sent or e})") from None
         status, m, ticket = _RESPONSE.unpack_from(body)
         payload_out = body[_RESPONSE.size:]
         if status != 0:
