@@ -214,6 +214,54 @@ def test_scheduled_policy_plans_after_profiling(tmp_path, capsys):
     assert "offload to ssd" in off.plan()
 
 
+class _SavesItsFactor(torch.autograd.Function):
+    """``x * s``, saving ``s`` whatever its dtype (as ops that save indices do)."""
+
+    @staticmethod
+    def forward(ctx, x, s):
+        ctx.save_for_backward(s)
+        return x * s
+
+    @staticmethod
+    def backward(ctx, g):
+        (s,) = ctx.saved_tensors
+        return g * s.to(g.dtype), None
+
+
+def test_scheduled_codecs_follow_the_tensor_at_a_pack_index_not_the_profiled_one(tmp_path, monkeypatch):
+    """The plan is by pack index; a later step saving an int64 where the profiled step saved a
+    float32 must not get the float32's fp16 codec (that would return other integers)."""
+    from pyfastensor.offload import _policy
+
+    real = _policy.schedule
+
+    def all_fp16(prof):  # the scheduler's choice, made deterministic: fp16 for every tensor
+        result = real(prof)
+        for d in result["decisions"]:
+            d["offload"], d["codec"] = True, "fp16"
+        return result
+
+    monkeypatch.setattr(_policy, "schedule", all_fp16)
+
+    def step(s):
+        x = torch.ones(s.numel(), requires_grad=True)
+        _SavesItsFactor.apply(x, s).sum().backward()
+        return x.grad
+
+    n = SMALL
+    off = pyfastensor.offload(policy="scheduled", compression="fp16", budget=1, spill_dir=str(tmp_path), min_size=1024)
+    for _ in range(2):  # profiled, then planned: a float32 at pack index 0
+        with off:
+            step(torch.full((n,), 0.5))
+    assert [(d["index"], d["codec"]) for d in off.plan_details["decisions"]] == [(0, "fp16")]
+    ints = torch.arange(70_000, 70_000 + n, dtype=torch.int64)  # not exact in fp16
+    want = step(ints)
+    with off:
+        got = step(ints)
+    assert torch.equal(got, want)
+    off.close()
+
+
 def test_scheduled_policy_needs_a_budget():
     with pytest.raises(ValueError, match="budget"):
         pyfastensor.offload(policy="scheduled")

@@ -153,9 +153,15 @@ class Scheduled(Policy):
             print(result["text"], end="")
 
     def codec(self, entry: Entry, t: torch.Tensor) -> str | None:
+        allowed = self.compressed(entry, t)
         if self.decisions is None:
-            return self.compressed(entry, t)
-        return self.decisions.get(entry.index, "raw")  # indices past the profiled graph: offload as is
+            return allowed
+        planned = self.decisions.get(entry.index, "raw")  # indices past the profiled graph: offload as is
+        if planned is None:
+            return None
+        # The plan is by pack index; a later step may save another tensor there (an int64 where
+        # the profiled step had a float32): only the codecs this tensor allows apply.
+        return "+".join(c for c in planned.split("+") if c in allowed.split("+")) or "raw"
 
 
 class Planned(Policy):
