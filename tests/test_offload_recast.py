@@ -57,6 +57,32 @@ def test_a_parameter_changed_between_forward_and_backward_is_caught(tmp_path: Pa
     off.close()
 
 
+def autocast_cache_grads(off: Any = None) -> torch.Tensor:
+    """Two micro-steps in one autocast region with an optimizer step between: autocast's weight
+    cache gives the second forward the weight's cast made before the step, which torch saves."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(512, 512, bias=False)
+    x = torch.randn(64, 512, requires_grad=True)
+    opt = torch.optim.SGD(lin.parameters(), lr=0.5)
+    with off if off is not None else torch.enable_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        lin(x).float().sum().backward()
+        opt.step()
+        x.grad = None
+        y = lin(x).float().square().sum()
+    y.backward()
+    return x.grad
+
+
+def test_a_cast_older_than_its_parameter_is_stored_not_made_again(tmp_path: Path) -> None:
+    want = autocast_cache_grads()
+    off = pyfastensor.offload(spill_dir=str(tmp_path), min_size=4 << 10)
+    assert torch.equal(autocast_cache_grads(off), want)
+    s = off.summary()
+    assert s.recast_tensors == 1, "the first forward's cast, saved at the parameter's version it was made from"
+    assert s.offloaded_tensors >= 1, "the second forward's (cached, stale) cast is stored"
+    off.close()
+
+
 def leaf_grads(off: Any = None) -> list[torch.Tensor]:
     """Gradients of a plain leaf's cast, of a parameter's cast changed after the cast, and of a
     parameter's cast as it is."""

@@ -272,6 +272,37 @@ def test_inplace_ops_autograd_allows(tmp_path):
     assert off.summary().offloaded_tensors > 0
 
 
+TORCH_INPLACE_ERROR = "one of the variables needed for gradient computation has been modified by an inplace operation"
+
+
+@pytest.mark.parametrize("tier", ["ssd", "host"])
+@pytest.mark.parametrize("size,flush", [(256, False), (256, True), (8, False)],
+                         ids=["stored, write in flight", "stored, written", "kept (small)"])
+def test_inplace_change_of_a_saved_tensor_raises_torchs_error(tmp_path, tier, size, flush):
+    """Saved-tensor hooks switch torch's version check off; offload keeps it. Without it the
+    gradient would depend on whether the spill write had read the bytes before the change."""
+    w = torch.randn(size, size, requires_grad=True)
+    x = torch.randn(size, size)
+
+    def run(ctx):
+        with ctx:
+            y = (x @ w).sigmoid()  # sigmoid saves its output
+            if flush and hasattr(ctx, "flush"):
+                ctx.flush()
+            y[0].mul_(2)  # through a view: the base's counter moves
+            with pytest.raises(RuntimeError, match=TORCH_INPLACE_ERROR) as e:
+                y.sum().backward()
+        return str(e.value)
+
+    assert "is at version 1; expected version 0 instead" in run(torch.enable_grad())
+    off = offload(tmp_path, tier=tier)
+    msg = run(off)
+    assert f"[torch.float32 [{size}, {size}]] is at version 1; expected version 0 instead" in msg
+    assert "pyfastensor.offload" in msg
+    assert off.summary().offloaded_tensors == (2 if size == 256 else 0)  # x (for mm) and y
+    off.close()
+
+
 def test_slot_freed_when_autograd_drops_it(tmp_path):
     lin = nn.Linear(256, 256)
     off = offload(tmp_path)

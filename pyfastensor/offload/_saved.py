@@ -33,6 +33,7 @@ from ..errors import NoSpaceError
 from . import _staging, codecs
 from ._pool import BufferPool
 from ._store import SpillStore
+from ._version import Version
 
 
 class Meter:
@@ -345,10 +346,11 @@ class Saved:
     unpack returns it unchanged.
     """
 
-    __slots__ = ("dtype", "entry", "offset", "size", "stride", "tensor", "unpacked")
+    __slots__ = ("dtype", "entry", "offset", "size", "stride", "tensor", "unpacked", "version")
 
     def __init__(self, entry: Entry, t: torch.Tensor) -> None:
         self.entry = entry
+        self.version = Version(t)  # checked at each unpack, as torch checks what it saves itself
         self.tensor = t if entry.resident is not None else None
         self.size = t.size()
         self.stride = t.stride()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
+from ._recast import Casts
 from ._saved import Entry
 
 #: The saved tensors a step counts, by what became of them.
@@ -27,6 +28,7 @@ class Step:
         codec_bytes: by codec: [bytes before, bytes stored].
         pack_seconds, unpack_seconds: time spent in the hooks.
         stash_hits, stash_bytes: unpacks served from the forward stash, and their bytes.
+        casts: which saved casts of parameters are made again in backward (:class:`Casts`).
     """
 
     def __init__(self) -> None:
@@ -42,3 +44,4 @@ class Step:
         self.unpack_seconds = 0.0
         self.stash_hits = 0
         self.stash_bytes = 0
+        self.casts = Casts()

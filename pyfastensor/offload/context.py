@@ -28,12 +28,13 @@ from ._filter import ModuleWatch, is_parameter, is_relu_output, storages_of, sup
 from ._order import PlannedPrefetcher, Prefetcher
 from ._pool import BufferPool
 from ._profile import Recorder
-from ._recast import Recast, recast_of
+from ._recast import Recast
 from ._report import summarize
 from ._saved import Entry, Meter, Saved
 from ._stash import Stash
 from ._step import Step
 from ._store import SpillStore
+from ._version import Kept
 from ._writes import Writes
 from .summary import OffloadSummary
 
@@ -172,8 +173,10 @@ class Offload:
             uses) is not stored: backward casts the parameter again, which
             gives the same bits, and no copy goes either way. A parameter
             changed in place between forward and backward then makes
-            backward raise ``RuntimeError``; ``False`` stores such casts
-            like any other tensor. Default ``True``.
+            backward raise ``RuntimeError``; a cast older than its
+            parameter (made before the step, as autocast's weight cache
+            keeps one across an optimizer step in its region) is stored.
+            ``False`` stores such casts like any other tensor. Default ``True``.
 
     Raises:
         ValueError: for an unknown option value (the message names it).
@@ -181,6 +184,9 @@ class Offload:
             when ``spill_dir`` cannot hold the spill file.
         InvalidArgumentError: with ``policy="planned"``, on entry after the
             profiling step, when the budget is infeasible (see above).
+        RuntimeError: in backward, torch's own error when a saved tensor
+            was changed in place since it was saved (torch skips that check
+            under saved-tensor hooks; offload keeps it).
 
     Example::
 
@@ -408,8 +414,8 @@ class Offload:
             if (not supported(t) or t.numel() * t.element_size() < self.min_size
                     or is_parameter(t, self._registered)):
                 step.counts["skipped"] += 1
-                return t
-            if self.recast and (again := recast_of(t)) is not None:
+                return Kept(t)
+            if self.recast and (again := step.casts.recast_of(t)) is not None:
                 step.counts["recast"] += 1
                 step.recast_bytes += t.untyped_storage().nbytes()
                 return again
@@ -434,10 +440,11 @@ class Offload:
                 self._recorder.pack_done(spent)
 
     def _unpack(self, h: Any) -> torch.Tensor:
-        if isinstance(h, torch.Tensor):
-            return h
+        if isinstance(h, Kept):
+            return h.unpack()
         if isinstance(h, Recast):
             return h.restore()
+        h.version.check()
         if h.tensor is not None:
             entry = h.entry
             if not entry.seen and self._recorder is None:
