@@ -13,6 +13,7 @@ import errno
 import json
 import pickle
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -36,7 +37,7 @@ from dcp_helpers import (
 )
 from torch.distributed.checkpoint.api import CheckpointException
 
-from pyfastensor import CorruptFileError, _torch
+from pyfastensor import CorruptFileError, UnsupportedError, _torch
 from pyfastensor.dcp import Reader, Record, Writer, _staging, _writer
 from pyfastensor.dcp._reader import byte_runs
 
@@ -192,6 +193,29 @@ def test_missing_checkpoint_is_named(tmp_path):
     with pytest.warns(RuntimeWarning, match=r"no checkpoint here \(no \.metadata"):
         with pytest.raises(CheckpointException, match="metadata is (not )?None"):
             dcp.load({"w": torch.zeros(1)}, storage_reader=Reader(tmp_path))
+
+
+@pytest.mark.parametrize("damage,what,cause", [
+    ("empty", "empty", "EOFError: Ran out of input"),
+    ("half", "truncated or unreadable", "UnpicklingError"),
+    ("garbage", "truncated or unreadable", ""),
+])
+def test_damaged_metadata_is_named(tmp_path, damage, what, cause):
+    dcp.save(state(), storage_writer=Writer(tmp_path))
+    p = tmp_path / ".metadata"
+    raw = p.read_bytes()
+    p.write_bytes({"empty": b"", "half": raw[:len(raw) // 2], "garbage": b"\x80\x05not a pickle"}[damage])
+    expected = re.escape(f"{p}: {what} checkpoint metadata") + ".*" + re.escape(cause)
+    with pytest.raises(CorruptFileError, match=expected) as ei:
+        Reader(tmp_path).read_metadata()
+    assert str(ei.value.__cause__) in str(ei.value), "the unpickler's own words are kept"
+    if not _torch.DCP_HIDES_METADATA_ERRORS:
+        with pytest.raises(CheckpointException, match=expected):
+            dcp.load(blank(state()), storage_reader=Reader(tmp_path))
+        return
+    with pytest.warns(RuntimeWarning, match=expected):  # torch 2.9 to 2.11 swallow the reader's error
+        with pytest.raises(CheckpointException):
+            dcp.load(blank(state()), storage_reader=Reader(tmp_path))
 
 
 @pytest.mark.parametrize("shape,offsets,lengths", [
@@ -384,6 +408,119 @@ def test_staging_of_host_tensors_copies_only_views():
     s.wait()
     with pytest.raises(ValueError, match="meta device"):
         s.to_host(torch.empty(3, device="meta"))
+
+
+def _resolved(t: torch.Tensor) -> torch.Tensor:
+    return t.resolve_conj().resolve_neg()
+
+
+@pytest.mark.parametrize("device", [False, True], ids=["host", "staged"])
+def test_conj_and_neg_views_are_saved_as_their_values(tmp_path, monkeypatch, device):
+    """A conj or neg view's memory holds the conjugate (negation) of its values, and it counts as
+    contiguous: what is written is its values, as FileSystemWriter writes them."""
+    if device:
+        from pyfastensor.dcp import _reader
+
+        monkeypatch.setattr(_writer, "Staging", FakeStaging)
+        monkeypatch.setattr(_reader, "Staging", FakeStaging)
+    c = torch.tensor([[1 + 2j, 3 - 4j], [-5 + 0.5j, 7j]], dtype=torch.complex64)
+    f = torch.tensor([1.0, -2.0, 3.5])
+    sd = {"conj": c.conj(), "neg": torch._neg_view(f), "conj_t": c.conj().t(),
+          "neg_conj": torch._neg_view(c.conj())}
+    assert all(v.is_conj() or v.is_neg() for v in sd.values())
+    dcp.save(sd, storage_writer=Writer(tmp_path))
+    raw = (tmp_path / data_files(tmp_path)[0]).read_bytes()
+    for index, rec in metadata(tmp_path).storage_data.items():
+        want = _resolved(sd[index.fqn]).contiguous()
+        assert raw[rec.offset:rec.offset + rec.length] == want.view(torch.uint8).numpy().tobytes(), index.fqn
+    got = {k: torch.zeros_like(_resolved(v)) for k, v in sd.items()}
+    dcp.load(got, storage_reader=Reader(tmp_path))
+    for k, v in sd.items():
+        assert not got[k].is_conj() and not got[k].is_neg()
+        assert torch.equal(got[k], _resolved(v)), k
+
+
+@pytest.mark.parametrize("device", [False, True], ids=["host", "staged"])
+def test_conj_and_neg_destinations_read_as_the_saved_values(tmp_path, monkeypatch, device):
+    """A load into a conj or neg view leaves it reading as the saved values (its memory holding
+    their conjugate or negation), as FileSystemReader's ``copy_`` does: not read in place."""
+    if device:
+        from pyfastensor.dcp import _reader
+
+        monkeypatch.setattr(_writer, "Staging", FakeStaging)
+        monkeypatch.setattr(_reader, "Staging", FakeStaging)
+    sd = {"c": torch.tensor([1 + 2j, 3 - 4j, -5 + 0.5j], dtype=torch.complex64),
+          "f": torch.tensor([1.0, -2.0, 3.5]), "cn": torch.tensor([2 - 1j, -1j], dtype=torch.complex128)}
+    dcp.save(sd, storage_writer=Writer(tmp_path))
+    mem = {k: torch.zeros_like(v) for k, v in sd.items()}
+    got = {"c": mem["c"].conj(), "f": torch._neg_view(mem["f"]), "cn": torch._neg_view(mem["cn"].conj())}
+    dcp.load(got, storage_reader=Reader(tmp_path))
+    for k, v in sd.items():
+        assert torch.equal(_resolved(got[k]), v), k
+    assert torch.equal(mem["c"], sd["c"].conj()) and torch.equal(mem["f"], -sd["f"])
+    assert torch.equal(mem["cn"], -sd["cn"].conj())
+
+
+#: Every dtype of the running torch, once (aliases such as ``torch.float`` dropped).
+ALL_DTYPES = sorted({v for v in vars(torch).values() if isinstance(v, torch.dtype)}, key=str)
+
+#: Dtypes a save must take and a load give back (those of a newer torch skipped where absent).
+ROUND_TRIP = [d for d in (getattr(torch, n, None) for n in (
+    "float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "uint16", "uint32",
+    "uint64", "bool", "complex32", "complex64", "complex128", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz",
+    "float8_e5m2fnuz", "float8_e8m0fnu", "float4_e2m1fn_x2")) if d is not None]
+
+
+def _random_of(dtype: torch.dtype, shape: tuple[int, ...], g: torch.Generator) -> torch.Tensor:
+    """A tensor of ``dtype`` and ``shape`` whose bytes are random (0 or 1 for bool)."""
+    n = int(np.prod(shape)) * dtype.itemsize
+    raw = torch.randint(0, 2 if dtype == torch.bool else 256, (n,), dtype=torch.uint8, generator=g)
+    return raw.view(dtype).view(shape)
+
+
+def _bytes_of(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().reshape(-1).view(torch.uint8)
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
+def test_every_dtype_round_trips_or_is_refused_at_save(tmp_path, dtype):
+    """Whatever torch's dtype, a save either writes what a load gives back bit for bit, or refuses
+    it before writing anything, naming the item and the dtype: never a checkpoint that cannot load."""
+    g = torch.Generator().manual_seed(7)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "experimental" complex32, "deprecated" quantized dtypes
+        quantized = torch.empty(0, dtype=dtype).is_quantized
+        x = torch.empty((6, 8), dtype=dtype) if quantized else _random_of(dtype, (6, 8), g)
+    ck = tmp_path / "ck"
+    try:
+        dcp.save({"x": x}, storage_writer=Writer(ck))
+    except CheckpointException as e:
+        assert dtype not in ROUND_TRIP, str(e)
+        msg = str(e)
+        assert UnsupportedError.__name__ in msg, msg
+        assert f"item x@[0, 0]: pyfastensor.dcp cannot save a tensor of dtype {dtype}: " in msg, msg
+        assert not quantized or "quantized" in msg, msg
+        assert not list(ck.iterdir()), "refused before anything is written"
+        return
+    assert not quantized, "a quantized tensor's scale and zero point are not in its bytes"
+    got = {"x": torch.zeros((6, 8 * dtype.itemsize), dtype=torch.uint8).view(dtype)}
+    dcp.load(got, storage_reader=Reader(ck))
+    assert got["x"].dtype == dtype
+    assert torch.equal(_bytes_of(got["x"]), _bytes_of(x))
+
+
+@pytest.mark.parametrize("dtype", ROUND_TRIP, ids=str)
+def test_views_of_each_dtype_round_trip_into_views(tmp_path, dtype):
+    """Non-contiguous saves and loads into views: the copies of each dtype, bit for bit."""
+    g = torch.Generator().manual_seed(8)
+    x = _random_of(dtype, (6, 8), g)
+    sd = {"t": x.t(), "cols": x[:, 2:5], "rows": x[1:4]}
+    dcp.save(sd, storage_writer=Writer(tmp_path))
+    got = {"t": _random_of(dtype, (6, 8), g).t(), "cols": _random_of(dtype, (6, 8), g)[:, 1:4],
+           "rows": _random_of(dtype, (3, 8), g)}
+    dcp.load(got, storage_reader=Reader(tmp_path))
+    for k, v in sd.items():
+        assert got[k].dtype == dtype and torch.equal(_bytes_of(got[k]), _bytes_of(v)), k
 
 
 def test_engine_argument(tmp_path):

@@ -11,13 +11,37 @@ pickle, to be loaded from trusted directories only).
 
 from __future__ import annotations
 
+import functools
+import warnings
 from dataclasses import dataclass
+
+import torch
 
 #: The metadata's file name (DCP's own).
 METADATA = ".metadata"
 
 #: Data files end with this (checkpoint.DataFileSuffix).
 SUFFIX = ".pfd"
+
+
+def _plain(dtype: torch.dtype) -> bool:
+    """Whether a host tensor of ``dtype`` is its bytes and nothing else: ``torch.empty`` makes one
+    and it is not quantized (whose scale and zero point a record has no room for)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "experimental" (complex32), "deprecated" (qint8)
+            t = torch.empty(0, dtype=dtype)
+    except (RuntimeError, TypeError, ValueError):
+        return False
+    return not t.is_quantized
+
+
+@functools.cache
+def dtypes() -> dict[str, torch.dtype]:
+    """The dtypes a record can hold, by ``str(dtype)``: every dtype of the running torch (read from
+    ``torch``'s own attributes, so a new release adds its own) but the quantized ones."""
+    found = {v for v in vars(torch).values() if isinstance(v, torch.dtype)}
+    return {str(d): d for d in sorted(found, key=str) if _plain(d)}
 
 
 @dataclass(frozen=True)

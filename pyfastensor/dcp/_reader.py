@@ -20,17 +20,9 @@ from torch.futures import Future
 
 from .. import _torch, config, errors
 from . import _engines, _native
-from ._format import METADATA, Record
-from ._staging import Staging, waves
+from ._format import METADATA, Record, dtypes
+from ._staging import Staging, is_plain, waves
 from ._writer import item_name
-
-_DTYPES: dict[str, torch.dtype] = {
-    str(d): d for d in (
-        torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
-        torch.int8, torch.uint8, torch.uint16, torch.uint32, torch.uint64, torch.bool, torch.complex64,
-        torch.complex128, torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz,
-    )
-}
 
 
 def byte_runs(shape: Sequence[int], offsets: Sequence[int], lengths: Sequence[int],
@@ -65,6 +57,14 @@ def byte_runs(shape: Sequence[int], offsets: Sequence[int], lengths: Sequence[in
     return starts * itemsize, run * itemsize
 
 
+def _metadata_error(cls: type[Exception], msg: str) -> Exception:
+    """A ``cls`` of ``msg``, a failure to read ``.metadata``; ``msg`` is said in a warning too where
+    this torch's DCP would hide the error."""
+    if _torch.DCP_HIDES_METADATA_ERRORS:  # this torch's DCP would say only that metadata is missing
+        warnings.warn(f"pyfastensor.dcp.Reader: {msg}", RuntimeWarning, stacklevel=3)
+    return cls(msg)
+
+
 class Reader(StorageReader):
     """A :class:`~torch.distributed.checkpoint.StorageReader` for checkpoints of :class:`Writer`.
 
@@ -75,8 +75,8 @@ class Reader(StorageReader):
     through the engine chosen per size. Every byte read is checked: a whole record
     against its CRC-32, any other read against the sums of its pages recorded at save
     time (``verify=False`` skips both). Ranges land in place in contiguous host
-    destinations of the saved dtype; other destinations (views, other dtypes, device
-    tensors) get a packed copy. Device destinations go through pinned memory in waves of
+    destinations of the saved dtype; other destinations (views, conj and neg views, other
+    dtypes, device tensors) get a packed copy, copied in with ``copy_``. Device destinations go through pinned memory in waves of
     at most ``PYFASTENSOR_DCP_STAGING`` bytes (default 1G; read when the reader is made),
     each wave read and copied to the device before the next.
 
@@ -92,7 +92,8 @@ class Reader(StorageReader):
         ValueError: ``PYFASTENSOR_DCP_STAGING`` is malformed or below 1M.
         CorruptFileError: (from :func:`torch.distributed.checkpoint.load`, wrapped by DCP
             when several ranks run) a checksum failed or a data file ends early; the
-            message names the file, the item and the offset.
+            message names the file, the item and the offset. Or ``.metadata`` is empty,
+            truncated or unreadable; the message names it.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, engine: Any = None, verify: bool = True) -> None:
@@ -124,16 +125,22 @@ class Reader(StorageReader):
 
         Raises:
             NotFoundError: the directory holds no committed checkpoint of ours.
+            CorruptFileError: ``.metadata`` is empty, truncated or not a pickle; the message
+                names it and quotes the unpickler's error.
         """
         p = self.path / METADATA
         try:
-            with open(p, "rb") as f:
-                md = pickle.load(f)
+            raw = p.read_bytes()
         except FileNotFoundError:
-            msg = f"{p}: no checkpoint here (no {METADATA}; was the save committed?)"
-            if _torch.DCP_HIDES_METADATA_ERRORS:  # this torch's DCP would say only that metadata is missing
-                warnings.warn(f"pyfastensor.dcp.Reader: {msg}", RuntimeWarning, stacklevel=2)
-            raise errors.NotFoundError(msg) from None
+            raise _metadata_error(errors.NotFoundError,
+                                  f"{p}: no checkpoint here (no {METADATA}; was the save committed?)") from None
+        try:
+            md = pickle.loads(raw)
+        except Exception as e:  # what a damaged pickle raises varies: EOFError, UnpicklingError, ...
+            what = "empty" if not raw else "truncated or unreadable"
+            raise _metadata_error(errors.CorruptFileError,
+                                  f"{p}: {what} checkpoint metadata ({len(raw)} bytes), not a pickle DCP can "
+                                  f"load ({type(e).__name__}: {e})") from e
         if not isinstance(md, Metadata):
             raise errors.CorruptFileError(f"{p}: not a torch.distributed.checkpoint Metadata ({type(md).__name__})")
         if getattr(md, "storage_meta", None) is None:
@@ -228,10 +235,11 @@ class Reader(StorageReader):
                 base = buf.ctypes.data
                 after.append((req, None, buf))
             else:
-                dtype = _DTYPES.get(rec.dtype)
+                dtype = dtypes().get(rec.dtype)
                 if dtype is None:
                     raise errors.CorruptFileError(f"{self.path / rel}: item {item_name(req.storage_index)}: "
-                                                  f"unknown dtype {rec.dtype!r}")
+                                                  f"unknown dtype {rec.dtype!r} (not one of torch "
+                                                  f"{torch.__version__}'s)")
                 target = targets[id(req)]
                 lengths = tuple(int(n) for n in req.lengths)
                 if tuple(target.shape) != lengths:
@@ -239,8 +247,9 @@ class Reader(StorageReader):
                         f"item {item_name(req.storage_index)}: destination of shape {tuple(target.shape)} for a "
                         f"read of {lengths}")
                 starts, run = byte_runs(rec.shape, req.storage_offsets, lengths, dtype.itemsize)
-                if not staging.on_device(target) and target.dtype == dtype and target.is_contiguous():
-                    dst = target  # in place
+                if (not staging.on_device(target) and target.dtype == dtype and target.is_contiguous()
+                        and is_plain(target)):
+                    dst = target  # in place (a conj or neg view's memory must hold other values)
                 else:
                     dst = staging.host_buffer(target, torch.Size(lengths), dtype)
                 base = dst.data_ptr()

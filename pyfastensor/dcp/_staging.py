@@ -35,6 +35,12 @@ def waves(items: Sequence[T], staged: Callable[[T], int], bound: int) -> list[li
     return out
 
 
+def is_plain(t: torch.Tensor) -> bool:
+    """Whether ``t``'s memory holds its values: not a conj or neg view (whose memory holds the
+    conjugate, or the negation, of what reading it gives)."""
+    return not (t.is_conj() or t.is_neg())
+
+
 def _empty_pinned(shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
     return torch.empty(shape, dtype=dtype, pin_memory=True)
 
@@ -68,15 +74,17 @@ class Staging:
         return t.device.type not in ("cpu", "meta")
 
     def to_host(self, t: torch.Tensor) -> torch.Tensor:
-        """A contiguous host tensor with ``t``'s values: ``t`` itself when it is one, a
-        contiguous copy of a host view, or a pinned copy of a device tensor (valid after
-        :meth:`wait`)."""
+        """A contiguous host tensor whose memory holds ``t``'s values: ``t`` itself when it is
+        one, a copy of a host view (a conj or neg view resolved: its memory holds other values),
+        or a pinned copy of a device tensor (valid after :meth:`wait`)."""
         if t.device.type == "meta":
             raise ValueError("cannot save a tensor on the meta device: it has no data")
         if not self.on_device(t):
-            return t if t.is_contiguous() else t.contiguous()
+            if is_plain(t):
+                return t if t.is_contiguous() else t.contiguous()
+            return t.resolve_conj().resolve_neg().contiguous()  # a conj/neg view counts as contiguous
         host = self._empty(t.shape, t.dtype)
-        host.copy_(t, non_blocking=True)
+        host.copy_(t, non_blocking=True)  # resolves a conj or neg view
         self._pending = True
         return host
 
@@ -88,8 +96,9 @@ class Staging:
         return torch.empty(shape, dtype=dtype)
 
     def copy_to(self, dst: torch.Tensor, src: torch.Tensor) -> None:
-        """Copy host ``src`` into ``dst``; device copies are asynchronous until :meth:`wait`,
-        and ``src`` is kept alive until then."""
+        """Copy host ``src`` into ``dst`` (into a conj or neg view, what makes reading it give
+        ``src``'s values); device copies are asynchronous until :meth:`wait`, and ``src`` is kept
+        alive until then."""
         if self.on_device(dst):
             dst.copy_(src, non_blocking=True)
             self._keep.append(src)

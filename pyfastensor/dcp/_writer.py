@@ -10,15 +10,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
-from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItemType
+from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItem, WriteItemType
 from torch.distributed.checkpoint.staging import BlockingAsyncStager
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
-from .. import config
+from .. import config, errors
 from . import _engines, _native
-from ._format import METADATA, Prefix, Record
+from ._format import METADATA, Prefix, Record, dtypes
 from ._staging import Staging, waves
 
 #: DCP's metadata version of the checkpoints written (filesystem.py's CURRENT_DCP_VERSION).
@@ -36,7 +37,7 @@ class Writer(StorageWriter, BlockingAsyncStager):
     Each rank writes its items into data files of its own,
     ``__<rank>_<n>_<save id>.pfd``: raw records, each starting on a 4 KiB boundary, no
     pickling of tensors (non-contiguous tensors and views are written as their
-    values). Device tensors pass through pinned host memory in waves of at most
+    values, conj and neg views resolved). Device tensors pass through pinned host memory in waves of at most
     ``PYFASTENSOR_DCP_STAGING`` bytes (default 1G; read when the writer is made), a data
     file each, so a rank pins that much whatever its share of the state; host tensors
     are written from their own memory, in the file of the wave they fall in. DCP's
@@ -66,9 +67,15 @@ class Writer(StorageWriter, BlockingAsyncStager):
             :class:`~pyfastensor.dictionary.Dictionaries` used as given.
         durable: fsync data files, metadata and directory. Default: ``True``.
 
+    Every dtype of the running torch is saved but quantized ones and those DCP's planner
+    cannot size (``uint1``..``uint7``, ``int1``..``int7``, ``bits8``...): a save refuses them
+    before writing anything.
+
     Raises:
         ValueError: ``thread_count`` below 1, or ``PYFASTENSOR_DCP_STAGING`` malformed or
             below 1M.
+        UnsupportedError: (from :func:`torch.distributed.checkpoint.save`, wrapped by DCP) an
+            item of a dtype that cannot be saved; the message names the item and the dtype.
 
     Example::
 
@@ -128,7 +135,16 @@ class Writer(StorageWriter, BlockingAsyncStager):
         self.engine_mode = self._shared.mode
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
-        """Make the directory; the plan is DCP's."""
+        """Make the directory; the plan is DCP's.
+
+        Raises:
+            UnsupportedError: an item's dtype cannot be saved, naming the item and the dtype:
+                a quantized one (a record has no room for its scale and zero point), or one
+                DCP's planner cannot size (``torch.iinfo`` does not know ``uint4``, ``bits8``...).
+        """
+        for item in plan.items:  # refused here, before DCP's global plan and any rank's writes
+            if item.tensor_data is not None:
+                _check_dtype(item, item.tensor_data.properties.dtype)
         self.path.mkdir(parents=True, exist_ok=True)
         return plan
 
@@ -228,6 +244,29 @@ class Writer(StorageWriter, BlockingAsyncStager):
         if self._shared is not None:
             self._shared.close()
             self._shared = None
+
+
+def _check_dtype(item: WriteItem, dtype: torch.dtype) -> None:
+    """Refuse a tensor item whose dtype a record cannot hold or DCP cannot plan.
+
+    Args:
+        item: the item, as DCP planned it.
+        dtype: its tensor's dtype.
+
+    Raises:
+        UnsupportedError: naming the item, the dtype and why.
+    """
+    if str(dtype) not in dtypes():
+        why = ("a raw record holds a tensor's bytes only, not a quantized tensor's scale and zero point; "
+               "dequantize it first")
+    else:
+        try:
+            item.tensor_storage_size()  # what DCP's planner asks of every item (dedup_save_plans)
+            return
+        except (TypeError, ValueError, RuntimeError) as e:
+            why = f"DCP's planner cannot tell its element size ({type(e).__name__}: {e})"
+    raise errors.UnsupportedError(
+        f"item {item_name(item.index)}: pyfastensor.dcp cannot save a tensor of dtype {dtype}: {why}")
 
 
 def _joined(stats: list[dict[str, Any]]) -> dict[str, Any]:
