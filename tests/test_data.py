@@ -8,10 +8,12 @@ message checked.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import pickle
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -19,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from data_helpers import CHUNK, CLASSES, PER_CLASS, keep, serve
+from data_helpers import CHUNK, CLASSES, PER_CLASS, digest, keep, serve
 
 from pyfastensor import _lib
 from pyfastensor.data import ChunkDataset, pack, verify
@@ -183,6 +185,39 @@ def test_resume_in_a_new_process(packed, small, tmp_path, cut):
     assert [tuple(x) for x in child["next"]] == following
 
 
+def _through_sampler(ds: ChunkDataset, batches: int | None = None) -> list[tuple[int, int, str]]:
+    """Serve ``ds.sampler()``'s order through a DataLoader (num_workers=0), stopping after
+    ``batches`` batches (None: all); return the samples as :func:`data_helpers.serve` does."""
+    dl = torch.utils.data.DataLoader(ds, batch_size=32, sampler=ds.sampler(), collate_fn=keep)
+    # islice: a for loop that breaks would have fetched one batch more
+    return [(int(i), int(label), digest(data)) for batch in itertools.islice(dl, batches) for data, label, i in batch]
+
+
+@pytest.mark.parametrize("batches", [0, 4, -(-N // 32)])
+def test_sampler_resumes_after_load_state_dict(packed, small, batches):
+    """ChunkDataset.sampler() on one node: a state taken after ``batches`` batches, loaded into a
+    new dataset, makes a DataLoader over its sampler deliver exactly the rest of the epoch, the
+    very samples the uninterrupted loader delivered; the next epoch asks for every position."""
+    epoch = 3
+    with ChunkDataset(packed, memory_budget=small, seed=9, with_index=True) as ref:
+        ref.set_epoch(epoch)
+        whole = _through_sampler(ref)
+    assert sorted(p for p, _, _ in whole) == list(range(N))
+    with ChunkDataset(packed, memory_budget=small, seed=9, with_index=True) as ds:
+        ds.set_epoch(epoch)
+        first = _through_sampler(ds, batches)
+        state = ds.state_dict()
+    assert state["served"] == len(first) == min(N, 32 * batches)
+    with ChunkDataset(packed, memory_budget=small, seed=12345, with_index=True) as ds:
+        ds.load_state_dict(state)
+        assert len(ds.sampler()) == N - len(first)
+        rest = _through_sampler(ds)
+        assert first + rest == whole
+        ds.set_epoch(epoch + 1)
+        assert len(ds.sampler()) == N
+        assert sorted(p for p, _, _ in _through_sampler(ds)) == list(range(N))
+
+
 def test_state_dict_of_another_pack_or_layout(packed, small, source, tmp_path):
     other = tmp_path / "other"
     pack(source[0], other, chunk_size=CHUNK, seed=8, progress=False)
@@ -338,6 +373,51 @@ def test_pack_refuses_foreign_files(source, tmp_path):
     with pytest.raises(InvalidArgumentError, match=r"notes.txt in .* is not a file of a pack"):
         pack(source[0], out, chunk_size=CHUNK, progress=False)
     assert os.listdir(out) == ["notes.txt"]
+
+
+def _manifest(path: Path, rels: list[str], labels: list[str]) -> Path:
+    path.write_text("".join(f"{rel} {label}\n" for rel, label in zip(rels, labels, strict=True)), encoding="utf-8")
+    return path
+
+
+def test_manifest_integer_label_not_a_class_index(source, tmp_path):
+    """When every label is an integer they are class indices: one negative ("-1", unlabelled) or
+    one of 2**24 (loader MaxClasses) or more is refused, naming the line, the label and the fix,
+    instead of making every label a name or a class list as long as the label."""
+    src, files = source
+    rels = sorted(rel for rel, _ in files.values())[:4]
+    out = tmp_path / "out"
+    for line, bad in ((4, "-1"), (2, str(1 << 24)), (3, "1" + "0" * 30)):
+        labels = ["0", "2", "10", "1"]
+        labels[line - 1] = bad
+        manifest = _manifest(tmp_path / "ints.txt", rels, labels)
+        with pytest.raises(InvalidArgumentError, match=(
+                rf"^{re.escape(str(manifest))}:{line}: label '{bad}' is not a class index: when every label "
+                r"is an integer, labels are class indices 0 to N-1 \(N at most 16777216\); give the classes "
+                r"names instead \(labels that are not integers\), which are indexed in sorted order$")):
+            pack(src, out, chunk_size=4, manifest=manifest, progress=False)
+    assert not out.exists()  # refused before packing
+
+
+def test_manifest_labels_not_ascii_integers_are_names(source, tmp_path):
+    """A label is an integer only if it is ASCII ``-?[0-9]+``: "²" and "٣" (digits to
+    str.isdigit()) are names, and so, with any name among them, are integer labels ("-1" too)."""
+    src, files = source
+    rels = sorted(rel for rel, _ in files.values())[:4]
+    by_rel = {rel: data for data, (rel, _) in files.items()}
+    for labels, classes in ((["0", "\u00b2", "1", "\u0663"], ["0", "1", "\u00b2", "\u0663"]),
+                            (["-1", "cat", "0", "10"], ["-1", "0", "10", "cat"]),
+                            (["0", "10", "0", "2"], [str(i) for i in range(11)])):
+        manifest = _manifest(tmp_path / "labels.txt", rels, labels)
+        out = tmp_path / "out"
+        assert pack(src, out, chunk_size=4, manifest=manifest, progress=False)["classes"] == classes
+        with ChunkDataset(out, memory_budget=1 << 30) as ds:
+            got: dict[bytes, str] = {}
+            for i in range(len(ds)):
+                data, label = ds[i]
+                got[data.numpy().tobytes()] = ds.classes[label]
+        assert got == {by_rel[rel]: label for rel, label in zip(rels, labels, strict=True)}
+        shutil.rmtree(out)
 
 
 def test_overflow_share(packed, min_budget):

@@ -291,6 +291,64 @@ def test_sparse_snapshots_resume_exactly(packed, small, source, digests):
     ds.close()
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_chunk_sampler_resumes_under_stateful_dataloader(packed, small, source, digests, workers):
+    """A StatefulDataLoader over ds.sampler() resumes exactly: the loader skips the requests its
+    state says were made, and the dataset's restored state does not make the sampler skip them
+    again; the next epoch delivers every sample once."""
+    def loader(ds: ChunkDataset) -> StatefulDataLoader:
+        return StatefulDataLoader(ds, batch_size=BATCH, sampler=ds.sampler(), num_workers=workers,
+                                  multiprocessing_context="fork" if workers else None, collate_fn=keep)
+
+    ds = ChunkDataset(packed, memory_budget=small, seed=5, with_index=True)
+    ds.set_epoch(EPOCH)
+    dl = loader(ds)
+    batches, states = [], []
+    for batch in dl:
+        batches.append(_samples(batch))
+        states.append(dl.state_dict())
+    del dl
+    ds.close()
+    for k in (1, 3):
+        ds = ChunkDataset(packed, memory_budget=small, seed=5, with_index=True)
+        ds.set_epoch(EPOCH)  # the sampler's first iteration comes before the loader restores the dataset
+        again = loader(ds)
+        again.load_state_dict(states[k - 1])
+        rest = [_samples(batch) for batch in again]
+        assert rest == batches[k:], f"after batch {k}"
+        _check_epoch([s for b in batches[:k] + rest for s in b], source[1], digests)
+        ds.set_epoch(EPOCH + 1)
+        _check_epoch([s for batch in again for s in _samples(batch)], source[1], digests)
+        del again
+        ds.close()
+
+
+def test_a_loader_that_skips_what_the_sampler_skipped_is_refused(packed, small):
+    """torchdata fast-forwards a batch_sampler it cannot restore (torch's BatchSampler) after the
+    dataset's state made ds.sampler() skip the requests already made: they would be skipped twice
+    and their samples lost to the epoch. The first request says so, and serves nothing."""
+    def loader(ds: ChunkDataset) -> StatefulDataLoader:
+        batches = torch.utils.data.BatchSampler(ds.sampler(), BATCH, drop_last=False)
+        return StatefulDataLoader(ds, batch_sampler=batches, collate_fn=keep)
+
+    ds = ChunkDataset(packed, memory_budget=small, seed=5, with_index=True)
+    ds.set_epoch(EPOCH)
+    dl = loader(ds)
+    it = iter(dl)
+    for _ in range(3):
+        next(it)
+    state = dl.state_dict()
+    del it, dl
+    ds.close()
+    ds = ChunkDataset(packed, memory_budget=small, seed=5, with_index=True)
+    again = loader(ds)
+    again.load_state_dict(state)
+    with pytest.raises(InvalidArgumentError, match="the loader skipped requests the sampler had skipped already"):
+        next(iter(again))
+    assert ds.stats()["served"] == 3 * BATCH, "nothing served past the state"
+    ds.close()
+
+
 def _slow_worker(worker: int):
     def transform(data: torch.Tensor) -> torch.Tensor:
         info = torch.utils.data.get_worker_info()

@@ -246,6 +246,9 @@ class ChunkDataset(_ServerOwner, _WorkerSide, _dist._ClusterMember, torch.utils.
         self._rendezvous: _dist.Rendezvous | None = None
         self._epoch = 0
         self._resume: dict[int, int] = {}  # epoch -> requests of this rank's share issued before the state
+        # (epoch, position) where a resumed sampler's order starts: the loader's first request, or
+        # a loader skipped requests the sampler skipped already (see _check_resumed)
+        self._resumed_at: tuple[int, int] | None = None
         self._server: _native.Server | None = None
         self._closed = False
         self._lock = threading.Lock()
@@ -358,6 +361,7 @@ class ChunkDataset(_ServerOwner, _WorkerSide, _dist._ClusterMember, torch.utils.
         server = self._live()
         n = int(server.summary["samples"])
         self._check_indices(idx, n)
+        self._check_resumed(idx)
         try:
             meta, ticket = server.get(idx)
         except errors.EngineUnavailableError as e:
@@ -394,6 +398,21 @@ class ChunkDataset(_ServerOwner, _WorkerSide, _dist._ClusterMember, torch.utils.
 
     # Epochs, resume, counters.
 
+    def _check_resumed(self, idx: list[int]) -> None:
+        """Refuse, before anything is served, a first request after a resume that is not where
+        :meth:`sampler`'s resumed order starts: the loader dropped requests the sampler had
+        skipped already, and their samples would be lost to the epoch."""
+        if self._resumed_at is None or not idx:
+            return
+        (epoch, first), self._resumed_at = self._resumed_at, None
+        if epoch == self._epoch and idx[0] != first:
+            raise errors.InvalidArgumentError(
+                f"ChunkDataset: the first request after resuming epoch {epoch} is position {idx[0]}, but "
+                f"ds.sampler() resumed at position {first}: the loader skipped requests the sampler had skipped "
+                "already (torchdata's StatefulDataLoader fast-forwards a batch_sampler it cannot restore, such as "
+                "torch's BatchSampler over ds.sampler()). Give the loader sampler=ds.sampler() and batch_size "
+                "instead; nothing was served")
+
     def set_epoch(self, epoch: int) -> None:
         """Start epoch ``epoch``: every sample undelivered again, the tie-breaks seeded anew.
 
@@ -416,6 +435,7 @@ class ChunkDataset(_ServerOwner, _WorkerSide, _dist._ClusterMember, torch.utils.
         server.set_epoch(epoch)
         self._epoch = epoch
         self._resume.pop(epoch, None)
+        self._resumed_at = None
         self._barrier(f"every node to set_epoch({epoch})")
 
     def state_dict(self) -> dict[str, Any]:
@@ -425,9 +445,11 @@ class ChunkDataset(_ServerOwner, _WorkerSide, _dist._ClusterMember, torch.utils.
         over the same pack, with a budget giving the same layout, in any
         process, it makes requests for exactly the indices not yet requested
         in its epoch deliver exactly the samples not yet delivered, each once,
-        and the same samples this dataset would have. The sampler's position
-        is not in it: resume the sampler so that it asks for the rest of its
-        epoch's permutation (a ``StatefulDataLoader`` saves and resumes both).
+        and the same samples this dataset would have. :meth:`sampler` resumes
+        from it (its first iteration of the state's epoch skips the requests
+        already made: the samples served, requests being served in order);
+        resume any other sampler so that it asks for the rest of its epoch's
+        permutation (a ``StatefulDataLoader`` saves and resumes both).
         With DataLoader workers, the batches they prefetched count as
         delivered: take it at an epoch's end, or let a ``StatefulDataLoader``
         take the state (see the class's Resume).
@@ -514,8 +536,17 @@ class ChunkDataset(_ServerOwner, _WorkerSide, _dist._ClusterMember, torch.utils.
         self._live().restore(state)  # distributed: every rank loads its own, then waits for the others
         self.seed = int(state.get("seed", self.seed))
         self._epoch = int(state.get("epoch", 0))
-        self._resume = {self._epoch: int(state.get("issued", 0))}
+        self._resume = {self._epoch: self._issued(state)}
         self._barrier("every node to load its state_dict")
+
+    @staticmethod
+    def _issued(state: Mapping[str, Any]) -> int:
+        """How many requests of :meth:`sampler`'s share a state's epoch made before it was taken."""
+        if "issued" in state:  # a distributed node counts them (loader/dist/node.go Issued)
+            return int(state["issued"])
+        # One node: a batch is served whole or not at all, in request order, so the
+        # samples served this epoch answered the first ``served`` positions of the order.
+        return int(state.get("served", 0))
 
     def stats(self) -> dict[str, Any]:
         """The server's counters: this epoch's ``served``, ``chunk_reads`` (of them

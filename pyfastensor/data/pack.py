@@ -8,6 +8,7 @@ shuffles, writes and checks. Nothing here imports torch.
 from __future__ import annotations
 
 import os
+import re
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +20,13 @@ from . import _native
 T = TypeVar("T")
 
 Sample = tuple[str, int]  # (absolute path, label)
+
+# The Go side's bound on the class table (loader/format.go MaxClasses): an
+# integer label is an index into it, so it is below this.
+MAX_CLASSES = 1 << 24
+
+# An integer label: ASCII digits only (str.isdigit() also takes "²", which int() refuses).
+_INT_LABEL = re.compile(r"-?[0-9]+")
 
 
 def folder_samples(src: str | os.PathLike[str]) -> tuple[list[Sample], list[str]]:
@@ -71,10 +79,12 @@ def manifest_samples(
 
     The label is the last whitespace-separated field (so paths may hold
     spaces); blank lines and lines starting with ``#`` are skipped. Relative
-    paths are resolved against ``root``. When every label is a non-negative
-    integer, it is the label itself and the classes are ``"0"`` to the
-    largest; otherwise labels are class names, and a sample's label is its
-    name's index among the sorted distinct names.
+    paths are resolved against ``root``. A label is an integer if it is ASCII
+    ``-?[0-9]+``. When every label is an integer, each is a class index,
+    ``0 <= label < MAX_CLASSES`` (``2**24``), kept as it is, and the classes
+    are ``"0"`` to the largest; otherwise (any label not an integer) labels
+    are class names, and a sample's label is its name's index among the
+    sorted distinct names.
 
     Args:
         manifest: the manifest file.
@@ -85,10 +95,11 @@ def manifest_samples(
 
     Raises:
         NotFoundError: the manifest does not exist.
-        InvalidArgumentError: a line without a label (naming the file and line), or no samples.
+        InvalidArgumentError: a line without a label, or integer labels with one negative or
+            ``>= MAX_CLASSES`` (naming the file and line), or no samples.
     """
     base = os.path.abspath(root)
-    rows: list[tuple[str, str]] = []
+    rows: list[tuple[str, str, int]] = []  # (absolute path, label, line number)
     try:
         text = Path(manifest).read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -102,15 +113,24 @@ def manifest_samples(
             raise errors.InvalidArgumentError(
                 f"{manifest}:{n}: {line!r} is not 'path label' (a path, whitespace, then its label)")
         path, label = fields
-        rows.append((os.path.join(base, path), label))
+        rows.append((os.path.join(base, path), label, n))
     if not rows:
         raise errors.InvalidArgumentError(f"{manifest}: no samples (one 'path label' per line)")
-    if all(label.isdigit() for _, label in rows):
-        ints = [int(label) for _, label in rows]
-        return [(p, i) for (p, _), i in zip(rows, ints, strict=True)], [str(i) for i in range(max(ints) + 1)]
-    names = sorted({label for _, label in rows})
+    if all(_INT_LABEL.fullmatch(label) for _, label, _ in rows):
+        samples: list[Sample] = []
+        for path, label, n in rows:
+            i = int(label)
+            # Checked before building "0".."max": one stray label must not make a huge class list.
+            if not 0 <= i < MAX_CLASSES:
+                raise errors.InvalidArgumentError(
+                    f"{manifest}:{n}: label {label!r} is not a class index: when every label is an integer, "
+                    f"labels are class indices 0 to N-1 (N at most {MAX_CLASSES}); give the classes names "
+                    "instead (labels that are not integers), which are indexed in sorted order")
+            samples.append((path, i))
+        return samples, [str(i) for i in range(max(i for _, i in samples) + 1)]
+    names = sorted({label for _, label, _ in rows})
     index = {name: i for i, name in enumerate(names)}
-    return [(p, index[label]) for p, label in rows], names
+    return [(p, index[label]) for p, label, _ in rows], names
 
 
 def pack(

@@ -20,7 +20,9 @@ class ChunkSampler(torch.utils.data.Sampler[int]):
     set). Each iteration tells a distributed dataset the positions it will ask
     for, in order: the owners of other ranks' slots prefetch along them. After
     :meth:`~ChunkDataset.load_state_dict` the first iteration of the state's epoch
-    skips the requests made before the state was taken.
+    skips the requests made before the state was taken (a distributed state's
+    ``issued``; one node's ``served``, its requests being served in order), so
+    a ``DataLoader`` over it asks for exactly the rest of the epoch.
     """
 
     def __init__(self, dataset: ChunkDataset, shuffle: bool = True, seed: int = 0) -> None:
@@ -47,7 +49,8 @@ class ChunkSampler(torch.utils.data.Sampler[int]):
     def __iter__(self) -> Iterator[int]:
         epoch, order = self._order()
         ds = self.dataset
-        ds._resume.pop(epoch, None)
+        if ds._resume.pop(epoch, 0) and order:
+            ds._resumed_at = (epoch, order[0])  # the first request must be this one (see ChunkDataset)
         if ds.distributed:
             ds._live().dist_sequence(epoch, order)
         return iter(order)
