@@ -394,7 +394,9 @@ func (s *Server) overAsked(i, g, asked int) error {
 	n := s.lay.ChunkSize
 	x := g*n + i%n
 	lo, hi := s.lay.groupChunks(g)
-	return fmt.Errorf("loader: %w: position %d: slot %d of abstract chunk %d (chunks %d..%d) has %d undelivered samples left in epoch %d, and %d requests ask for one",
+	return fmt.Errorf("loader: %w: position %d: slot %d of abstract chunk %d (chunks %d..%d) has %d undelivered samples left in epoch %d, and %d requests ask for one "+
+		"(an epoch asks for each position once: a sampler that repeats one, a resumed loader that asks again for what its state served, "+
+		"or persistent DataLoader workers still fetching a cut-short epoch's batches after set_epoch)",
 		ErrNotPermutation, i, i%n, g, lo, hi-1, s.left[x], s.epoch, asked)
 }
 
