@@ -9,6 +9,7 @@ show a bar and, when bars are off, no thread is started at all.
 from __future__ import annotations
 
 import ctypes
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -70,10 +71,40 @@ class Pending(Generic[T]):
 
     def settle(self) -> None:
         """Wait for ``fn`` to finish, dropping its result or exception (another error wins)."""
-        self._thread.join()
+        self._join()
 
     def wait(self) -> T:
-        """Return ``fn``'s result once it has finished, or raise its exception."""
+        """Return ``fn``'s result once it has finished, or raise its exception.
+
+        An interrupt (Ctrl-C) while waiting is raised once ``fn`` has finished: the native call
+        reads or writes the caller's tensors, which must outlive it."""
+        try:
+            self._show()
+        except BaseException as e:
+            self._join(e)
+        if self._error:
+            raise self._error[0]
+        return self._result[0]
+
+    def _join(self, interrupted: BaseException | None = None) -> None:
+        """Join the thread, whatever interrupts the wait; then raise the first interruption (or
+        ``interrupted``, what interrupted the wait before)."""
+        told = False
+        while True:
+            if isinstance(interrupted, KeyboardInterrupt) and not told:
+                told = True
+                sys.stderr.write("pyfastensor: interrupted; waiting for the transfer in flight to end "
+                                 "(it reads or writes your tensors' memory)\n")
+            try:
+                self._thread.join()
+                break
+            except BaseException as e:  # KeyboardInterrupt: the native call cannot be stopped
+                interrupted = interrupted or e
+        if interrupted is not None:
+            raise interrupted
+
+    def _show(self) -> None:
+        """Wait for ``fn``, showing the bar if it runs long."""
         t = self._thread
         if not self._bar:
             t.join()
@@ -86,9 +117,6 @@ class Pending(Generic[T]):
                     bar.update(self._counter.value - bar.n)
                 bar.update(self._counter.value - bar.n)
         t.join()
-        if self._error:
-            raise self._error[0]
-        return self._result[0]
 
 
 class Manual:
