@@ -7,15 +7,36 @@ that package imports torch, and the command line's ``--help`` must not.
 from __future__ import annotations
 
 import argparse
-import ctypes
+import mmap
+import pickle
 import time
 
 from .errors import CorruptFileError
+
+#: Exit status of ``ckpt verify`` for a file with nothing it can check (torch's legacy format).
+UNCHECKED = 2
+
+
+def _legacy(path: str) -> str:
+    """Why ``path`` has no records to list or check, when it is in torch's legacy format (a
+    pickle stream, not a zip archive); else ''."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(2)
+    except OSError:
+        return ""
+    if head[:1] != b"\x80":  # a pickle's PROTO opcode; a zip archive starts with "PK"
+        return ""
+    return (f"{path}: torch's legacy format (torch.save with _use_new_zipfile_serialization=False): a pickle "
+            "stream, with no records or CRC-32s to list or check; torch.load and pyfastensor.load read it")
 
 
 def _cmd_ls(args: argparse.Namespace) -> int:
     from .checkpoint._native import Archive
 
+    if why := _legacy(args.path):
+        print(why)
+        return 0
     with Archive(args.path) as a:
         print(f"{args.path}: {a.size} bytes, {len(a.entries)} records")
         for e in a.entries:
@@ -23,7 +44,12 @@ def _cmd_ls(args: argparse.Namespace) -> int:
     if args.keys:
         from .checkpoint.lazy import open as open_ckpt
 
-        with open_ckpt(args.path, weights_only=not args.unsafe) as ck:
+        try:
+            ck = open_ckpt(args.path, weights_only=not args.unsafe)
+        except pickle.UnpicklingError as e:
+            raise ValueError(f"{args.path}: the weights-only unpickler refuses it ({e}); "
+                             "--unsafe lists it with the full unpickler (trusted files only)") from None
+        with ck:
             for k, v in ck.skeleton.items() if isinstance(ck.skeleton, dict) else []:
                 shape = f"{tuple(v.shape)} {v.dtype}" if hasattr(v, "shape") else type(v).__name__
                 print(f"  {k}: {shape}")
@@ -31,14 +57,27 @@ def _cmd_ls(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from .checkpoint import _progress
     from .checkpoint._native import Archive
 
+    if why := _legacy(args.path):
+        print(f"UNCHECKED: {why}")
+        return UNCHECKED
     start = time.perf_counter()
     try:
-        with Archive(args.path) as a:
-            bufs = [ctypes.create_string_buffer(max(e.size, 1)) for e in a.entries]
-            a.read([(i, ctypes.addressof(b), e.size) for i, (e, b) in enumerate(zip(a.entries, bufs, strict=True))])
-            total = sum(e.size for e in a.entries)
+        with Archive(args.path) as a, open(args.path, "rb") as f, \
+                mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            # The records are summed where the file is mapped: the page cache holds them, not
+            # this process, so a checkpoint of any size is checked in bounded memory.
+            view = np.frombuffer(m, dtype=np.uint8)
+            try:
+                records = [(i, view.ctypes.data + e.offset, e.size) for i, e in enumerate(a.entries) if e.size]
+                total = sum(r[2] for r in records)
+                _progress.run(lambda counter: a.verify(records, counter=counter), total, "verifying", None)
+            finally:
+                del view  # the mapping closes only once no array exports it
     except CorruptFileError as e:
         print(f"CORRUPT: {e}")
         return 1
@@ -56,6 +95,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     ls.add_argument("--keys", action="store_true", help="also unpickle the skeleton and list keys")
     ls.add_argument("--unsafe", action="store_true", help="with --keys: full unpickler (trusted files only)")
     ls.set_defaults(func=_cmd_ls)
-    v = ck.add_parser("verify", help="check the zip structure and every record's CRC-32")
+    v = ck.add_parser("verify", help="check the zip structure and every record's CRC-32",
+                      description="Check the zip structure and every record's CRC-32. Exit status: 0 every "
+                      f"record matches, 1 corrupt, {UNCHECKED} nothing to check (torch's legacy format).")
     v.add_argument("path")
     v.set_defaults(func=_cmd_verify)

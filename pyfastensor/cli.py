@@ -20,6 +20,7 @@ from .checkpoint_cli import add_parser as add_ckpt
 from .data_cli import add_parser as add_data
 from .demo import add_parser as add_demo
 from .dictionary import add_parser as add_dict
+from .errors import FastensorError
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
@@ -103,6 +104,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"pyfastensor: error: `{args.command}` needs a module that does not import here: {e} "
               "(pip install pyfastensor installs its dependencies, torch among them)", file=sys.stderr)
         return 1
-    except (OSError, ValueError, RuntimeError) as e:
+    except (FastensorError, OSError, ValueError, RuntimeError) as e:
         print(f"pyfastensor: error: {e}", file=sys.stderr)
         return 1
