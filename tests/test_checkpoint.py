@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import importlib
 import io
 import os
 import pickle
 import subprocess
 import sys
+import threading
 import zipfile
 from collections.abc import Iterator
 
@@ -349,6 +351,115 @@ def test_weights_only_false_loads_arbitrary_objects(tmp_path):
     pyfastensor.save(obj, tmp_path / "x.pt")
     got = pyfastensor.load(tmp_path / "x.pt", weights_only=False)
     assert got["set"] == {1, 2} and got["cls"] is Tiny
+
+
+class Summed:
+    """A tensor and its sum, taken again when unpickled: ``__setstate__`` reads the tensor's bytes."""
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.t = t
+        self.total = float(t.sum())
+
+    def __getstate__(self) -> dict:
+        return {"t": self.t}
+
+    def __setstate__(self, state: dict) -> None:
+        self.t = state["t"]
+        self.total = float(self.t.sum())
+
+
+@pytest.fixture
+def held_reads(monkeypatch) -> threading.Event:
+    """Hold pyfastensor.load's background read of the storages until the load waits for it
+    (or the test sets the event returned), the storages full of 0xFF bytes until then:
+    whatever unpickling reads of them before it waits sees 0xFF, every time."""
+    from pyfastensor.checkpoint import _progress
+    from pyfastensor.checkpoint._torchzip import PreloadedZip
+
+    release = threading.Event()
+    init, read, wait = PreloadedZip.__init__, PreloadedZip.read_storages, _progress.Pending.wait
+
+    def poisoned(self, archive, **kw) -> None:
+        init(self, archive, **kw)
+        assert self.arena is None  # a small file: read record by record, into these tensors
+        for t in self._tensors.values():
+            t.fill_(0xFF)
+
+    def held(self, **kw) -> None:
+        assert release.wait(60), "the load never waited for its storages' read"
+        read(self, **kw)
+
+    def waited(self) -> object:
+        release.set()
+        return wait(self)
+
+    monkeypatch.setattr(PreloadedZip, "__init__", poisoned)
+    monkeypatch.setattr(PreloadedZip, "read_storages", held)
+    monkeypatch.setattr(_progress.Pending, "wait", waited)
+    return release
+
+
+@pytest.mark.parametrize("weights_only", [False, True])
+def test_setstate_reading_its_tensor_sees_the_loaded_values(tmp_path, held_reads, weights_only):
+    """A class's __setstate__ (any class, or an allowlisted one) runs once the storages are read."""
+    t = torch.arange(1000, dtype=torch.float32)
+    pyfastensor.save({"s": Summed(t)}, tmp_path / "x.pt")
+    with safe_globals([Summed]):
+        got = pyfastensor.load(tmp_path / "x.pt", weights_only=weights_only)
+    assert got["s"].total == 499500.0
+    assert torch.equal(got["s"].t, t)
+
+
+@pytest.mark.filterwarnings("ignore:Validating sparse tensor invariants because weights_only")
+def test_sparse_tensors_are_checked_once_their_records_are_read(tmp_path, held_reads):
+    """torch checks a loaded sparse tensor's indices when the unpickling ends (always with
+    weights_only from torch 2.15, with the invariant checks on before): after the read."""
+    idx = torch.tensor([[0, 3, 7, 9]])
+    s = torch.sparse_coo_tensor(idx, torch.tensor([1.0, 2.0, 3.0, 4.0]), (10,), check_invariants=True).coalesce()
+    pyfastensor.save({"s": s}, tmp_path / "x.pt")
+    with torch.sparse.check_sparse_tensor_invariants(enable=True):
+        got = pyfastensor.load(tmp_path / "x.pt")["s"]
+    assert got.is_coalesced()
+    assert torch.equal(got._indices(), s._indices()) and torch.equal(got._values(), s._values())
+
+
+def test_swapped_byte_order_waits_for_the_records(tmp_path, held_reads):
+    """Without a byteorder record torch swaps as get_default_load_endianness says: not while
+    the records are still being read."""
+    ends = torch.serialization.LoadEndianness
+    t = torch.arange(100, dtype=torch.int32)
+    pyfastensor.save({"t": t}, tmp_path / "x.pt", _disable_byteorder_record=True)
+    before = torch.serialization.get_default_load_endianness()
+    other = ends.BIG if sys.byteorder == "little" else ends.LITTLE
+    torch.serialization.set_default_load_endianness(other)
+    try:
+        want = torch.load(tmp_path / "x.pt")["t"]
+        got = pyfastensor.load(tmp_path / "x.pt")["t"]
+    finally:
+        torch.serialization.set_default_load_endianness(before)
+    assert not torch.equal(want, t)  # swapped
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("weights_only", [False, True])
+def test_usual_checkpoints_unpickle_while_their_records_are_read(tmp_path, held_reads, monkeypatch,
+                                                                 weights_only):
+    """The C unpickler's fast path (no class of the file's, no sparse tensor) still overlaps the read."""
+    load_mod = importlib.import_module("pyfastensor.checkpoint.load")  # the package exports the function
+
+    obj = training_state()
+    pyfastensor.save(obj, tmp_path / "x.pt")
+    overlapped: list[bool] = []
+    real = load_mod.load_cpu
+
+    def load_cpu(*args, **kw) -> object:
+        out = real(*args, **kw)
+        overlapped.append(not held_reads.is_set())  # unpickled, the read still held
+        return out
+
+    monkeypatch.setattr(load_mod, "load_cpu", load_cpu)
+    assert_same(pyfastensor.load(tmp_path / "x.pt", weights_only=weights_only), obj)
+    assert overlapped == [True]
 
 
 def test_same_memory_as_two_dtypes_is_refused_like_torch(tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import io
 import math
+import pickle
 import zipfile
 
 import pytest
@@ -71,6 +72,7 @@ CASES = {
     "strings": lambda: {"ключ": torch.ones(1), "emoji 🙂": [""], "surrogate \udc80": ("a", "a"), "": {}},
     "tuples": lambda: [(), (1,), (1, 2), (1, 2, 3), (1, 2, 3, 4), (((),),), tuple(tensors(5))],
     "empty_ordered": lambda: {"hooks": collections.OrderedDict(), "od": collections.OrderedDict(a=1)},
+    "empty_with_metadata": lambda: {"relu": torch.nn.ReLU().state_dict(), "w": torch.ones(2)},  # BUILD, no items
     "loaded": lambda: torch.load(_saved({"a": torch.ones(2), "b": [torch.zeros(3)]})),  # empty _backward_hooks
     "shapes": lambda: [torch.zeros(()), torch.zeros(2, 3, 4, 5), torch.zeros(1, 1, 1, 1, 1).expand(1, 3, 1, 1, 2)],
 }
@@ -153,3 +155,80 @@ def test_saved_records_are_torchs_with_the_cores_alignment(tmp_path, no_byteorde
                 assert start % align == 0, info.filename
     for k, v in torch.load(ours).items():
         assert torch.equal(v, obj[k])
+
+
+def _data_pkl(path: object) -> bytes:
+    with zipfile.ZipFile(path) as z:
+        return z.read(next(n for n in z.namelist() if n.endswith("/data.pkl")))
+
+
+@pytest.mark.parametrize("how", ["parameter", "protocol4", "pickle_module"])
+def test_empty_state_dict_keeps_its_metadata(tmp_path, how):
+    """An empty OrderedDict with attributes (a parameterless module's state dict and its
+    _metadata, which load_state_dict's migrations read) keeps them on the pickler's path."""
+    sd = torch.nn.ReLU().state_dict()
+    assert not sd and sd._metadata
+    obj: dict = {"relu": sd}
+    kw: dict = {}
+    if how == "parameter":
+        obj["p"] = torch.nn.Parameter(torch.ones(2))
+    elif how == "protocol4":
+        kw["pickle_protocol"] = 4
+    else:
+        kw["pickle_module"] = _Pickle
+    pyfastensor.save(obj, tmp_path / "ours.pt", **kw)
+    torch.save(obj, tmp_path / "theirs.pt", **kw)
+    assert _data_pkl(tmp_path / "ours.pt") == _data_pkl(tmp_path / "theirs.pt")
+    weights_only = how != "protocol4"  # torch's restricted unpickler refuses protocol 4's FRAME
+    for load in (pyfastensor.load, torch.load):
+        got = load(tmp_path / "ours.pt", weights_only=weights_only)
+        assert got["relu"]._metadata == sd._metadata
+        assert type(got["relu"]) is collections.OrderedDict and not got["relu"]
+
+
+class _Replaced:
+    pass
+
+
+class _OverridingPickle:
+    """A pickle module whose Pickler has a reducer_override of its own (as cloudpickle's does)."""
+
+    class Pickler(pickle.Pickler):
+        def reducer_override(self, obj: object) -> object:
+            if type(obj) is _Replaced:
+                return str, ("reduced by the module's own override",)
+            return NotImplemented
+
+
+def test_the_pickle_modules_own_reducer_override_still_runs(tmp_path):
+    obj = {"w": torch.ones(2), "r": _Replaced(), "hooks": collections.OrderedDict()}
+    pyfastensor.save(obj, tmp_path / "ours.pt", pickle_module=_OverridingPickle)
+    torch.save(obj, tmp_path / "theirs.pt", pickle_module=_OverridingPickle)
+    assert _data_pkl(tmp_path / "ours.pt") == _data_pkl(tmp_path / "theirs.pt")
+    got = pyfastensor.load(tmp_path / "ours.pt", weights_only=False)
+    assert got["r"] == "reduced by the module's own override" and torch.equal(got["w"], obj["w"])
+
+
+def test_cloudpickle_pickles_lambdas_by_value(tmp_path):
+    cloudpickle = pytest.importorskip("cloudpickle", reason="cloudpickle is not installed (pip install cloudpickle)")
+    obj = {"w": torch.ones(2), "fn": lambda x: x * 2}  # a local lambda: pickle refuses it, cloudpickle does not
+    pyfastensor.save(obj, tmp_path / "x.pt", pickle_module=cloudpickle)
+    for load in (pyfastensor.load, torch.load):
+        got = load(tmp_path / "x.pt", weights_only=False)
+        assert got["fn"](3) == 6 and torch.equal(got["w"], obj["w"])
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype stage")
+def test_nested_tensors_are_reduced_by_torch(tmp_path):
+    """A nested tensor is strided but not plain (it has no sizes): torch's reduction writes it."""
+    nt = torch.nested.nested_tensor([torch.arange(2.0), torch.arange(3.0) + 5])
+    obj = {"n": nt, "w": torch.ones(2)}
+    with pytest.raises(Unsupported):
+        _encoded(obj)
+    pyfastensor.save(obj, tmp_path / "x.pt")
+    assert _data_pkl(tmp_path / "x.pt") == torch_pickle(obj)
+    for load in (pyfastensor.load, torch.load):
+        got = load(tmp_path / "x.pt", weights_only=False)
+        assert got["n"].is_nested
+        assert all(torch.equal(a, b) for a, b in zip(got["n"].unbind(), nt.unbind(), strict=True))
+        assert torch.equal(got["w"], obj["w"])

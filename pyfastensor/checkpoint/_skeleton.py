@@ -6,15 +6,16 @@ bytes become the record ``data/<key>``. This mirrors ``torch.serialization._save
 (same keys in the same order, same dtype checks, same location tags), so the
 pickle bytes match torch's and stock :func:`torch.load` reads our files.
 
-Plain tensors (exactly :class:`torch.Tensor`, strided, on the CPU or CUDA,
-without backward hooks (an empty dict of them, as a loaded tensor has,
-pickles the same), Python attributes, conjugate or negative bits, of a
-dtype torch pickles through a typed storage) are reduced here to the same
-``_rebuild_tensor_v2`` call torch's ``Tensor.__reduce_ex__`` builds, without
-its checks for every other kind of tensor; so is the empty ``OrderedDict``
-of its arguments. Together they were half the pickling time of a state
-dict of 10,000 small tensors. Any other object goes through torch's
-own reduction.
+Plain tensors (exactly :class:`torch.Tensor`, strided and not nested, on
+the CPU or CUDA, without backward hooks (an empty dict of them, as a loaded
+tensor has, pickles the same), Python attributes, conjugate or negative
+bits, of a dtype torch pickles through a typed storage) are reduced here to
+the same ``_rebuild_tensor_v2`` call torch's ``Tensor.__reduce_ex__``
+builds, without its checks for every other kind of tensor; so is the empty
+``OrderedDict`` (without attributes) of its arguments. Together they were
+half the pickling time of a state dict of 10,000 small tensors. Any other
+object goes to the pickler's own ``reducer_override`` if it has one
+(cloudpickle's), then through torch's own reduction.
 
 The usual checkpoint (dicts, lists, tuples, strings, numbers, ordered
 dicts and plain tensors, pickled with :mod:`pickle` at protocol 2) is
@@ -108,6 +109,10 @@ def pickle_skeleton(obj: Any, pickle_module: Any = pickle, pickle_protocol: int 
         storages[key] = storage
         return ("storage", storage_type, key, location, numel)
 
+    # The base pickler's own override, if any: cloudpickle's pickles lambdas and
+    # classes by value there, and must still see everything ours leaves alone.
+    base_override = getattr(pickle_module.Pickler, "reducer_override", None)
+
     class Pickler(pickle_module.Pickler):  # type: ignore[name-defined,misc]
         def persistent_id(self, obj: Any) -> Any:
             # Called for every object pickled (about 19 per tensor: sizes,
@@ -121,11 +126,15 @@ def pickle_skeleton(obj: Any, pickle_module: Any = pickle, pickle_protocol: int 
                 _torch.require(f"saving a {obj.dtype} tensor", (2, 6))
             if type(obj) is torch.Tensor and _plain(obj):
                 return _reduce_plain(obj)
-            if type(obj) is collections.OrderedDict and not obj:
+            if type(obj) is collections.OrderedDict and not obj and not obj.__dict__:
                 # Each plain tensor's backward_hooks. OrderedDict's own reduction
                 # asks copyreg for its slot names every time (a builtin type
                 # cannot cache them): 12 us a tensor. Same reduction, same bytes.
+                # One with attributes (a state dict's _metadata) pickles them as
+                # its state: left to its own reduction.
                 return collections.OrderedDict, (), None, None, iter(())
+            if base_override is not None:
+                return base_override(self, obj)
             return NotImplemented
 
     buf = io.BytesIO()
@@ -144,7 +153,8 @@ def _plain(t: torch.Tensor) -> bool:
     """Whether torch's ``Tensor.__reduce_ex__`` would reduce ``t`` to ``_rebuild_tensor_v2``
     with no more than :func:`_reduce_plain` gives (see the module's docstring)."""
     return (
-        t.layout == torch.strided and (t.is_cpu or t.is_cuda) and not t.is_quantized
+        # A nested tensor is strided too, but has no sizes: torch reduces it to its buffer.
+        not t.is_nested and t.layout == torch.strided and (t.is_cpu or t.is_cuda) and not t.is_quantized
         and t.dtype not in _V3_DTYPES and not t.is_conj() and not t.is_neg()
         and not t._backward_hooks and not t.__dict__ and not tensor_metadata(t)
     )

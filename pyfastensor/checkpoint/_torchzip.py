@@ -132,16 +132,18 @@ class PreloadedZip:
         return order == sys.byteorder.encode()
 
     def cpu_only(self) -> bool:
-        """Whether every storage was saved from the CPU, in this machine's byte order.
+        """Whether every storage was saved from the CPU, and torch leaves their bytes in this
+        machine's byte order (:meth:`native_order`).
 
         Read from the pickle's bytes without unpickling: any device name
         other than ``cpu`` in them (even inside a key) answers no. Torch's
-        unpickler leaves such storages untouched until they are filled,
-        which lets a load unpickle while its records are still being read.
+        ``_load`` then moves no storage (a map location of the CPU), which
+        is only half of what lets a load unpickle while its records are
+        still being read: the unpickler must not read them either (see
+        ``load.py``).
         """
         pkl = self._small.get(self.prefix + "data.pkl", b"")
-        order = self._small.get(self.prefix + "byteorder", sys.byteorder.encode())
-        return order == sys.byteorder.encode() and not any(d in pkl for d in _DEVICE_NAMES)
+        return self.native_order() and not any(d in pkl for d in _DEVICE_NAMES)
 
     # The reader interface torch.serialization._load uses.
 

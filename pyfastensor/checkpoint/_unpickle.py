@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import io
 import pickle
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -92,14 +93,24 @@ def refused(path: str, e: pickle.UnpicklingError) -> pickle.UnpicklingError:
 
 
 def unpickle(zip_file: Any, map_location: Any, pickle_module: Any, *, weights_only: bool,
-             overall_storage: torch.UntypedStorage | None = None, **pickle_load_args: Any) -> Any:
-    """``torch.serialization._load`` over ``zip_file``; weights-only loads try :class:`FastUnpickler` first."""
+             overall_storage: torch.UntypedStorage | None = None,
+             before_general: Callable[[], None] | None = None, **pickle_load_args: Any) -> Any:
+    """``torch.serialization._load`` over ``zip_file``; weights-only loads try :class:`FastUnpickler` first.
+
+    Args:
+        before_general: called before ``pickle_module``'s unpickler starts, once the
+            :class:`FastUnpickler` attempt (which never reads a storage's bytes) is over:
+            that unpickler may read them (a class's ``__setstate__``, torch's check of
+            sparse tensors' indices), so a caller still filling the storages waits here.
+    """
     if weights_only and not callable(map_location):  # a callable's side effects must happen once
         try:
             return _torch.load_records(zip_file, map_location, _FastModule, weights_only=True,
                                        overall_storage=overall_storage, **pickle_load_args)
         except Exception:  # noqa: BLE001 - torch's unpickler decides, with its own message
             pass
+    if before_general is not None:
+        before_general()
     return _torch.load_records(zip_file, map_location, pickle_module, weights_only=weights_only,
                                overall_storage=overall_storage, **pickle_load_args)
 
@@ -108,15 +119,18 @@ _slice = _torch.storage_slice
 
 
 def load_cpu(zip_file: Any, overall_storage: torch.UntypedStorage | None, **pickle_load_args: Any) -> Any:
-    """``torch.serialization._load`` with weights only, for a file in this machine's byte order
-    loaded to the CPU, without ``_load``'s per-storage device and fake-mode machinery.
+    """``torch.serialization._load`` with weights only (or with :mod:`pickle`, which reads the
+    same stream the same way), for a file in this machine's byte order loaded to the CPU,
+    without ``_load``'s per-storage device and fake-mode machinery.
 
     The same storages, typed the same way, shared by key as torch shares
     them. A storage saved from anywhere but the CPU, a key referenced under
     two dtypes, a global outside :class:`FastUnpickler`'s set or anything
     unusual raises before any storage's bytes are used, and the caller
     starts again on torch's path. Storages are not read from: the caller
-    may still be filling them.
+    may still be filling them. Nothing else runs either: every global the
+    stream can reach is :class:`FastUnpickler`'s (no ``__setstate__`` of a
+    user's class, no sparse tensor for torch to validate).
     """
     loaded: dict[str, torch.storage.TypedStorage] = {}
 

@@ -259,17 +259,28 @@ def _load_archive(
             if pending is not None:  # the archive closes with the error: let its read finish first
                 pending.settle()
             raise CorruptFileError(_with_keys(str(e), archive)) from None
-        # Unpickle while the storages are read, when nothing in unpickling
-        # looks at their bytes: CPU storages, in our byte order, to the CPU.
-        # Otherwise (a device to move them to, a byte swap) wait first.
-        # load_cpu checks each storage's location itself and raises before
-        # using a storage saved elsewhere; torch's path is only safe to
-        # overlap when the pickle names no device at all (cpu_only).
+        # Unpickle while the storages are read only where nothing in unpickling
+        # can look at their bytes: CPU storages, in our byte order, to the CPU,
+        # rebuilt by the restricted C unpickler alone (load_cpu, or
+        # FastUnpickler through torch's _load; load_cpu checks each storage's
+        # location itself and raises before using a storage saved elsewhere,
+        # torch's _load moves storages only when the pickle names a device:
+        # cpu_only). torch's own unpickler may read them while unpickling (an
+        # allowlisted or any class's __setstate__, the check of sparse tensors'
+        # indices): wait first. A device to move them to, a byte swap: wait
+        # first too. A mapped load's storages are the file itself: only their
+        # check runs beside the unpickling.
         to_cpu = _to_cpu(map_location)
         module = _torch.weights_only_unpickler if weights_only else pickle_module
+
+        def filled() -> None:
+            if not mmap:
+                _wait(pending, archive)
+
         try:
             obj = _NOT_LOADED
-            if weights_only and to_cpu and zf.native_order():
+            # pickle_module pickle reads the stream as load_cpu does, the same globals included.
+            if (weights_only or pickle_module is pickle) and to_cpu and zf.native_order():
                 try:
                     obj = load_cpu(zf, overall, **pickle_load_args)
                 except Exception:  # noqa: BLE001 - torch's path decides, with torch's messages
@@ -278,7 +289,7 @@ def _load_archive(
                 if not (to_cpu and zf.cpu_only()):
                     _wait(pending, archive)
                 obj = unpickle(zf, map_location, module, overall_storage=overall,
-                               weights_only=weights_only, **pickle_load_args)
+                               weights_only=weights_only, before_general=filled, **pickle_load_args)
         except pickle.UnpicklingError as e:
             _wait(pending, archive)  # a damaged record explains more than the pickle
             if not weights_only:
