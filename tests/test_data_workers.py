@@ -166,10 +166,13 @@ def test_any_sampler(packed, context):
 def test_worker_of_a_closed_dataset(packed, monkeypatch):
     monkeypatch.setattr(_client, "CONNECT_TIMEOUT_S", 0.3)  # spawned workers do not see this: fork
     ds = ChunkDataset(packed, memory_budget=1 << 20)
+    closed = multiprocessing.get_context("fork").Event()  # the worker asks only once the server is gone
     dl = torch.utils.data.DataLoader(ds, batch_size=4, sampler=[0, 1], num_workers=1,
-                                     multiprocessing_context="fork", collate_fn=keep)
+                                     multiprocessing_context="fork", collate_fn=keep,
+                                     worker_init_fn=lambda _: closed.wait(60))
     it = iter(dl)  # workers forked while the server listens
     ds._server.close()  # the main process's server goes away under them
+    closed.set()
     try:
         with pytest.raises(ServerUnavailableError) as e:
             next(it)
