@@ -39,15 +39,25 @@ const safetensorsMaxHeader = 100_000_000
 // may take.
 const safetensorsMetaKey = "__metadata__"
 
-// safetensorsItemSize is the element size of each dtype name we read and
-// write: the names pyfastensor/safetensors.py maps to torch dtypes.
-var safetensorsItemSize = map[string]int64{
-	"F64": 8, "F32": 4, "F16": 2, "BF16": 2,
-	"I64": 8, "I32": 4, "I16": 2, "I8": 1,
-	"U64": 8, "U32": 4, "U16": 2, "U8": 1,
-	"BOOL": 1, "C64": 8,
-	"F8_E4M3": 1, "F8_E5M2": 1, "F8_E4M3FNUZ": 1, "F8_E5M2FNUZ": 1,
+// safetensorsItemBits is the element size in bits of each dtype name of
+// the format (the dtypes of the safetensors package's Rust core, 0.8):
+// the sub-byte ones too (F4, two to a byte; F6, four to three bytes),
+// whose tensors must come to whole bytes. pyfastensor/safetensors.py maps
+// to torch dtypes those the running torch has.
+var safetensorsItemBits = map[string]int64{
+	"F64": 64, "F32": 32, "F16": 16, "BF16": 16,
+	"I64": 64, "I32": 32, "I16": 16, "I8": 8,
+	"U64": 64, "U32": 32, "U16": 16, "U8": 8,
+	"BOOL": 8, "C64": 64,
+	"F8_E4M3": 8, "F8_E5M2": 8, "F8_E4M3FNUZ": 8, "F8_E5M2FNUZ": 8, "F8_E8M0": 8,
+	"F6_E2M3": 6, "F6_E3M2": 6, "F4": 4,
 }
+
+// ErrUnknownDType is wrapped by the error of a safetensors header with a
+// dtype name this build does not know (from a newer format, say): a kind
+// of gds.ErrUnsupported, so Python sees an UnsupportedError, not a
+// CorruptFileError, for a file that may well be valid.
+var ErrUnknownDType = gds.Named(gds.ErrUnsupported, "unsupported safetensors dtype")
 
 // STensor is one tensor of a safetensors file to write: its name, dtype
 // name, shape and size in bytes (which must be the shape's element count
@@ -94,7 +104,7 @@ func LayoutSafetensors(tensors []STensor, metadata []MetaEntry) (header []byte, 
 	}
 	slices.SortFunc(order, func(a, b int) int {
 		ta, tb := &tensors[a], &tensors[b]
-		return cmp.Or(cmp.Compare(safetensorsItemSize[tb.DType], safetensorsItemSize[ta.DType]), cmp.Compare(ta.Name, tb.Name))
+		return cmp.Or(cmp.Compare(safetensorsItemBits[tb.DType], safetensorsItemBits[ta.DType]), cmp.Compare(ta.Name, tb.Name))
 	})
 
 	text := []byte{'{'}
@@ -173,11 +183,11 @@ func checkSafetensors(tensors []STensor, metadata []MetaEntry) error {
 			return bad("tensor %q appears twice", t.Name)
 		}
 		seen[t.Name] = true
-		item, ok := safetensorsItemSize[t.DType]
+		bits, ok := safetensorsItemBits[t.DType]
 		if !ok {
 			return bad("tensor %q: unknown dtype %q", t.Name, t.DType)
 		}
-		n, ok := shapeBytes(t.Shape, item)
+		n, ok := shapeBytes(t.Shape, bits)
 		if !ok || n != t.Size {
 			return bad("tensor %q: %d bytes do not match shape %v of %s", t.Name, t.Size, t.Shape, t.DType)
 		}
@@ -198,10 +208,11 @@ func checkSafetensors(tensors []STensor, metadata []MetaEntry) error {
 	return nil
 }
 
-// shapeBytes returns the bytes of a tensor of shape with elements of item
-// bytes, and false when a dimension is negative or the size overflows.
-func shapeBytes(shape []int64, item int64) (int64, bool) {
-	n := item
+// shapeBytes returns the bytes of a tensor of shape with elements of bits
+// bits, and false when a dimension is negative, the size overflows, or
+// the elements do not come to whole bytes (an odd count of F4 elements).
+func shapeBytes(shape []int64, bits int64) (int64, bool) {
+	n := int64(1) // elements
 	for _, d := range shape {
 		if d < 0 {
 			return 0, false
@@ -219,7 +230,10 @@ func shapeBytes(shape []int64, item int64) (int64, bool) {
 		}
 		n *= d
 	}
-	return n, true
+	if n > math.MaxInt64/bits || n*bits%8 != 0 {
+		return 0, false
+	}
+	return n * bits / 8, true
 }
 
 // appendPyString appends s (valid UTF-8) as Python's json.dumps writes a
@@ -285,14 +299,16 @@ type SafetensorsHeader struct {
 // file and the format's limit of 100,000,000 bytes; a UTF-8 JSON object;
 // for each tensor a known dtype, a shape of non-negative integers, and
 // data_offsets of two non-negative integers whose difference is the
-// shape's size; the tensors filling the data region exactly, without
+// shape's size (a whole number of bytes, for the sub-byte dtypes); the tensors filling the data region exactly, without
 // holes or overlaps, to the end of the file; and "__metadata__" an object
 // of strings. A tensor may not appear twice.
 //
 // A file that fails a check gives an error wrapping ErrCorrupt that names
-// the file, the tensor where there is one, and what is wrong. Data shorter
-// than the file's header gives an error wrapping gds.ErrInvalid (the
-// caller's mistake, not the file's).
+// the file, the tensor where there is one, and what is wrong. A dtype
+// name outside the format's known ones gives an error wrapping
+// ErrUnknownDType (gds.ErrUnsupported) naming the file, the tensor and the
+// dtype. Data shorter than the file's header gives an error wrapping
+// gds.ErrInvalid (the caller's mistake, not the file's).
 func ParseSafetensorsHeader(path string, data []byte, fileSize int64) (*SafetensorsHeader, error) {
 	if fileSize < 8 {
 		return nil, corrupt(path, "", -1, "not a safetensors file: %d bytes", fileSize)
@@ -396,9 +412,10 @@ func (p *stParser) entry(name string, raw json.RawMessage, pos int64) (Safetenso
 	if f, ok := fields["dtype"]; !ok || len(f) == 0 || f[0] != '"' || json.Unmarshal(f, &dtype) != nil {
 		return fail("no dtype string")
 	}
-	item, ok := safetensorsItemSize[dtype]
+	bits, ok := safetensorsItemBits[dtype]
 	if !ok {
-		return fail("unknown dtype %q", dtype)
+		return SafetensorsEntry{}, fmt.Errorf("%w: %s: tensor %q: unknown dtype %q (a newer safetensors format?)",
+			ErrUnknownDType, p.path, name, dtype)
 	}
 	shape, ok := intArray(fields["shape"])
 	if !ok {
@@ -409,7 +426,7 @@ func (p *stParser) entry(name string, raw json.RawMessage, pos int64) (Safetenso
 		return fail("data_offsets is not a list of two integers")
 	}
 	b, e := offs[0], offs[1]
-	n, ok := shapeBytes(shape, item)
+	n, ok := shapeBytes(shape, bits)
 	if !ok || b < 0 || e < b || e-b != n {
 		return fail("data_offsets %d..%d do not match shape %v of %s", b, e, shape, dtype)
 	}

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/pyfastensor/pyfastensor/internal/testutil"
@@ -38,7 +39,13 @@ func safetensorsSeeds(f *testing.F) [][]byte {
 	}, []MetaEntry{{"format", "pt"}, {"k", "v"}})
 	one, _ := fileOf(f, []STensor{{Name: "x", DType: "F8_E5M2", Shape: []int64{4}, Size: 4, Data: []byte("abcd")}}, nil)
 	none, _ := fileOf(f, nil, []MetaEntry{})
-	valid := [][]byte{unpadded(few), unpadded(one), unpadded(none), none}
+	// The dtypes of MXFP8 and FP4 checkpoints: an 8-bit exponent, and F4 elements two to a byte.
+	subByte, _ := fileOf(f, []STensor{
+		{Name: "scale", DType: "F8_E8M0", Shape: []int64{2}, Size: 2, Data: []byte{127, 128}},
+		{Name: "q", DType: "F4", Shape: []int64{2, 4}, Size: 4, Data: testutil.Pattern(4, 4)},
+		{Name: "q6", DType: "F6_E2M3", Shape: []int64{4}, Size: 3, Data: testutil.Pattern(3, 5)},
+	}, nil)
+	valid := [][]byte{unpadded(few), unpadded(one), unpadded(none), none, unpadded(subByte)}
 	theirs, err := filepath.Glob(filepath.Join("testdata", "st_*.safetensors"))
 	require.NoError(f, err)
 	require.NotEmpty(f, theirs, "testdata holds files written by safetensors.torch.save_file")
@@ -61,17 +68,19 @@ func safetensorsSeeds(f *testing.F) [][]byte {
 	text := int(binary.LittleEndian.Uint64(small)) + 8
 	at := func(s string) int { return bytes.Index(small, []byte(s)) }
 	return append(valid,
-		small[:len(small)-1],                   // the last tensor cut
-		small[:text],                           // no data
-		small[:text-1],                         // the header cut
-		damaged(small, 0, small[0]+1),          // the header length
-		damaged(small, 7, 1),                   // a huge header length
-		damaged(small, at(`"F32"`)+2, '6'),     // a dtype: F62
-		damaged(small, at(`[4,3]`)+1, '5'),     // a shape
-		damaged(small, at(`[16,64]`)+2, '7'),   // an offset
-		damaged(small, at(`"format"`), '['),    // the metadata's syntax
-		damaged(valid[0], 8+len("{"), ' '),     // a key's quote
-		damaged(valid[0], len(valid[0])-30, 0), // a data byte: still valid
+		small[:len(small)-1],                                             // the last tensor cut
+		small[:text],                                                     // no data
+		small[:text-1],                                                   // the header cut
+		damaged(small, 0, small[0]+1),                                    // the header length
+		damaged(small, 7, 1),                                             // a huge header length
+		damaged(small, at(`"F32"`)+2, '6'),                               // a dtype: F62, unknown
+		damaged(small, at(`[4,3]`)+1, '5'),                               // a shape
+		damaged(small, at(`[16,64]`)+2, '7'),                             // an offset
+		damaged(small, at(`"format"`), '['),                              // the metadata's syntax
+		damaged(valid[0], 8+len("{"), ' '),                               // a key's quote
+		damaged(valid[0], len(valid[0])-30, 0),                           // a data byte: still valid
+		damaged(valid[4], bytes.Index(valid[4], []byte(`[2,4]`))+3, '3'), // F4 [2,3]: 3 bytes, not 4
+		damaged(valid[4], bytes.Index(valid[4], []byte(`[4]`))+1, '5'),   // F6 [5]: 30 bits, not whole bytes
 	)
 }
 
@@ -95,8 +104,17 @@ func FuzzParseSafetensorsHeader(f *testing.F) {
 		size := int64(len(data))
 		h, err := ParseSafetensorsHeader(stFuzzName, data, size)
 		if err != nil {
+			if h != nil {
+				t.Fatalf("a header with an error: %v", err)
+			}
+			if errors.Is(err, ErrUnknownDType) { // a dtype this build does not know: unsupported, not corrupt
+				if errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), stFuzzName) || !strings.Contains(err.Error(), "unknown dtype") {
+					t.Fatalf("an unknown dtype's error does not name the file and the dtype: %v", err)
+				}
+				return
+			}
 			var ce *CorruptError
-			if h != nil || !errors.Is(err, ErrCorrupt) || !errors.As(err, &ce) || ce.Reason == "" || ce.Path != stFuzzName {
+			if !errors.Is(err, ErrCorrupt) || !errors.As(err, &ce) || ce.Reason == "" || ce.Path != stFuzzName {
 				t.Fatalf("error does not wrap ErrCorrupt or say what is wrong (header %v): %v", h, err)
 			}
 			return
@@ -109,7 +127,7 @@ func FuzzParseSafetensorsHeader(f *testing.F) {
 		slices.SortFunc(spans, func(a, b SafetensorsEntry) int { return cmp.Compare(a.Begin, b.Begin) })
 		pos := h.DataStart
 		for _, e := range spans {
-			n, ok := shapeBytes(e.Shape, safetensorsItemSize[e.DType])
+			n, ok := shapeBytes(e.Shape, safetensorsItemBits[e.DType])
 			if e.Begin != pos || !ok || e.End-e.Begin != n {
 				t.Fatalf("tensor %q (%s %v) at %d..%d after %d", e.Name, e.DType, e.Shape, e.Begin, e.End, pos)
 			}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -204,7 +205,8 @@ func TestParseSafetensorsHeaderRefusesDamagedHeaders(t *testing.T) {
 		"no dtype":             {stFile(`{"t":{"shape":[],"data_offsets":[0,0]}}`, 0), "t", "no dtype"},
 		"dtype not a string":   {stFile(entry(`4`, "[2]", "[0,8]"), 8), "t", "no dtype"},
 		"dtype in other case":  {stFile(`{"t":{"DTYPE":"F32","shape":[2],"data_offsets":[0,8]}}`, 8), "t", "no dtype"},
-		"unknown dtype":        {stFile(entry(`"F7"`, "[2]", "[0,8]"), 8), "t", `unknown dtype "F7"`},
+		"odd count of F4":      {stFile(entry(`"F4"`, "[3]", "[0,2]"), 2), "t", "do not match shape [3] of F4"},
+		"F6 not whole bytes":   {stFile(entry(`"F6_E3M2"`, "[2]", "[0,2]"), 2), "t", "do not match shape [2] of F6_E3M2"},
 		"no shape":             {stFile(`{"t":{"dtype":"F32","data_offsets":[0,8]}}`, 8), "t", "shape is not a list"},
 		"shape of strings":     {stFile(entry(`"F32"`, `["2"]`, "[0,8]"), 8), "t", "shape is not a list"},
 		"shape of fractions":   {stFile(entry(`"F32"`, `[2.0]`, "[0,8]"), 8), "t", "shape is not a list"},
@@ -243,6 +245,64 @@ func TestParseSafetensorsHeaderRefusesDamagedHeaders(t *testing.T) {
 	require.ErrorIs(t, err, gds.ErrInvalid)
 	_, err = ParseSafetensorsHeader("x", b[:5], int64(len(b)))
 	require.ErrorIs(t, err, gds.ErrInvalid)
+}
+
+func TestParseSafetensorsHeaderReadsEveryDTypeOfTheFormat(t *testing.T) {
+	// Each dtype of the safetensors package's Rust core (0.8) and its size:
+	// F8_E8M0 (MXFP8 scales) a byte, F4 two to a byte, F6 four to three.
+	for dtype, c := range map[string]struct {
+		shape string
+		size  int
+	}{
+		"F64": {"[2]", 16}, "F32": {"[2]", 8}, "F16": {"[2]", 4}, "BF16": {"[2]", 4},
+		"I64": {"[2]", 16}, "I32": {"[2]", 8}, "I16": {"[2]", 4}, "I8": {"[2]", 2},
+		"U64": {"[2]", 16}, "U32": {"[2]", 8}, "U16": {"[2]", 4}, "U8": {"[2]", 2},
+		"BOOL": {"[2]", 2}, "C64": {"[2]", 16},
+		"F8_E4M3": {"[2]", 2}, "F8_E5M2": {"[2]", 2}, "F8_E4M3FNUZ": {"[2]", 2}, "F8_E5M2FNUZ": {"[2]", 2},
+		"F8_E8M0": {"[3]", 3}, "F4": {"[2,6]", 6}, "F6_E2M3": {"[4]", 3}, "F6_E3M2": {"[2,4]", 6},
+	} {
+		text := `{"t":{"dtype":"` + dtype + `","shape":` + c.shape + `,"data_offsets":[0,` + strconv.Itoa(c.size) + `]}}`
+		b := stFile(text, c.size)
+		h, err := ParseSafetensorsHeader("x.safetensors", b, int64(len(b)))
+		require.NoError(t, err, dtype)
+		require.Len(t, h.Tensors, 1, dtype)
+		assert.Equal(t, dtype, h.Tensors[0].DType)
+		assert.Equal(t, int64(c.size), h.Tensors[0].End-h.Tensors[0].Begin, dtype)
+	}
+	// Our writer lays them out too: by element size, largest first.
+	tensors := []STensor{
+		{Name: "q", DType: "F4", Shape: []int64{2, 4}, Size: 4},
+		{Name: "scale", DType: "F8_E8M0", Shape: []int64{3}, Size: 3},
+		{Name: "q6", DType: "F6_E2M3", Shape: []int64{4}, Size: 3},
+	}
+	b, offsets := fileOf(t, tensors, nil)
+	a := int64(transfer.Alignment)
+	assert.Equal(t, []int64{a + 6, a, a + 3}, offsets)
+	h, err := ParseSafetensorsHeader("x.safetensors", b, int64(len(b)))
+	require.NoError(t, err)
+	assert.Equal(t, []string{"scale", "q6", "q"}, []string{h.Tensors[0].Name, h.Tensors[1].Name, h.Tensors[2].Name})
+	_, _, _, err = LayoutSafetensors([]STensor{{Name: "q", DType: "F4", Shape: []int64{3}, Size: 2}}, nil)
+	require.ErrorIs(t, err, gds.ErrInvalid)
+	assert.Contains(t, err.Error(), "do not match shape [3] of F4")
+}
+
+func TestParseSafetensorsHeaderCallsAnUnknownDTypeUnsupported(t *testing.T) {
+	// A dtype this build does not know may come from a newer format: the
+	// file is not called corrupt, and the error names the file, the tensor
+	// and the dtype.
+	b := stFile(`{"ok":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"w":{"dtype":"F3_NEW","shape":[2],"data_offsets":[1,2]}}`, 2)
+	h, err := ParseSafetensorsHeader("dir/x.safetensors", b, int64(len(b)))
+	assert.Nil(t, h)
+	require.ErrorIs(t, err, ErrUnknownDType)
+	require.ErrorIs(t, err, gds.ErrUnsupported)
+	assert.NotErrorIs(t, err, ErrCorrupt)
+	assert.Contains(t, err.Error(), `dir/x.safetensors: tensor "w": unknown dtype "F3_NEW"`)
+
+	path := filepath.Join(t.TempDir(), "new.safetensors")
+	require.NoError(t, os.WriteFile(path, b, 0o600))
+	_, err = OpenSafetensors(path)
+	require.ErrorIs(t, err, gds.ErrUnsupported)
+	assert.Contains(t, err.Error(), path)
 }
 
 func TestSaveAndOpenSafetensors(t *testing.T) {

@@ -24,17 +24,54 @@ import torch
 from ._buffers import empty_bytes
 from .checkpoint import _from_device, _progress
 from .checkpoint._native import RingRead, SafetensorsFile, STensor, read_raw, write_safetensors
+from .errors import UnsupportedError
 
-#: safetensors dtype names.
+#: safetensors dtype names, those of the format the running torch has (``float8_e8m0fnu``,
+#: MXFP8's scales, from torch 2.7; ``float4_e2m1fn_x2`` from 2.8). ``F6_E2M3`` and ``F6_E3M2``
+#: have no torch dtype: a file with them is refused as unsupported.
 DTYPES: dict[str, torch.dtype] = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
-    "U64": torch.uint64, "U32": torch.uint32, "U16": torch.uint16, "U8": torch.uint8,
-    "BOOL": torch.bool, "C64": torch.complex64,
-    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
-    "F8_E4M3FNUZ": torch.float8_e4m3fnuz, "F8_E5M2FNUZ": torch.float8_e5m2fnuz,
+    name: dtype for name, dtype in {
+        "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+        "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+        "U64": torch.uint64, "U32": torch.uint32, "U16": torch.uint16, "U8": torch.uint8,
+        "BOOL": torch.bool, "C64": torch.complex64,
+        "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
+        "F8_E4M3FNUZ": torch.float8_e4m3fnuz, "F8_E5M2FNUZ": torch.float8_e5m2fnuz,
+        "F8_E8M0": getattr(torch, "float8_e8m0fnu", None),
+        "F4": getattr(torch, "float4_e2m1fn_x2", None),
+    }.items() if dtype is not None
 }
 _NAMES = {v: k for k, v in DTYPES.items()}
+#: The dtype whose torch elements each hold two of the file's (``float4_e2m1fn_x2``, ``"F4"``):
+#: the header's shape has the last dimension twice torch's, as the safetensors package writes it.
+_PACKED = DTYPES.get("F4")
+#: The format's dtypes a newer torch than the floor has.
+_NEWER_TORCH = {"F8_E8M0": " (torch 2.7 and later have float8_e8m0fnu)",
+                "F4": " (torch 2.8 and later have float4_e2m1fn_x2)"}
+
+
+def _header_shape(t: torch.Tensor) -> tuple[int, ...]:
+    """The shape the header records for ``t`` (see :data:`_PACKED`)."""
+    if t.dtype != _PACKED:
+        return tuple(t.shape)
+    return (*t.shape[:-1], 2 * t.shape[-1])
+
+
+def _torch_layout(path: str, info: dict[str, Any]) -> tuple[torch.dtype, tuple[int, ...]]:
+    """The torch dtype and shape of a header's tensor ``info`` of the file at ``path``."""
+    dtype = DTYPES.get(info["dtype"])
+    if dtype is None:
+        hint = _NEWER_TORCH.get(info["dtype"], "")
+        raise UnsupportedError(f"{path}: tensor {info['name']!r} has dtype {info['dtype']}, which torch "
+                               f"{torch.__version__} has no dtype for{hint}")
+    shape = tuple(info["shape"])
+    if dtype == _PACKED:
+        if not shape or shape[-1] % 2:
+            raise UnsupportedError(
+                f"{path}: tensor {info['name']!r} of dtype F4 has shape {list(shape)}: torch's float4_e2m1fn_x2 "
+                "holds two F4 values per element, so the last dimension must be even")
+        shape = (*shape[:-1], shape[-1] // 2)
+    return dtype, shape
 
 
 def _check(tensors: dict[str, torch.Tensor]) -> None:
@@ -52,6 +89,9 @@ def _check(tensors: dict[str, torch.Tensor]) -> None:
             raise ValueError(f"You are trying to save a non contiguous tensor: `{k}`; call .contiguous() first")
         if v.dtype not in _NAMES:
             raise ValueError(f"Key `{k}`: dtype {v.dtype} has no safetensors name")
+        if v.dtype == _PACKED and v.dim() == 0:
+            raise ValueError(f"Key `{k}`: a 0-dim {v.dtype} tensor has no safetensors shape (F4 values "
+                             "are counted along the last dimension); reshape it to (1,)")
         if v.numel() and v.device.type != "meta":
             start = v.data_ptr()
             spans.setdefault((v.device, v.untyped_storage().data_ptr()), []).append(
@@ -103,7 +143,7 @@ def save_file(
         return
     # Host copies of other devices' tensors: alive, as the tensors are, until the native call returns.
     host = {k: t.detach().cpu() if t.device.type != "cpu" else t.detach() for k, t in tensors.items()}
-    specs = [STensor(k, _NAMES[t.dtype], tuple(t.shape), t.data_ptr() if t.numel() else 0,
+    specs = [STensor(k, _NAMES[t.dtype], _header_shape(t), t.data_ptr() if t.numel() else 0,
                      t.numel() * t.element_size()) for k, t in host.items()]
     _progress.run(
         lambda c: write_safetensors(path, specs, metadata, durable=durable, engine=engine, counter=c),
@@ -123,7 +163,7 @@ def _save_from_cuda(tensors: dict[str, torch.Tensor], path: str, metadata: dict[
     cuda = [_from_device.on_device(t.untyped_storage()) for t in tensors.values()]
     host = {k: t.detach() if on or t.device.type == "cpu" else t.detach().cpu()
             for (k, t), on in zip(tensors.items(), cuda, strict=True)}
-    specs = [STensor(k, _NAMES[t.dtype], tuple(t.shape), 0 if on or not t.numel() else t.data_ptr(),
+    specs = [STensor(k, _NAMES[t.dtype], _header_shape(t), 0 if on or not t.numel() else t.data_ptr(),
                      t.numel() * t.element_size()) for (k, t), on in zip(host.items(), cuda, strict=True)]
     bar = _progress.Manual(sum(s.nbytes for s in specs), f"save {os.path.basename(path)}", progress)
     try:
@@ -165,21 +205,27 @@ def load_file(
 
     Raises:
         CorruptFileError: the header is malformed or inconsistent, or the file is truncated.
+        UnsupportedError: a tensor's dtype is one pyfastensor does not know, or one the
+            running torch has no dtype for (``F6_E2M3``, ``F6_E3M2``; ``F8_E8M0`` before
+            torch 2.7, ``F4`` before 2.8), or an ``F4`` shape with an odd last dimension
+            (torch's ``float4_e2m1fn_x2`` holds two); the message names the file, the tensor
+            and the dtype.
     """
     path = os.fspath(filename)
     dev = torch.device(f"cuda:{device}" if isinstance(device, int) else device)
     # One open file for the header and the data: a save replacing the file
     # meanwhile (a rename) cannot pair this header with another file's bytes.
     with SafetensorsFile(path) as f:
+        layouts = [_torch_layout(path, info) for info in f.tensors]  # refused before anything is read
         total = sum(info["end"] - info["begin"] for info in f.tensors)
         desc = f"load {os.path.basename(path)}"
         if dev.type == "cuda":
-            return _load_to_cuda(f, dev, engine, _progress.Manual(total, desc, progress))
+            return _load_to_cuda(f, layouts, dev, engine, _progress.Manual(total, desc, progress))
         out: dict[str, torch.Tensor] = {}
         extents = []
-        for info in f.tensors:
+        for info, (dtype, shape) in zip(f.tensors, layouts, strict=True):
             n = info["end"] - info["begin"]
-            t = empty_bytes(n).view(DTYPES[info["dtype"]]).view(info["shape"])
+            t = empty_bytes(n).view(dtype).view(shape)
             out[info["name"]] = t
             if n:
                 extents.append((info["begin"], t.data_ptr(), n))
@@ -189,8 +235,8 @@ def load_file(
     return out
 
 
-def _load_to_cuda(f: SafetensorsFile, dev: torch.device, engine: str | None,
-                  bar: _progress.Manual) -> dict[str, torch.Tensor]:
+def _load_to_cuda(f: SafetensorsFile, layouts: list[tuple[torch.dtype, tuple[int, ...]]], dev: torch.device,
+                  engine: str | None, bar: _progress.Manual) -> dict[str, torch.Tensor]:
     """The tensors of ``f`` on ``dev``, through the pinned ring (see :func:`load_file`)."""
     from . import _device, config
     from .checkpoint._ring import upload
@@ -199,10 +245,10 @@ def _load_to_cuda(f: SafetensorsFile, dev: torch.device, engine: str | None,
     target = b.device(str(dev))  # torch's check of the device, and its index for a bare "cuda"
     out: dict[str, torch.Tensor] = {}
     records: list[tuple[int, int, torch.Tensor]] = []  # (file offset, the same, device memory)
-    for info in f.tensors:
+    for info, (dtype, shape) in zip(f.tensors, layouts, strict=True):
         n = info["end"] - info["begin"]
         mem = b.empty(n, target)
-        out[info["name"]] = mem.view(DTYPES[info["dtype"]]).view(info["shape"])
+        out[info["name"]] = mem.view(dtype).view(shape)
         records.append((info["begin"], info["begin"], mem))
 
     def start(slots: list[int], slot_bytes: int, fills: list[int], parts: list[tuple[int, ...]]) -> RingRead:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import struct
+
 import pytest
 import safetensors.torch as st
 import torch
@@ -9,7 +12,7 @@ from checkpoint_helpers import assert_same
 from safetensors import safe_open
 
 import pyfastensor
-from pyfastensor import CorruptFileError
+from pyfastensor import CorruptFileError, UnsupportedError
 
 
 def tensors() -> dict[str, torch.Tensor]:
@@ -66,6 +69,71 @@ def test_damaged_files(tmp_path):
     path.write_bytes(b"\xff" * 16)
     with pytest.raises(CorruptFileError):
         pyfastensor.safetensors.load_file(path)
+
+
+def _as_bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1).view(torch.uint8)
+
+
+@pytest.mark.skipif(not hasattr(torch, "float8_e8m0fnu") or not hasattr(torch, "float4_e2m1fn_x2"),
+                    reason="torch 2.8 and later have float8_e8m0fnu and float4_e2m1fn_x2")
+def test_mxfp8_scales_and_fp4_round_trip_with_the_safetensors_package(tmp_path):
+    g = torch.Generator().manual_seed(1)
+    t = {"scale": torch.randint(0, 256, (4, 2), dtype=torch.uint8, generator=g).view(torch.float8_e8m0fnu),
+         "q": torch.randint(0, 256, (2, 3), dtype=torch.uint8, generator=g).view(torch.float4_e2m1fn_x2),
+         "none": torch.zeros(5, 0, dtype=torch.uint8).view(torch.float4_e2m1fn_x2),
+         "w": torch.randn(3, generator=g)}
+    st.save_file(t, tmp_path / "theirs.safetensors")
+    pyfastensor.safetensors.save_file(t, tmp_path / "ours.safetensors")
+    for path in (tmp_path / "theirs.safetensors", tmp_path / "ours.safetensors"):
+        for got in (pyfastensor.safetensors.load_file(path), st.load_file(path)):
+            for k, v in t.items():
+                assert (got[k].dtype, got[k].shape) == (v.dtype, v.shape), (path.name, k)
+                assert torch.equal(_as_bytes(got[k]), _as_bytes(v)), (path.name, k)
+        with safe_open(path, "np") as f:  # F4 counts elements in the header: twice torch's last dimension
+            assert f.get_slice("q").get_shape() == [2, 6] and f.get_slice("q").get_dtype() == "F4"
+            assert f.get_slice("scale").get_dtype() == "F8_E8M0"
+    with pytest.raises(ValueError, match="Key `s`: a 0-dim torch.float4_e2m1fn_x2 tensor has no safetensors shape"):
+        pyfastensor.safetensors.save_file({"s": torch.tensor(7, dtype=torch.uint8).view(torch.float4_e2m1fn_x2)},
+                                          tmp_path / "s.safetensors")
+
+
+def _handwritten(path, dtype: str, shape: list[int], nbytes: int) -> None:
+    header = {"ok": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]},
+              "w": {"dtype": dtype, "shape": shape, "data_offsets": [1, 1 + nbytes]}}
+    text = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(text)) + text + bytes(1 + nbytes))
+
+
+@pytest.mark.parametrize("dtype,shape,nbytes,says", [
+    ("F3_NEW", [2], 2, r'tensor "w": unknown dtype "F3_NEW"'),
+    ("F6_E2M3", [4], 3, r"tensor 'w' has dtype F6_E2M3, which torch .* has no dtype for"),
+    ("F4", [2, 3], 3, r"tensor 'w' of dtype F4 has shape \[2, 3\]: .* the last dimension must be even"),
+])
+def test_dtypes_it_cannot_load_are_unsupported_not_corrupt(tmp_path, dtype, shape, nbytes, says):
+    if dtype == "F4" and not hasattr(torch, "float4_e2m1fn_x2"):
+        pytest.skip("torch 2.8 and later have float4_e2m1fn_x2")
+    path = tmp_path / "new.safetensors"
+    _handwritten(path, dtype, shape, nbytes)
+    if dtype != "F3_NEW":
+        with safe_open(path, "np") as f:  # a valid file, as the safetensors package sees it
+            assert sorted(f.keys()) == ["ok", "w"]
+    with pytest.raises(UnsupportedError, match=f"{path}.*{says}") as e:
+        pyfastensor.safetensors.load_file(path)
+    assert not isinstance(e.value, CorruptFileError)
+
+
+@pytest.mark.parametrize("n", [214, 220, 252])
+def test_saves_to_names_up_to_name_max(tmp_path, n):
+    path = tmp_path / ("c" * n + ".st")  # at most 255 bytes: legal, and torch.save writes it
+    t = {"w": torch.arange(6.0), "i": torch.arange(3)}
+    pyfastensor.safetensors.save_file(t, path)
+    got = st.load_file(path)
+    assert torch.equal(got["w"], t["w"]) and torch.equal(got["i"], t["i"])
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]
+    with pytest.raises(pyfastensor.FastensorError, match=r"cannot write .*/c{256}\.st: file name too long"):
+        pyfastensor.safetensors.save_file(t, tmp_path / ("c" * 256 + ".st"))
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]
 
 
 def test_load_reads_the_file_whose_header_it_parsed_while_a_save_replaces_it(tmp_path, monkeypatch):

@@ -2,6 +2,7 @@ package transfer
 
 import (
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"syscall"
+	"unicode/utf8"
 
 	"golang.org/x/sys/unix"
 
@@ -21,7 +23,9 @@ import (
 //
 //  1. write everything to a temporary file in the target's directory,
 //     named .<target>.pyfastensor-tmp-<pid>-<random>, preallocated to its
-//     final length (so a full disk fails before any byte is written);
+//     final length (so a full disk fails before any byte is written); a
+//     target name too long for that to fit NAME_MAX is shortened in it
+//     (tempBase);
 //  2. fsync it;
 //  3. rename it over the target (atomic within a directory);
 //  4. fsync the directory, so the rename itself survives a crash.
@@ -151,9 +155,46 @@ func (osFS) Remove(path string) error { return os.Remove(path) }
 // tempMarker is the part of a temporary file's name that marks it as ours.
 const tempMarker = ".pyfastensor-tmp-"
 
+// nameMax is the longest file name, in bytes, of the filesystems we write
+// on: NAME_MAX of Linux's (ext4, XFS, Btrfs, tmpfs, NFS...).
+const nameMax = 255
+
+// tempBaseMax is the longest target base name a temporary name carries
+// whole: "." + base + tempMarker + "<pid>-<12 hex>" then fits nameMax for
+// any pid up to 10 digits. A longer base name (a legal target of up to
+// nameMax bytes) is carried shortened (tempBase).
+const tempBaseMax = nameMax - 1 - len(tempMarker) - (10 + 1 + 12)
+
+// tempTailMax is how many bytes of its end a shortened base name keeps
+// (its extension, which IsDCPDataFile and the like look at).
+const tempTailMax = 16
+
+// tempBase returns what stands for target's base name in its temporary
+// names: the base name when it is at most tempBaseMax bytes, else
+// "<head>~<16 hex>~<tail>", tempBaseMax bytes at most: the name's first
+// and last bytes (cut at UTF-8 character starts) around 64 bits of its
+// SHA-256, so that two long names rarely share temporary names, and each
+// target's are found again by name (CleanStale).
+func tempBase(base string) string {
+	if len(base) <= tempBaseMax {
+		return base
+	}
+	sum := sha256.Sum256([]byte(base))
+	j := len(base) - tempTailMax
+	for j < len(base) && !utf8.RuneStart(base[j]) {
+		j++
+	}
+	tail := base[j:]
+	i := tempBaseMax - 2 - 16 - len(tail)
+	for i > 0 && !utf8.RuneStart(base[i]) {
+		i--
+	}
+	return base[:i] + "~" + hex.EncodeToString(sum[:8]) + "~" + tail
+}
+
 // tempPrefix is the name prefix of every temporary file for target.
 func tempPrefix(target string) string {
-	return "." + filepath.Base(target) + tempMarker
+	return "." + tempBase(filepath.Base(target)) + tempMarker
 }
 
 // IsTempName reports whether a file name (base name) is one of our
@@ -164,7 +205,10 @@ func IsTempName(name string) bool {
 }
 
 // TempTarget returns the base name of the file a temporary file of ours
-// (base name) was to replace, and whether it is one.
+// (base name) was to replace, and whether it is one. For a target whose
+// base name was too long to carry whole, that is the shortened name
+// tempBase made of it, which keeps the name's start and end: CleanStale
+// of a path with that name in the same directory cleans the same files.
 func TempTarget(name string) (string, bool) {
 	if !strings.HasPrefix(name, ".") {
 		return "", false
@@ -173,7 +217,8 @@ func TempTarget(name string) (string, bool) {
 	return target, ok
 }
 
-// tempPath returns a fresh temporary path for target, in its directory.
+// tempPath returns a fresh temporary path for target, in its directory:
+// a name of at most nameMax bytes, whatever the length of target's.
 func tempPath(target string) string {
 	var r [6]byte
 	_, _ = rand.Read(r[:])
@@ -181,9 +226,15 @@ func tempPath(target string) string {
 	return filepath.Join(filepath.Dir(target), name)
 }
 
-// tempPid returns the pid encoded in a temporary file name of target.
+// tempPid returns the pid encoded in a temporary file name of target. A
+// long base name's files carry it shortened (tempBase), or whole where
+// an earlier version wrote them (which shortened nothing, and failed only
+// where the whole name did not fit).
 func tempPid(target, name string) (int, bool) {
 	rest, ok := strings.CutPrefix(name, tempPrefix(target))
+	if !ok {
+		rest, ok = strings.CutPrefix(name, "."+filepath.Base(target)+tempMarker)
+	}
 	if !ok {
 		return 0, false
 	}
@@ -241,13 +292,20 @@ func resolveTarget(path string) (string, error) {
 
 // createTemp creates the temporary file for target and reserves size bytes
 // for it. It takes the permission bits of the file it will replace, if
-// any (else 0666 less the umask, as torch.save's files get). On error
-// nothing is left behind.
+// any (else 0666 less the umask, as torch.save's files get). A target
+// whose name the filesystem refuses as too long is refused here with an
+// error wrapping syscall.ENAMETOOLONG, before anything is written. On
+// error nothing is left behind.
 func createTemp(fsys FS, target string, size int64) (string, error) {
 	path := tempPath(target)
 	var perm os.FileMode
-	if st, err := os.Stat(target); err == nil {
+	st, err := os.Stat(target)
+	switch {
+	case err == nil:
 		perm = st.Mode().Perm()
+	case errors.Is(err, syscall.ENAMETOOLONG):
+		// Refused here, before a byte is written, not at the rename.
+		return "", fmt.Errorf("cannot write %s: %w", target, syscall.ENAMETOOLONG)
 	}
 	if err := fsys.Create(path, perm); err != nil {
 		_ = fsys.Remove(path)

@@ -11,8 +11,10 @@ import (
 	"path/filepath"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -153,6 +155,84 @@ func TestStaleTempFilesOfDeadProcessesAreRemoved(t *testing.T) {
 	assert.FileExists(t, mine)
 	assert.FileExists(t, other)
 	assert.True(t, IsTempName(filepath.Base(stale)))
+}
+
+func TestSavesToLongNamesUpToNameMax(t *testing.T) {
+	// A legal name of up to 255 bytes: the temporary name shortens it and
+	// still fits NAME_MAX; a save leaves the file and nothing else.
+	dir := t.TempDir()
+	for _, base := range []string{
+		strings.Repeat("c", tempBaseMax-3) + ".pt", // the longest carried whole
+		strings.Repeat("c", tempBaseMax-2) + ".pt",
+		strings.Repeat("c", 240) + ".pt",
+		strings.Repeat("é", 126) + ".pt", // 255 bytes, a cut inside a character would split one
+		strings.Repeat("c", 252) + ".pt",
+	} {
+		target := filepath.Join(dir, base)
+		tmp := filepath.Base(tempPath(target))
+		assert.LessOrEqual(t, len(tmp), nameMax, "%d-byte name", len(base))
+		assert.True(t, utf8.ValidString(tmp), tmp)
+		assert.True(t, IsTempName(tmp), tmp)
+		if len(base) <= tempBaseMax {
+			assert.True(t, strings.HasPrefix(tmp, "."+base+tempMarker), tmp)
+		} else {
+			short, _ := TempTarget(tmp)
+			assert.True(t, strings.HasSuffix(short, ".pt") && strings.HasPrefix(short, base[:100]), short)
+		}
+		data := testutil.Pattern(10000, uint64(len(base)))
+		_, _, err := WriteFile(target, int64(len(data)), []Extent{{Data: data}}, true, nil, Options{})
+		require.NoError(t, err, "%d-byte name", len(base))
+		got, err := os.ReadFile(target)
+		require.NoError(t, err)
+		assert.True(t, bytes.Equal(data, got), "%d-byte name", len(base))
+	}
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	assert.Len(t, entries, 5)
+	for _, e := range entries {
+		assert.False(t, IsTempName(e.Name()), "temporary file %s left behind", e.Name())
+	}
+}
+
+func TestStaleTempFilesOfLongNamesAreRemoved(t *testing.T) {
+	dir := t.TempDir()
+	base := strings.Repeat("c", 215) + ".pt" // shortened in temporary names
+	target := filepath.Join(dir, base)
+	twin := filepath.Join(dir, strings.Repeat("c", 215)+"x.pt") // the same start and end, another name
+	require.NotEqual(t, tempPrefix(target), tempPrefix(twin))
+	cmd := exec.Command("true")
+	require.NoError(t, cmd.Run())
+	dead := cmd.Process.Pid
+	stale := filepath.Join(dir, fmt.Sprintf("%s%d-abc", tempPrefix(target), dead))
+	whole := filepath.Join(dir, fmt.Sprintf(".%s%s%d-abc", base, tempMarker, dead)) // as versions before wrote it
+	mine := filepath.Join(dir, fmt.Sprintf("%s%d-abc", tempPrefix(target), os.Getpid()))
+	other := filepath.Join(dir, fmt.Sprintf("%s%d-abc", tempPrefix(twin), dead))
+	for _, p := range []string{stale, whole, mine, other} {
+		require.LessOrEqual(t, len(filepath.Base(p)), nameMax)
+		require.NoError(t, os.WriteFile(p, nil, 0o644))
+	}
+	_, _, err := WriteFile(target, 10, []Extent{{Data: []byte("0123456789")}}, false, nil, Options{})
+	require.NoError(t, err)
+	assert.NoFileExists(t, stale)
+	assert.NoFileExists(t, whole)
+	assert.FileExists(t, mine)
+	assert.FileExists(t, other)
+
+	// What TempTarget gives for a shortened name cleans the same files (as CommitDCP does).
+	short, ok := TempTarget(filepath.Base(other))
+	require.True(t, ok)
+	assert.Equal(t, []string{other}, CleanStale(filepath.Join(dir, short)))
+}
+
+func TestSaveToATooLongNameIsENAMETOOLONG(t *testing.T) {
+	dir := t.TempDir()
+	target := filepath.Join(dir, strings.Repeat("c", nameMax+1))
+	_, _, err := WriteFile(target, 10, []Extent{{Data: []byte("0123456789")}}, true, nil, Options{})
+	require.ErrorIs(t, err, syscall.ENAMETOOLONG)
+	assert.Contains(t, err.Error(), target)
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	assert.Empty(t, entries, "nothing is written")
 }
 
 // The chooser learns each extent's time once, when its last piece lands,
