@@ -15,6 +15,7 @@ import (
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"unsafe"
 
 	"github.com/pyfastensor/pyfastensor/gds"
@@ -37,7 +38,13 @@ const (
 	stUnsupported = 11 // the engine does not do this
 	stCorrupt     = 12 // data failed a check (CRC, format)
 	stInternal    = 13 // a bug caught without a panic at the boundary
+	// stErrno plus an errno: another operating-system error (EIO, EISDIR,
+	// ENAMETOOLONG, EROFS...), its errno carried for Python's OSError.
+	stErrno = 1000
 )
+
+// errnoMax bounds the errnos stErrno carries (Linux's are below 134).
+const errnoMax = 1000
 
 // errBadHandle: a handle that is not (or no longer) in the table.
 var errBadHandle = errors.New("unknown or released handle")
@@ -65,6 +72,9 @@ func statusOf(err error) C.int {
 		return stNotFound
 	case errors.Is(err, fs.ErrPermission):
 		return stPermission
+	}
+	if en := syscall.Errno(0); errors.As(err, &en) && en > 0 && en < errnoMax {
+		return stErrno + C.int(en)
 	}
 	return stError
 }

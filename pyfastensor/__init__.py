@@ -18,6 +18,7 @@ from .errors import (
     NotFoundError,
     PermissionDeniedError,
     ServerUnavailableError,
+    SystemCallError,
     UnsupportedError,
 )
 from .info import info
@@ -37,6 +38,7 @@ __all__ = [
     "OffloadSummary",
     "PermissionDeniedError",
     "ServerUnavailableError",
+    "SystemCallError",
     "UnsupportedError",
     "__version__",
     "async_save",

@@ -54,7 +54,9 @@ _STATUS: dict[int, type[Exception]] = {
     11: errors.UnsupportedError,
     12: errors.CorruptFileError,
     13: errors.InternalError,  # a bug caught without a panic at the boundary
+    1000: errors.SystemCallError,  # plus the errno: another operating-system error
 }
+_ERRNO_BASE, _ERRNO_MAX = 1000, 2000
 
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
@@ -215,6 +217,8 @@ def _invoke(cdll: ctypes.CDLL, name: str, args: tuple[Any, ...]) -> None:
                 message = ctypes.string_at(err.value).decode("utf-8", "replace")
             finally:
                 cdll.pft_free(err)
+        if _ERRNO_BASE < status < _ERRNO_MAX:
+            raise errors.SystemCallError(status - _ERRNO_BASE, message)
         raise _STATUS.get(status, errors.FastensorError)(message)
 
 

@@ -57,6 +57,15 @@ class PermissionDeniedError(_FromMessage, FastensorError, PermissionError):
         super().__init__(errno.EACCES, message)
 
 
+class SystemCallError(FastensorError, OSError):
+    """Another operating-system error of a file operation (``EIO``, ``EISDIR``, ``ENOTDIR``,
+    ``ENAMETOOLONG``, ``EFBIG``...): an ``OSError`` with its ``errno``; the message names the
+    engine, path and offset."""
+
+    def __init__(self, errno_: int, message: str) -> None:
+        super().__init__(errno_, message)
+
+
 class EngineUnavailableError(FastensorError):
     """The I/O engine asked for cannot work on this machine; the message says why."""
 

@@ -60,6 +60,9 @@ def test_status_codes_match():
         "gofastensor/abi.go status codes and pyfastensor/_lib.py _STATUS differ: "
         f"Go {sorted(go.items(), key=lambda kv: kv[1])}, Python {sorted(_lib._STATUS)}"
     )
+    errno_max = int(re.search(r"const errnoMax = (\d+)", (ROOT / "gofastensor" / "abi.go").read_text()).group(1))
+    assert (_lib._ERRNO_BASE, _lib._ERRNO_MAX) == (go["stErrno"], go["stErrno"] + errno_max), \
+        "the statuses that carry an errno differ"
 
 
 def test_the_table_is_the_header_of_a_fresh_build(built_header):

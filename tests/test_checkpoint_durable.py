@@ -272,3 +272,29 @@ def test_unwritable_directory_is_a_permission_error_injected(tmp_path, inject):
     assert str(tmp_path) in str(e.value)
     assert torch.equal(pyfastensor.load(target)["w"], torch.ones(4))
     assert temp_files(tmp_path) == []
+
+
+def test_an_io_error_is_an_oserror_with_its_errno_injected(tmp_path, inject):
+    """A disk's I/O error during the writes (EIO): an ``OSError`` with that errno, naming the
+    file, the record and the engine; the previous checkpoint stays, nothing is left behind."""
+    target = tmp_path / "ck.pt"
+    old = {"w": torch.arange(25_000, dtype=torch.float32)}
+    pyfastensor.save(old, target)
+    inject(engine={"name": "eio-posix", "base": "posix", "op": "write", "errno": errno.EIO})
+    with pytest.raises(OSError) as e:
+        pyfastensor.save({"w": torch.zeros(1_000_000)}, target, engine="eio-posix")
+    assert e.value.errno == errno.EIO
+    assert isinstance(e.value, pyfastensor.FastensorError)
+    assert str(target) in str(e.value) and "record \"archive/data/0\": posix: write" in str(e.value)
+    assert torch.equal(pyfastensor.load(target)["w"], old["w"])
+    assert temp_files(tmp_path) == []
+
+
+def test_a_save_over_a_directory_is_refused_before_writing(tmp_path):
+    target = tmp_path / "ck.pt"
+    target.mkdir()
+    with pytest.raises(OSError) as e:
+        pyfastensor.save({"w": torch.zeros(1_000_000)}, target)
+    assert e.value.errno == errno.EISDIR
+    assert f"cannot write {target}" in str(e.value)
+    assert target.is_dir() and temp_files(tmp_path) == []

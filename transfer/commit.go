@@ -293,14 +293,17 @@ func resolveTarget(path string) (string, error) {
 // createTemp creates the temporary file for target and reserves size bytes
 // for it. It takes the permission bits of the file it will replace, if
 // any (else 0666 less the umask, as torch.save's files get). A target
-// whose name the filesystem refuses as too long is refused here with an
-// error wrapping syscall.ENAMETOOLONG, before anything is written. On
-// error nothing is left behind.
+// whose name the filesystem refuses as too long, or that is a directory,
+// is refused here with an error wrapping syscall.ENAMETOOLONG or EISDIR,
+// before anything is written. On error nothing is left behind.
 func createTemp(fsys FS, target string, size int64) (string, error) {
 	path := tempPath(target)
 	var perm os.FileMode
 	st, err := os.Stat(target)
 	switch {
+	case err == nil && st.IsDir():
+		// Refused here too: the rename would fail only after every byte was written.
+		return "", fmt.Errorf("cannot write %s: %w", target, syscall.EISDIR)
 	case err == nil:
 		perm = st.Mode().Perm()
 	case errors.Is(err, syscall.ENAMETOOLONG):

@@ -235,6 +235,20 @@ func TestSaveToATooLongNameIsENAMETOOLONG(t *testing.T) {
 	assert.Empty(t, entries, "nothing is written")
 }
 
+// A save over a directory is refused before a byte is written (the
+// rename would refuse it only at the end).
+func TestSaveOverADirectoryIsEISDIR(t *testing.T) {
+	dir := t.TempDir()
+	target := filepath.Join(dir, "ckpt.pt")
+	require.NoError(t, os.Mkdir(target, 0o755))
+	_, _, err := WriteFile(target, 10, []Extent{{Data: []byte("0123456789")}}, true, nil, Options{})
+	require.ErrorIs(t, err, syscall.EISDIR)
+	assert.Contains(t, err.Error(), target)
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	assert.Len(t, entries, 1, "nothing but the directory")
+}
+
 // The chooser learns each extent's time once, when its last piece lands,
 // and reads with Sum give each extent's CRC-32 whatever its piece count.
 type recorder struct {

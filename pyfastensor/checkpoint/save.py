@@ -52,7 +52,8 @@ def save(
     first slot to the last.
 
     Durability: a save to a path writes a temporary file
-    ``.<name>.pyfastensor-tmp-<pid>-<random>`` in the same directory, fsyncs
+    ``.<name>.pyfastensor-tmp-<pid>-<random>`` in the same directory (a
+    name over 214 bytes shortened in it, to fit the filesystem's 255), fsyncs
     it, renames it over ``f`` and fsyncs the directory, so after a crash ``f``
     holds the old checkpoint or the new one, never a torn file. A temporary
     file left by a killed process is removed by the next save to the same
