@@ -398,3 +398,41 @@ def test_a_failed_read_stops_the_ring_read_before_the_ring_is_given_back(
         monkeypatch.setenv("PYFASTENSOR_CUDA_LOAD", "pinned")
         assert torch.equal(pyfastensor.load(path, map_location="cuda")["w5"], torch.full((60_000,), 5.0))
     assert fake.pinned_calls == [POOL], "the ring is allocated once, failure or not"
+
+
+class Summed:
+    """An object whose ``__setstate__`` reads its tensor, as unpickling runs it."""
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.t, self.total = t, float(t.sum())
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"t": self.t}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.t, self.total = state["t"], float(state["t"].sum())
+
+
+def test_an_object_that_reads_its_tensor_while_unpickled_sees_the_loaded_bytes(
+        tmp_path: Path, small_pool: None) -> None:
+    """Where torch's unpickler rebuilds the object, each record is in device memory before
+    the storage is handed to it, as with torch.load; the usual state dict still has every
+    storage made first and every record read in one pass after."""
+    path = tmp_path / "s.pt"
+    want = Summed(torch.arange(100_000, dtype=torch.float32))
+    pyfastensor.save({"s": want, "w": torch.ones(10)}, path)
+    with _device.using(FakeCuda()):
+        got = pyfastensor.load(path, map_location="cuda", weights_only=False)
+    assert got["s"].total == want.total
+    assert torch.equal(got["s"].t, want.t) and torch.equal(got["w"], torch.ones(10))
+
+
+def test_sparse_tensors_are_checked_once_their_records_are_in_device_memory(
+        tmp_path: Path, small_pool: None) -> None:
+    path = tmp_path / "s.pt"
+    i = torch.tensor([[0, 1, 2, 5], [3, 0, 4, 1]])
+    sp = torch.sparse_coo_tensor(i, torch.arange(4.0), (6, 6)).coalesce()  # torch checks is_coalesced
+    pyfastensor.save({"sp": sp}, path)
+    with _device.using(FakeCuda()):
+        got = pyfastensor.load(path, map_location="cuda")  # weights_only: torch's check runs
+    assert torch.equal(got["sp"].to_dense(), sp.to_dense())

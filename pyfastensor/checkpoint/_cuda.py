@@ -3,7 +3,10 @@
 ``torch.load(f, map_location="cuda")`` reads every storage into host memory,
 then copies it to the device, one storage after another. Here each storage
 is allocated on its device while the pickle is unpickled, and the records
-are then moved by one of two routes, decided once per load
+are then moved by one of two routes (where torch's own unpickler rebuilds
+the object instead of the restricted one, because a class's
+``__setstate__`` or torch's check of a sparse tensor may read a tensor as
+it is rebuilt, each record is moved as its storage is made), decided once per load
 (``PYFASTENSOR_CUDA_LOAD``, :func:`pyfastensor.config.cuda_load`):
 
 - ``cufile``: GPUDirect Storage reads each record straight into its device
@@ -68,7 +71,7 @@ from . import _progress
 from ._native import Archive, RingRead
 from ._ring import upload
 from ._torchzip import PreloadedZip, key_paths
-from ._unpickle import refused, unpickle
+from ._unpickle import refused, restricted, unpickle
 
 _log = logging.getLogger("pyfastensor")
 
@@ -83,6 +86,8 @@ NVFS = "/proc/driver/nvidia-fs"
 #: ``"cufile"`` or ``"pinned"``; ``reason`` why cuFile was not used, ``""`` when it was).
 #: For inspection: tests check it.
 last_route: dict[str, str] = {}
+
+_GENERAL = object()  # the restricted unpickler could not rebuild it: the general one does
 
 def wants(map_location: Any) -> bool:
     """Whether a load to ``map_location`` takes the CUDA path (see the module docstring)."""
@@ -140,8 +145,9 @@ class _Placer:
     """The ``map_location`` callable torch's unpickling calls with each new storage: allocates
     it where the user's ``map_location`` sends it, and notes which record fills it."""
 
-    def __init__(self, zf: _DeviceZip, map_location: Any, backend: _device.Backend) -> None:
-        self.zf, self.map_location, self.backend = zf, map_location, backend
+    def __init__(self, zf: _DeviceZip, map_location: Any, backend: _device.Backend,
+                 fill_now: Callable[[list[tuple[int, torch.Tensor]], bool], None] | None = None) -> None:
+        self.zf, self.map_location, self.backend, self.fill_now = zf, map_location, backend, fill_now
         self.device: list[tuple[int, torch.Tensor]] = []  # (entry index, device memory)
         self.host: list[tuple[int, torch.Tensor]] = []  # (entry index, host memory)
 
@@ -152,9 +158,13 @@ class _Placer:
         if _is_cuda(target):
             t = self.backend.empty(nbytes, self.backend.device(target))
             self.device.append((i, t))
+            if self.fill_now is not None:
+                self.fill_now([(i, t)], True)
             return t.untyped_storage()
         t = torch.empty(nbytes, dtype=torch.uint8)
         self.host.append((i, t))
+        if self.fill_now is not None:
+            self.fill_now([(i, t)], False)
         return torch.serialization.default_restore_location(t.untyped_storage(), target)
 
 
@@ -179,22 +189,40 @@ def load(
         zf.read_small(verify=verify)
         if not zf.native_order():
             return to_torch(path)
-        placer = _Placer(zf, map_location, b)
-        try:
-            obj = unpickle(zf, placer, module, weights_only=weights_only, **pickle_load_args)
-        except pickle.UnpicklingError as e:
-            if not weights_only:
-                raise
-            raise refused(path, e) from None
-        total = sum(t.numel() for _, t in placer.host + placer.device)
-        bar = _progress.Manual(total, f"load {os.path.basename(path)}", progress)
-        try:
-            if placer.host:
-                archive.read([(i, t.data_ptr(), t.numel()) for i, t in placer.host], verify=verify,
+        bar = _progress.Manual(zf.data_bytes, f"load {os.path.basename(path)}", progress)
+
+        def read(records: list[tuple[int, torch.Tensor]], device: bool) -> None:
+            if device:
+                fill(archive, records, verify=verify, backend=b, engine=engine, done=bar.add)
+            elif records:
+                archive.read([(i, t.data_ptr(), t.numel()) for i, t in records], verify=verify,
                              engine=None if engine == "cufile" else engine)
-                bar.add(sum(t.numel() for _, t in placer.host))
-            if placer.device:
-                fill(archive, placer.device, verify=verify, backend=b, engine=engine, done=bar.add)
+                bar.add(sum(t.numel() for _, t in records))
+
+        try:
+            # Every storage is made while unpickling, every record read after, together: where
+            # the restricted C unpickler rebuilds the object, nothing reads a storage meanwhile.
+            placer = _Placer(zf, map_location, b)
+            obj: Any = _GENERAL
+            try:
+                if weights_only or module is pickle:
+                    obj = restricted(zf, placer, **pickle_load_args)
+            except Exception:  # noqa: BLE001 - the general unpickler decides, with its own messages
+                obj = _GENERAL
+            if obj is not _GENERAL:
+                read(placer.host, False)
+                read(placer.device, True)
+                return obj
+            # Torch's unpickler (or pickle_module's) may read a tensor as it rebuilds it (a class's
+            # __setstate__, torch's check of a sparse tensor's indices): each record is read into
+            # its storage as the storage is made, as torch.load does.
+            try:
+                return unpickle(zf, _Placer(zf, map_location, b, fill_now=read), module,
+                                weights_only=weights_only, **pickle_load_args)
+            except pickle.UnpicklingError as e:
+                if not weights_only:
+                    raise
+                raise refused(path, e) from None
         except CorruptFileError as e:
             paths = key_paths(archive, str(e))
             if not paths:
@@ -202,7 +230,6 @@ def load(
             raise CorruptFileError(f"{e} (tensor {', '.join(paths[:5])}{' ...' if len(paths) > 5 else ''})") from None
         finally:
             bar.close()
-        return obj
 
 
 def fill(archive: Archive, records: list[tuple[int, torch.Tensor]], *, verify: bool,

@@ -105,13 +105,26 @@ def unpickle(zip_file: Any, map_location: Any, pickle_module: Any, *, weights_on
     """
     if weights_only and not callable(map_location):  # a callable's side effects must happen once
         try:
-            return _torch.load_records(zip_file, map_location, _FastModule, weights_only=True,
-                                       overall_storage=overall_storage, **pickle_load_args)
+            return restricted(zip_file, map_location, overall_storage=overall_storage, **pickle_load_args)
         except Exception:  # noqa: BLE001 - torch's unpickler decides, with its own message
             pass
     if before_general is not None:
         before_general()
     return _torch.load_records(zip_file, map_location, pickle_module, weights_only=weights_only,
+                               overall_storage=overall_storage, **pickle_load_args)
+
+
+def restricted(zip_file: Any, map_location: Any, *, overall_storage: torch.UntypedStorage | None = None,
+               **pickle_load_args: Any) -> Any:
+    """``torch.serialization._load`` with :class:`FastUnpickler`: what a weights-only load (or one
+    with :mod:`pickle`) gives where it succeeds. Nothing it rebuilds reads a storage's bytes (no
+    class's ``__setstate__``, no sparse tensor to check), so they may be filled afterwards.
+
+    Raises:
+        pickle.UnpicklingError: the stream needs a global it does not resolve (or anything else
+            it cannot do): the caller goes to the general unpickler.
+    """
+    return _torch.load_records(zip_file, map_location, _FastModule, weights_only=True,
                                overall_storage=overall_storage, **pickle_load_args)
 
 
