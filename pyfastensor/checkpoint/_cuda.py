@@ -6,7 +6,8 @@ is allocated on its device while the pickle is unpickled, and the records
 are then moved by one of two routes (where torch's own unpickler rebuilds
 the object instead of the restricted one, because a class's
 ``__setstate__`` or torch's check of a sparse tensor may read a tensor as
-it is rebuilt, each record is moved as its storage is made), decided once per load
+it is rebuilt, the records are read into host memory first and each
+storage is filled from there as it is made), decided once per load
 (``PYFASTENSOR_CUDA_LOAD``, :func:`pyfastensor.config.cuda_load`):
 
 - ``cufile``: GPUDirect Storage reads each record straight into its device
@@ -65,6 +66,7 @@ from typing import Any
 import torch
 
 from .. import _device, _lib, config
+from .._buffers import empty_bytes
 from ..engines import EngineFile, cufile_driver_works, cufile_fallback
 from ..errors import CorruptFileError, EngineUnavailableError, FastensorError
 from . import _progress
@@ -214,10 +216,21 @@ def load(
                 read(placer.device, True)
                 return obj
             # Torch's unpickler (or pickle_module's) may read a tensor as it rebuilds it (a class's
-            # __setstate__, torch's check of a sparse tensor's indices): each record is read into
-            # its storage as the storage is made, as torch.load does.
+            # __setstate__, torch's check of a sparse tensor's indices): every record is read into
+            # host memory first, in one parallel read, and each storage is filled from it as it
+            # is made, as torch.load does.
+            host = {i: empty_bytes(archive.entries[i].size) for i in zf.storage_indices}
+            read([(i, t) for i, t in host.items()], False)
+
+            def copy_in(records: list[tuple[int, torch.Tensor]], device: bool) -> None:
+                for i, t in records:
+                    if device:  # from pageable memory: the source is copied before the call returns
+                        b.copy(t, host.pop(i))
+                    else:
+                        t.copy_(host.pop(i))
+
             try:
-                return unpickle(zf, _Placer(zf, map_location, b, fill_now=read), module,
+                return unpickle(zf, _Placer(zf, map_location, b, fill_now=copy_in), module,
                                 weights_only=weights_only, **pickle_load_args)
             except pickle.UnpicklingError as e:
                 if not weights_only:
