@@ -166,6 +166,27 @@ def test_exception_in_one_object_spares_another_sharing_the_store(tmp_path):
     assert store.closed and open_handles() == 0
 
 
+def test_a_skipped_micro_batch_spares_the_one_before_it(tmp_path):
+    """One object, two micro-batches: the second raises (the user skips it); the first's graph,
+    whose backward is still to come, keeps its slots and gives torch's gradient."""
+    lin = nn.Linear(256, 256)
+    x1 = torch.randn(128, 256)
+    (want,) = torch.autograd.grad(torch.relu(lin(x1)).sum(), lin.weight)
+    off = pyfastensor.offload(spill_dir=str(tmp_path), min_size=4096)
+    with off:
+        first = torch.relu(lin(x1)).sum()
+    held = off._store.stats()["live_slots"]
+    assert held > 0
+    with pytest.raises(KeyError):
+        with off:
+            torch.relu(lin(torch.randn(128, 256))).sum()
+            raise KeyError("bad batch")
+    assert off._store is not None and off._store.stats()["live_slots"] == held, "only the failed step's slots went"
+    assert torch.equal(torch.autograd.grad(first, lin.weight)[0], want)
+    off.close()
+    assert open_handles() == 0
+
+
 def test_auto_tier_is_host_memory_on_tmpfs_and_ssd_on_disk(tmp_path, mount_fs):
     lin = nn.Linear(256, 256)
     x = torch.randn(128, 256)

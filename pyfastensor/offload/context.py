@@ -56,7 +56,9 @@ class Offload:
     :meth:`summary` describes the last step (this object's own transfers
     over that step, from its account in the store). :meth:`close` releases the store, as does the last object
     using it going away. An exception inside the context frees the step's
-    slots at once (and closes the store if no other object uses it).
+    slots at once (and closes the store if no other object uses it and no
+    earlier step's graph holds slots in it: a skipped micro-batch leaves
+    the one before it to its backward).
     ``policy="none"`` opens no store.
 
     Accelerator (CUDA) tensors are copied through pinned host memory on a
@@ -375,10 +377,12 @@ class Offload:
     def _abandon_step(self, store: SpillStore) -> None:
         """A step that raised: nothing may leak. Its slots are freed now
         (waiting for writes in flight), and the store closed unless another
-        offload object uses it; a dead graph still referencing the entries
-        raises if unpacked."""
+        offload object uses it or an earlier step's graph still holds slots
+        in it (a micro-batch whose backward is still to come, when the user
+        skips a failed one); a dead graph still referencing the failed
+        step's entries raises if unpacked."""
         self._writes.release(self._step.entries)
-        if not (set(store.users) - {self}):
+        if not (set(store.users) - {self}) and not store.stats().get("live_slots", 0):
             self._drop_store()
 
     def _reset_step(self) -> None:
