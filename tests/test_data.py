@@ -436,3 +436,25 @@ def test_overflow_share(packed, min_budget):
     assert reads[None] < reads[0] / 2, reads
     with pytest.raises(InvalidArgumentError, match=r"overflow=1\.5: expected a share of the budget from 0 to 0\.9"):
         ChunkDataset(packed, memory_budget=budget, overflow=1.5)
+
+
+def test_folder_samples_skip_hidden_folders_unentered_and_symlink_loops(tmp_path):
+    """Files are listed as torchvision's sorted walk lists them; folders whose names start with
+    '.' are not entered, and a link to a folder containing it (a loop os.walk would follow
+    without end) is not followed; a link elsewhere is."""
+    from pyfastensor.data.pack import folder_samples
+
+    src = tmp_path / "src"
+    for rel in ("cat/a", "cat/sub/b", "cat/sub-x/e", "cat/.git/objects/x", "dog/c", "dog/.hidden"):
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_bytes(b"x")
+    want = [(p, c) for c, name in enumerate(("cat", "dog"))
+            for root, _, files in sorted(os.walk(src / name, followlinks=True))
+            if ".git" not in root for p in (os.path.join(root, f) for f in sorted(files))
+            if not os.path.basename(p).startswith(".")]
+    assert folder_samples(src) == (want, ["cat", "dog"])
+    (src / "cat" / "sub" / "loop").symlink_to(src / "cat")
+    (src / "cat" / "dogs").symlink_to(src / "dog")
+    samples, _ = folder_samples(src)
+    assert [(os.path.relpath(p, src), c) for p, c in samples] == [
+        ("cat/a", 0), ("cat/dogs/c", 0), ("cat/sub/b", 0), ("cat/sub-x/e", 0), ("dog/c", 1)]

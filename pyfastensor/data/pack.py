@@ -35,9 +35,10 @@ def folder_samples(src: str | os.PathLike[str]) -> tuple[list[Sample], list[str]
     Classes are the subfolders of ``src``, sorted by name; a sample's label is
     its class's index. Files are listed as torchvision's ``ImageFolder`` lists
     them (sorted walk, symlinks followed), without its extension filter: every
-    regular file is a sample, but names starting with ``.`` (files and folders)
-    are skipped, and files directly in ``src`` belong to no class and are not
-    packed.
+    regular file is a sample, but names starting with ``.`` (files and folders,
+    which are not entered) are skipped, a symbolic link to a folder that
+    contains it (a loop) is not followed, and files directly in ``src`` belong
+    to no class and are not packed.
 
     Args:
         src: the folder.
@@ -59,10 +60,7 @@ def folder_samples(src: str | os.PathLike[str]) -> tuple[list[Sample], list[str]
             "(pass --manifest FILE, or manifest=, for other layouts)")
     samples: list[Sample] = []
     for label, name in enumerate(classes):
-        for dirpath, dirnames, filenames in sorted(os.walk(root / name, followlinks=True)):
-            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-            if any(part.startswith(".") for part in Path(dirpath).relative_to(root).parts):
-                continue
+        for dirpath, filenames in _walk(root / name):
             for f in sorted(filenames):
                 path = os.path.join(dirpath, f)
                 if not f.startswith(".") and os.path.isfile(path):
@@ -70,6 +68,32 @@ def folder_samples(src: str | os.PathLike[str]) -> tuple[list[Sample], list[str]
     if not samples:
         raise errors.InvalidArgumentError(f"{src}: no files in its {len(classes)} class subfolders")
     return samples, classes
+
+
+def _walk(top: Path) -> list[tuple[str, list[str]]]:
+    """``(folder, file names)`` of ``top`` and the folders below it, sorted by path as
+    torchvision's ``sorted(os.walk(top, followlinks=True))``, without the folders whose names
+    start with ``.`` (not entered at all) and without entering a symbolic link to a folder
+    that contains it (a loop, which ``os.walk`` would follow without end)."""
+    out: list[tuple[str, list[str]]] = []
+    above: dict[str, frozenset[tuple[int, int]]] = {}  # a folder -> its own and its ancestors' (dev, inode)
+    for dirpath, dirnames, filenames in os.walk(top, followlinks=True):
+        st = os.stat(dirpath)
+        chain = above.pop(dirpath, frozenset()) | {(st.st_dev, st.st_ino)}
+        keep = []
+        for d in dirnames:
+            if d.startswith("."):
+                continue
+            try:
+                sub = os.stat(os.path.join(dirpath, d))
+            except OSError:
+                continue  # a dangling link, or gone meanwhile: os.walk would not list it either
+            if (sub.st_dev, sub.st_ino) not in chain:
+                keep.append(d)
+                above[os.path.join(dirpath, d)] = chain
+        dirnames[:] = keep
+        out.append((dirpath, filenames))
+    return sorted(out)
 
 
 def manifest_samples(
