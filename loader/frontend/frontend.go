@@ -170,13 +170,19 @@ func (l *Loader) Close() error {
 	l.tickets = map[uint64][]loader.Sample{}
 	l.mu.Unlock()
 	defer loader.HoldBudget(-l.budget)
+	// Every part closes whatever another's Close returned; the first error is reported.
+	var errs []error
 	if local != nil {
-		if err := local.Close(); err != nil {
-			return err
-		}
+		errs = append(errs, local.Close())
 	}
 	if node != nil {
 		_ = node.Close()
 	}
-	return l.srv.Close()
+	errs = append(errs, l.srv.Close())
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
