@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import shutil
 import zipfile
 
@@ -55,6 +56,18 @@ def test_flipped_data_byte(saved, record, key):
     # verify=False is the opt-out: it loads (with the damaged value).
     got = pyfastensor.load(saved, verify=False)
     assert got["step"] == 5
+
+
+@pytest.mark.parametrize("opened", ["BytesIO", "open file"])
+def test_damage_in_a_file_like_names_it_not_a_copy(saved, opened):
+    start, size = data_span(saved, "archive/data/3")
+    flip(saved, start + size // 2)
+    f = io.BytesIO(saved.read_bytes()) if opened == "BytesIO" else open(saved, "rb")  # noqa: SIM115
+    with f, pytest.raises(CorruptFileError) as e:
+        pyfastensor.load(f)
+    msg = str(e.value)
+    assert ("<_io.BytesIO>" if opened == "BytesIO" else repr(str(saved))) in msg
+    assert "archive/data/3" in msg and "['big']" in msg and "spooled" not in msg
 
 
 def test_flipped_data_byte_mapped(saved):

@@ -168,8 +168,13 @@ def load(
         def from_buffer(_: FileLike) -> Any:
             return to_torch(f)
 
-        return _load_path(spooled, from_buffer, map_location, pickle_module, weights_only,
-                          verify, engine, progress, pickle_load_args)
+        try:
+            return _load_path(spooled, from_buffer, map_location, pickle_module, weights_only,
+                              verify, engine, progress, pickle_load_args)
+        except CorruptFileError as e:  # name what the caller gave, not the spooled copy
+            name = getattr(f, "name", None)
+            what = repr(name) if isinstance(name, str) else f"<{type(f).__module__}.{type(f).__qualname__}>"
+            raise CorruptFileError(str(e).replace(spooled, what)) from None
 
 
 def _resolve_weights_only(weights_only: bool | None, pickle_module: Any) -> bool:
