@@ -70,6 +70,17 @@ def test_damage_in_a_file_like_names_it_not_a_copy(saved, opened):
     assert "archive/data/3" in msg and "['big']" in msg and "spooled" not in msg
 
 
+def test_damage_found_by_a_lazy_load_names_the_key(saved):
+    start, size = data_span(saved, "archive/data/3")
+    flip(saved, start + size // 2)
+    with pyfastensor.open(saved) as ck:
+        assert torch.equal(ck.load(["step"])["step"], torch.tensor(5)), "an intact record still loads"
+        with pytest.raises(CorruptFileError) as e:
+            ck.load(["big"])
+    msg = str(e.value)
+    assert str(saved) in msg and "archive/data/3" in msg and "['big']" in msg
+
+
 def test_flipped_data_byte_mapped(saved):
     """mmap=True checks CRC-32s too (torch's does not): the damaged record is named."""
     start, size = data_span(saved, "archive/data/3")

@@ -14,10 +14,11 @@ import torch
 
 from .. import _torch
 from .._buffers import empty_bytes
+from ..errors import CorruptFileError
 from ._native import Archive
 from ._torchzip import PreloadedZip
 from ._unpickle import unpickle
-from .load import MapLocation
+from .load import MapLocation, _with_keys
 
 
 class _SkeletonZip(PreloadedZip):
@@ -158,8 +159,11 @@ class CheckpointReader:
         fresh: dict[str, torch.Tensor] = {n: empty_bytes(self._archive.entries[i].size)
                                           for n, i in need.items()}
         if fresh:
-            self._archive.read([(need[n], t.data_ptr(), t.numel()) for n, t in fresh.items()],
-                               verify=self._verify, engine=self._engine)
+            try:
+                self._archive.read([(need[n], t.data_ptr(), t.numel()) for n, t in fresh.items()],
+                                   verify=self._verify, engine=self._engine)
+            except CorruptFileError as e:
+                raise CorruptFileError(_with_keys(str(e), self._archive)) from None
         for n, t in fresh.items():
             location = self._locations.get(self._by_name[n], "cpu")
             storages[n] = self._restore(t.untyped_storage(), location)
