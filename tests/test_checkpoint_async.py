@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import errno
+import logging
+import multiprocessing
+import subprocess
+import sys
+
 import pytest
 import torch
 from checkpoint_helpers import assert_same, sharing
@@ -28,10 +34,63 @@ def test_snapshot_then_mutate(tmp_path):
     assert_same(torch.load(tmp_path / "x.pt"), got)
 
 
-def test_errors_surface_on_result(tmp_path):
-    fut = pyfastensor.async_save({"w": torch.ones(3)}, tmp_path / "missing" / "x.pt")
-    with pytest.raises(FileNotFoundError):
-        fut.result(timeout=60)
+def test_a_missing_directory_is_refused_at_the_call(tmp_path):
+    with pytest.raises(FileNotFoundError, match=f"no such directory {tmp_path / 'missing'}"):
+        pyfastensor.async_save({"w": torch.ones(3)}, tmp_path / "missing" / "x.pt")
+
+
+def test_errors_surface_on_result_and_in_the_log(tmp_path, caplog):
+    target = tmp_path / "x.pt"
+    target.mkdir()  # found by the write, in the background
+    with caplog.at_level(logging.WARNING, logger="pyfastensor"):
+        fut = pyfastensor.async_save({"w": torch.ones(3)}, target)
+        with pytest.raises(OSError) as e:
+            fut.result(timeout=60)
+    assert e.value.errno == errno.EISDIR
+    assert f"pyfastensor.async_save to {target} failed" in caplog.text
+
+
+CHILD = r"""
+import sys, torch, pyfastensor
+target = sys.argv[1]
+fut = pyfastensor.async_save({"w": torch.ones(3)}, target)  # fails; nobody asks
+asked = pyfastensor.async_save({"w": torch.ones(3)}, target)
+try:
+    asked.result()
+except OSError:
+    print("asked", flush=True)
+"""
+
+
+def test_a_failure_nobody_asked_for_is_reported_at_exit(tmp_path):
+    target = tmp_path / "x.pt"
+    target.mkdir()
+    r = subprocess.run([sys.executable, "-c", CHILD, str(target)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout == "asked\n", r.stderr
+    at_exit = [line for line in r.stderr.splitlines() if "was never asked for" in line]
+    assert len(at_exit) == 1 and str(target) in at_exit[0], r.stderr
+
+
+def test_a_forked_child_is_told_not_left_waiting(tmp_path):
+    """A child forked after the parent's saves has no thread of the parent's pool: its own save
+    runs on its own, and fails at once (the library was loaded before the fork)."""
+    pyfastensor.async_save({"w": torch.ones(3)}, tmp_path / "parent.pt").result(timeout=60)
+    ctx = multiprocessing.get_context("fork")
+    q = ctx.Queue()
+
+    def child() -> None:
+        try:
+            pyfastensor.async_save({"w": torch.ones(3)}, tmp_path / "child.pt").result(timeout=30)
+            q.put("saved")
+        except BaseException as e:  # noqa: BLE001 - the test reads which
+            q.put(type(e).__name__)
+
+    p = ctx.Process(target=child)
+    p.start()
+    try:
+        assert q.get(timeout=60) == "ForkedProcessError"
+    finally:
+        p.join(60)
 
 
 def test_one_save_in_flight_per_target(tmp_path):

@@ -3,18 +3,63 @@
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import pickle
+import sys
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from ..errors import NotFoundError
 from ._skeleton import pickle_skeleton
 from ._snapshot import snapshot
 
+_log = logging.getLogger("pyfastensor")
+
 _executor: ThreadPoolExecutor | None = None
 _lock = threading.Lock()
-_in_flight: dict[str, Future[None]] = {}
+_in_flight: dict[str, Future[None]] = {}  # by target: the save in flight
+_unasked: set[_Save] = set()  # failed saves whose result nobody has asked for yet
+
+
+class _Save(Future[None]):
+    """An ``async_save``'s future: knows whether its result was asked for, so that a failure
+    nobody looked at is still reported (at exit)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self.path = path
+
+    def result(self, timeout: float | None = None) -> None:
+        try:
+            return super().result(timeout)
+        finally:
+            self._asked()
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        try:
+            return super().exception(timeout)
+        finally:
+            self._asked()
+
+    def _asked(self) -> None:
+        if self.done():  # its failure, if any, reached the caller
+            with _lock:
+                _unasked.discard(self)
+
+
+def _report_unasked() -> None:
+    """At exit (after the saves in flight ended): the failures nobody asked about."""
+    with _lock:
+        failed = list(_unasked)
+        _unasked.clear()
+    for fut in failed:
+        sys.stderr.write(f"pyfastensor.async_save: the save to {fut.path} failed, and its result was never "
+                         f"asked for: {super(_Save, fut).exception()}\n")
+
+
+atexit.register(_report_unasked)  # registered first: runs after the pool's shutdown
 
 
 def _pool() -> ThreadPoolExecutor:
@@ -24,6 +69,16 @@ def _pool() -> ThreadPoolExecutor:
             _executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="pyfastensor-save")
             atexit.register(_executor.shutdown, wait=True)
         return _executor
+
+
+def _forget_the_parents() -> None:
+    """In a forked child: the parent's pool has no threads here, its saves are not this
+    process's, its lock may have been held."""
+    global _executor, _lock, _in_flight, _unasked
+    _executor, _lock, _in_flight, _unasked = None, threading.Lock(), {}, set()
+
+
+os.register_at_fork(after_in_child=_forget_the_parents)
 
 
 def async_save(
@@ -68,7 +123,13 @@ def async_save(
     Returns:
         A :class:`concurrent.futures.Future`; ``.result()`` returns None once the
         checkpoint is committed and raises the save's error if it failed
-        (``NoSpaceError``, ``PermissionError``...).
+        (``NoSpaceError``, ``PermissionError``...). A failure is also logged
+        (``logging.getLogger("pyfastensor")``) when it happens, and written to
+        stderr at exit if nobody asked the future for it.
+
+    Raises:
+        NotFoundError: the target's directory does not exist (at once, not through the future).
+        TypeError: ``f`` is not a path.
 
     Example::
 
@@ -83,33 +144,52 @@ def async_save(
     if not isinstance(f, (str, os.PathLike)):
         raise TypeError(f"async_save needs a path, got {type(f).__name__}; use pyfastensor.save for file-likes")
     path = os.path.abspath(os.fspath(f))
+    if not os.path.isdir(os.path.dirname(path)):  # said now, not only by the future
+        raise NotFoundError(f"async_save to {path}: no such directory {os.path.dirname(path)}")
     snap = snapshot(pickle_skeleton(obj, pickle_module, pickle_protocol), path, durable=durable, engine=engine)
-    with _lock:
-        previous = _in_flight.get(path)
-    if previous is not None:
-        try:
-            previous.result()
-        except Exception:
-            pass  # reported by its own future
+    fut = _Save(path)
+    try:
+        while True:  # the check and the claim under one lock: one save per target in flight
+            with _lock:
+                previous = _in_flight.get(path)
+                if previous is None:
+                    _in_flight[path] = fut
+                    break
+            try:
+                Future.result(previous)  # not _Save.result: the caller did not ask for that one
+            except Exception:  # noqa: BLE001 - reported by its own future
+                pass
+            with _lock:
+                if _in_flight.get(path) is previous:
+                    del _in_flight[path]
+    except BaseException:
+        snap.release()
+        raise
+    fut.set_running_or_notify_cancel()
 
     def write() -> None:
         try:
             snap.write()
+        except BaseException as e:
+            with _lock:
+                _unasked.add(fut)
+            _log.warning("pyfastensor.async_save to %s failed (its future raises it): %s", path, e)
+            fut.set_exception(e)
+        else:
+            fut.set_result(None)
         finally:
             snap.release()
+            snap.skeleton = None  # type: ignore[assignment]  # a failure's traceback holds the snapshot, not the state's copy
+            with _lock:
+                if _in_flight.get(path) is fut:
+                    del _in_flight[path]
 
     try:
-        fut = _pool().submit(write)
+        _pool().submit(write)
     except BaseException:
+        with _lock:
+            if _in_flight.get(path) is fut:
+                del _in_flight[path]
         snap.release()
         raise
-    with _lock:
-        _in_flight[path] = fut
-
-    def forget(done: Future[None]) -> None:
-        with _lock:
-            if _in_flight.get(path) is done:
-                del _in_flight[path]
-
-    fut.add_done_callback(forget)
     return fut
