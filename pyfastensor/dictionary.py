@@ -227,6 +227,7 @@ class Dictionaries:
         _lib.call("pft_dict_open", json.dumps(cfg).encode(), ctypes.byref(h))
         self._handle: int | None = h.value
         self.path = p
+        _lib.close_at_exit(self)  # what was observed since the last save is saved at exit too
 
     def _live(self) -> int:
         if self._handle is None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -145,3 +147,17 @@ def test_specific_modes(tmp_path: Path) -> None:
         assert dec["engine"] != "mmap" and "cannot write" in dec["reason"]
     with pytest.raises(ValueError, match="tool="):
         pd.Dictionaries("", mode="tool")
+
+
+def test_observations_left_unsaved_are_saved_at_exit(tmp_path: Path) -> None:
+    path = tmp_path / "dict.json"
+    child = ("import sys, pyfastensor.dictionary as pd\n"
+             "d = pd.Dictionaries(sys.argv[1], directory=sys.argv[2])  # saves every 30 s at most\n"
+             "d.observe('write', 1 << 20, 'posix', 0.001)\n")
+    r = subprocess.run([sys.executable, "-c", child, str(path), str(tmp_path)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert path.exists(), "the observation made since the last save was lost at exit"
+    with pd.Dictionaries(path, directory=tmp_path, mode="dict") as d:
+        rows = d.describe()["dictionaries"]["write"]
+    assert [(r["size"], r["engines"]["posix"]["samples"]) for r in rows] == [(1 << 20, 1)]
