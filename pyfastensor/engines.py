@@ -59,7 +59,9 @@ class EngineFile(_lib.Handle):
 
     Transfers release the GIL and may be issued from several threads at once
     on disjoint ranges. ``sync``, ``truncate`` and ``close`` must not overlap
-    transfers.
+    transfers. Through ``direct`` and ``uring``, an unaligned write reads and
+    rewrites its edge 4 KiB blocks, serialised within this object only:
+    unaligned writes whose ranges share a block go through one ``EngineFile``.
 
     Args:
         path: the file.
