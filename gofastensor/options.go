@@ -69,7 +69,32 @@ func decodeOptions(text string) (ioOptions, error) {
 	if d.More() {
 		return o, fmt.Errorf("%w: options: more than one JSON value", gds.ErrInvalid)
 	}
-	return o, nil
+	return o, o.check()
+}
+
+// Bounds of the engine tunings: far above any useful value, low enough
+// that a slip (a count of bytes for threads) cannot start a million
+// goroutines or cut a transfer into one-byte pieces.
+const (
+	maxThreads    = 1024
+	maxQueueDepth = 4096
+	minTaskSize   = 4 << 10
+)
+
+// check refuses tunings out of their bounds, naming the option (0 is the
+// default of each).
+func (o ioOptions) check() error {
+	switch {
+	case o.Threads < 0 || o.Threads > maxThreads:
+		return fmt.Errorf("%w: threads=%d: expected 0 (the default) to %d", gds.ErrInvalid, o.Threads, maxThreads)
+	case o.QueueDepth < 0 || o.QueueDepth > maxQueueDepth:
+		return fmt.Errorf("%w: queue_depth=%d: expected 0 (the default) to %d", gds.ErrInvalid, o.QueueDepth, maxQueueDepth)
+	case o.TaskSize != 0 && o.TaskSize < minTaskSize:
+		return fmt.Errorf("%w: task_size=%d: expected 0 (the default) or at least %d bytes", gds.ErrInvalid, o.TaskSize, minTaskSize)
+	case o.Workers < 0 || o.Workers > maxThreads:
+		return fmt.Errorf("%w: workers=%d: expected 0 (the default) to %d", gds.ErrInvalid, o.Workers, maxThreads)
+	}
+	return nil
 }
 
 // engine is the engine tuning of o.

@@ -38,6 +38,18 @@ func TestOptionsDecode(t *testing.T) {
 	_, err = decodeOptions(`{"threads": "four"}`)
 	require.ErrorIs(t, err, gds.ErrInvalid)
 	assert.Contains(t, err.Error(), "threads")
+	for opt, msg := range map[string]string{
+		`{"threads": -1}`:      "threads=-1: expected 0 (the default) to 1024",
+		`{"threads": 1000000}`: "threads=1000000",
+		`{"task_size": 1}`:     "task_size=1: expected 0 (the default) or at least 4096 bytes",
+		`{"task_size": -5}`:    "task_size=-5",
+		`{"queue_depth": -1}`:  "queue_depth=-1",
+		`{"workers": -2}`:      "workers=-2",
+	} {
+		_, err = decodeOptions(opt)
+		require.ErrorIs(t, err, gds.ErrInvalid, opt)
+		assert.ErrorContains(t, err, msg, opt)
+	}
 	_, err = decodeOptions(`{} {}`)
 	require.ErrorIs(t, err, gds.ErrInvalid)
 	assert.Contains(t, err.Error(), "more than one JSON value")

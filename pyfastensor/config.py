@@ -49,22 +49,27 @@ def parse_size(text: str) -> int:
     return int(value)
 
 
-def _env_int(name: str, default: int, *, minimum: int = 0) -> int:
+def _env_int(name: str, default: int, *, minimum: int = 0, maximum: int | None = None) -> int:
     raw = os.environ.get(name)
     if raw is None or raw == "":
         return default
+    want = f"an integer >= {minimum}" if maximum is None else f"an integer from {minimum} to {maximum}"
     try:
         value = int(raw)
     except ValueError:
-        raise ValueError(f"{name}={raw!r}: expected an integer >= {minimum}") from None
-    if value < minimum:
-        raise ValueError(f"{name}={raw!r}: expected an integer >= {minimum}")
+        raise ValueError(f"{name}={raw!r}: expected {want}") from None
+    if value < minimum or (maximum is not None and value > maximum):
+        raise ValueError(f"{name}={raw!r}: expected {want}")
     return value
+
+
+#: Bounds of the engine tunings, as the Go core checks them (gofastensor/options.go).
+MAX_THREADS, MAX_QUEUE_DEPTH, MIN_TASK_SIZE = 1024, 4096, 4 << 10
 
 
 def threads() -> int:
     """``PYFASTENSOR_THREADS``: goroutines per transfer; 0 means the library default."""
-    return _env_int("PYFASTENSOR_THREADS", 0)
+    return _env_int("PYFASTENSOR_THREADS", 0, maximum=MAX_THREADS)
 
 
 def task_size() -> int:
@@ -73,14 +78,17 @@ def task_size() -> int:
     if not raw:
         return 0
     try:
-        return parse_size(raw)
+        n = parse_size(raw)
     except ValueError as e:
         raise ValueError(f"PYFASTENSOR_TASK_SIZE: {e}") from None
+    if 0 < n < MIN_TASK_SIZE:
+        raise ValueError(f"PYFASTENSOR_TASK_SIZE={raw!r}: expected 0 (the default) or at least {MIN_TASK_SIZE} bytes")
+    return n
 
 
 def queue_depth() -> int:
     """``PYFASTENSOR_QUEUE_DEPTH``: io_uring requests in flight; 0 means the default (32)."""
-    return _env_int("PYFASTENSOR_QUEUE_DEPTH", 0)
+    return _env_int("PYFASTENSOR_QUEUE_DEPTH", 0, maximum=MAX_QUEUE_DEPTH)
 
 
 def progress_enabled() -> bool:

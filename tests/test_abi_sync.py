@@ -179,3 +179,14 @@ extern int pft_a(char* path, int64_t n, void** addrs, int64_t *sizes, char* opti
     assert namespace["PROTOTYPES"] == table
     with pytest.raises(ValueError, match="pft_b"):
         _cheader.parse("extern int pft_b(char*, char** errOut);\n")
+
+
+def test_tuning_bounds_match():
+    """The environment's tunings are refused in Python (naming the variable) where Go would refuse
+    the option: the same bounds on both sides."""
+    from pyfastensor import config
+
+    text = (ROOT / "gofastensor" / "options.go").read_text()
+    go = {m.group(1): eval(m.group(2)) for m in re.finditer(r"^\s*(max\w+|min\w+)\s*=\s*([0-9 <]+)$", text, re.M)}  # noqa: S307 - constants of our own source
+    assert (go["maxThreads"], go["maxQueueDepth"], go["minTaskSize"]) == (
+        config.MAX_THREADS, config.MAX_QUEUE_DEPTH, config.MIN_TASK_SIZE)

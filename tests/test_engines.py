@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import re
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ import pyfastensor
 from pyfastensor import _lib
 from pyfastensor import engines as engines_mod
 from pyfastensor.engines import ENGINES, EngineFile
+from pyfastensor.errors import InvalidArgumentError
 
 _ENGINE_INFO = pyfastensor.info(".")["engines"]
 AVAILABLE = [n for n, e in _ENGINE_INFO.items() if e["available"]]
@@ -184,6 +186,24 @@ def test_threads_from_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("PYFASTENSOR_TASK_SIZE", "1M")
     with EngineFile(tmp_path / "f", "w") as f:
         assert f.write(os.urandom(5 << 20)) == 5 << 20
+    for name, value, msg in (("PYFASTENSOR_THREADS", "100000", "expected an integer from 0 to 1024"),
+                             ("PYFASTENSOR_TASK_SIZE", "1", "expected 0 (the default) or at least 4096 bytes"),
+                             ("PYFASTENSOR_QUEUE_DEPTH", "-1", "expected an integer from 0 to 4096")):
+        with monkeypatch.context() as m:
+            m.setenv(name, value)
+            with pytest.raises(ValueError, match=re.escape(f"{name}={value!r}: {msg}")):
+                EngineFile(tmp_path / "f", "w")
+
+
+@pytest.mark.parametrize("option,value,msg", [
+    ("threads", -1, "threads=-1: expected 0 (the default) to 1024"),
+    ("task_size", 1, "task_size=1: expected 0 (the default) or at least 4096 bytes"),
+    ("queue_depth", 10**6, "queue_depth=1000000: expected 0 (the default) to 4096"),
+])
+def test_tunings_out_of_bounds_name_the_option(tmp_path, option, value, msg):
+    with pytest.raises(InvalidArgumentError, match=re.escape(msg)):
+        EngineFile(tmp_path / "f", "w", **{option: value})
+    assert not (tmp_path / "f").exists() or (tmp_path / "f").stat().st_size == 0
 
 
 # The full-filesystem and no-O_DIRECT cases above on any machine, with the fault injected
