@@ -218,7 +218,7 @@ def _invoke(cdll: ctypes.CDLL, name: str, args: tuple[Any, ...]) -> None:
             finally:
                 cdll.pft_free(err)
         if _ERRNO_BASE < status < _ERRNO_MAX:
-            raise errors.SystemCallError(status - _ERRNO_BASE, message)
+            raise errors.system_call_error(status - _ERRNO_BASE, message)
         raise _STATUS.get(status, errors.FastensorError)(message)
 
 

@@ -10,6 +10,7 @@ work as usual.
 from __future__ import annotations
 
 import errno
+import functools
 from typing import Any
 
 
@@ -59,11 +60,27 @@ class PermissionDeniedError(_FromMessage, FastensorError, PermissionError):
 
 class SystemCallError(FastensorError, OSError):
     """Another operating-system error of a file operation (``EIO``, ``EISDIR``, ``ENOTDIR``,
-    ``ENAMETOOLONG``, ``EFBIG``...): an ``OSError`` with its ``errno``; the message names the
-    engine, path and offset."""
+    ``ENAMETOOLONG``, ``EFBIG``...): an ``OSError`` with its ``errno``, and the built-in
+    subclass Python has for that errno too (``IsADirectoryError``, ``FileExistsError``...) when
+    made by :func:`system_call_error`; the message names the engine, path and offset."""
 
     def __init__(self, errno_: int, message: str) -> None:
         super().__init__(errno_, message)
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled as made: DCP gathers ranks' exceptions
+        return system_call_error, (self.errno, self.strerror)
+
+
+def system_call_error(errno_: int, message: str) -> SystemCallError:
+    """A :class:`SystemCallError` of ``errno_``, also the built-in ``OSError`` subclass Python
+    maps that errno to (as ``OSError(errno_, message)`` would be)."""
+    builtin = type(OSError(errno_, message))
+    return (SystemCallError if builtin is OSError else _with_builtin(builtin))(errno_, message)
+
+
+@functools.cache
+def _with_builtin(builtin: type[OSError]) -> type[SystemCallError]:
+    return type("SystemCallError", (SystemCallError, builtin), {"__module__": __name__, "__doc__": SystemCallError.__doc__})
 
 
 class EngineUnavailableError(FastensorError):

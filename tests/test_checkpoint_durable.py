@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import pickle
 import random
 import signal
 import subprocess
@@ -293,8 +294,10 @@ def test_an_io_error_is_an_oserror_with_its_errno_injected(tmp_path, inject):
 def test_a_save_over_a_directory_is_refused_before_writing(tmp_path):
     target = tmp_path / "ck.pt"
     target.mkdir()
-    with pytest.raises(OSError) as e:
+    with pytest.raises(IsADirectoryError) as e:
         pyfastensor.save({"w": torch.zeros(1_000_000)}, target)
-    assert e.value.errno == errno.EISDIR
+    assert e.value.errno == errno.EISDIR and isinstance(e.value, pyfastensor.SystemCallError)
+    again = pickle.loads(pickle.dumps(e.value))  # as DCP gathers a rank's exception
+    assert (type(again), again.errno, str(again)) == (type(e.value), errno.EISDIR, str(e.value))
     assert f"cannot write {target}" in str(e.value)
     assert target.is_dir() and temp_files(tmp_path) == []
