@@ -11,7 +11,9 @@ broken (``tests/test_cli.py`` checks it).
 from __future__ import annotations
 
 import argparse
+import errno
 import json
+import os
 import sys
 from collections.abc import Sequence
 
@@ -26,6 +28,9 @@ from .errors import FastensorError
 def _cmd_info(args: argparse.Namespace) -> int:
     from .info import info
 
+    if not os.path.exists(args.path):  # its filesystem cannot be examined: say so, not "no O_DIRECT"
+        raise FileNotFoundError(errno.ENOENT, "no such file or directory (the directory whose filesystem to describe)",
+                                args.path)
     result = info(args.path)
     if args.json:
         print(json.dumps(result, indent=2))

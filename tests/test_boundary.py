@@ -186,6 +186,10 @@ def test_info_cli_json(tmp_path):
         capture_output=True, text=True, check=True, timeout=60,
     ).stdout
     assert "O_DIRECT" in text and "engines" in text
+    gone = subprocess.run([sys.executable, "-m", "pyfastensor", "info", str(tmp_path / "gone")],
+                          capture_output=True, text=True, timeout=60)
+    assert gone.returncode == 1 and gone.stdout == ""
+    assert gone.stderr.startswith("pyfastensor: error: [Errno 2] no such file or directory") and "gone" in gone.stderr
 
 
 def test_import_does_not_import_torch():
