@@ -85,7 +85,7 @@ func planGrid(a *Analysis, hw Hardware) (dev, host []int64, links []Hardware) {
 	}
 	for i := gridLevel(float64(hw.DeviceBytes), float64(art.DeviceBytes), devSteps); ; i-- {
 		d := int64(gridAt(float64(art.DeviceBytes), i, devSteps))
-		if d < lo {
+		if d < lo || d <= 0 { // d reaches 0: nothing is live (lo 0), no size below it to try
 			break
 		}
 		if d < hi {

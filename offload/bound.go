@@ -146,7 +146,7 @@ func (bi *boundInput) ns(hw Hardware, host bool) int64 {
 		}
 	}
 	last := best[n-1] + float64(t.Ops[n-1].TimeNs)
-	return max(a.TotalNs, int64(last))
+	return max(a.TotalNs, roundNs(last))
 }
 
 // nextUseAtOrAfter returns the first of the ascending uses at or after k,

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"testing"
+	"time"
 
 	"github.com/pyfastensor/pyfastensor/gds"
 	"github.com/stretchr/testify/assert"
@@ -108,6 +109,12 @@ func TestParseTraceErrors(t *testing.T) {
 		`{"version": 1, "tensors": [{"id": 1, "bytes": 1, "kind": "activation"}], "ops": [{"name": "a", "time_ns": 5, "reads": [1]}]}`: "reads activation tensor 1 before any op writes it",
 		`{"version": 1, "tensors": [], "ops": []} x`:                                                                                   "trailing data",
 		`[1]`: "decoding JSON",
+		`{"version": 1, "tensors": [{"id": 0, "size": 4096, "kind": "weight"}], "ops": []}`:                               `a tensor without "bytes": {"id": 0, "size": 4096`,
+		`{"version": 1, "tensors": [{"bytes": 1}], "ops": []}`:                                                            `a tensor without "id" and "kind"`,
+		`{"version": 1, "tensors": [], "ops": [{"name": "a", "ns": 5}]}`:                                                  `an op without "time_ns"`,
+		`{"version": 1, "tensors": null, "ops": []}`:                                                                      `no "tensors" or no "ops" list`,
+		`{"version": 1, "ops": []}`:                                                                                       `no "tensors" or no "ops" list`,
+		`{"version": 1, "tensors": [], "ops": [{"name": "a", "time_ns": 9007199254740992}, {"name": "b", "time_ns": 1}]}`: `op 1 ("b"): total time_ns 9007199254740993 is over 2^53 ns`,
 	}
 	for in, want := range cases {
 		_, err := ParseTrace([]byte(in))
@@ -554,4 +561,53 @@ func TestErrorsAreKindsOfInvalid(t *testing.T) {
 	_, err = ParseTrace([]byte(`{"version": 3}`))
 	assert.ErrorIs(t, err, gds.ErrInvalid)
 	assert.NotErrorIs(t, err, gds.ErrCorrupt)
+}
+
+// A trace with nothing live (no ops, ops without tensors, or only a weight
+// no op uses) gets a plan at once: the grid of device sizes stops at 0
+// instead of looking for a size below the largest op's 0 bytes forever.
+func TestNothingLiveIsPlannedAtOnce(t *testing.T) {
+	for name, tr := range map[string]*Trace{
+		"empty":      {Version: TraceVersion, Tensors: []TraceTensor{}, Ops: []TraceOp{}},
+		"no tensors": {Version: TraceVersion, Tensors: []TraceTensor{}, Ops: []TraceOp{{Name: "a", TimeNs: 5}}},
+		"an unused weight": {Version: TraceVersion, Tensors: []TraceTensor{{ID: 0, Bytes: 1 << 20, Kind: KindWeight}},
+			Ops: []TraceOp{{Name: "a", TimeNs: 5}}},
+	} {
+		done := make(chan error, 1)
+		go func() { _, err := MakePlan(tr, G10Default()); done <- err }()
+		select {
+		case err := <-done:
+			require.NoError(t, err, name)
+		case <-time.After(time.Minute):
+			t.Fatalf("%s: MakePlan did not return", name)
+		}
+		r, err := SimulatePolicy(tr, G10Default(), "g10")
+		require.NoError(t, err, name)
+		assert.Equal(t, tr.Ops != nil && len(tr.Ops) > 0, r.TimeNs == 5, name)
+	}
+}
+
+// Links so slow that a transfer would take longer than int64 nanoseconds
+// hold saturate the simulated times (146 years): never negative, never a
+// wrapped stall or a bound below the ideal.
+func TestAbsurdlySlowLinksSaturateTimes(t *testing.T) {
+	act := func(id int) TraceTensor { return TraceTensor{ID: id, Bytes: 1 << 40, Kind: KindActivation} }
+	tr := &Trace{Version: TraceVersion, Tensors: []TraceTensor{act(0), act(1)},
+		Ops: []TraceOp{{Name: "a", TimeNs: 1000, Writes: []int{0}}, {Name: "b", TimeNs: 1000, Writes: []int{1}},
+			{Name: "ra", TimeNs: 1000, Reads: []int{0}}, {Name: "rb", TimeNs: 1000, Reads: []int{1}}}}
+	hw := G10Default()
+	hw.DeviceBytes, hw.HostBytes = 1<<40+1<<20, 0 // one of the two at a time: each must go out and back
+	hw.SSDReadBps, hw.SSDWriteBps, hw.HostLinkBps = 1e-6, 1e-6, 1e-6
+	for _, policy := range []string{"on_demand", "flashneuron", "g10"} {
+		r, err := SimulatePolicy(tr, hw, policy)
+		require.NoError(t, err, policy)
+		assert.True(t, r.Feasible, policy)
+		assert.Equal(t, int64(maxNs), r.TimeNs, "%s: a transfer takes 10^24 s", policy)
+		assert.GreaterOrEqual(t, r.TimeNs, r.IdealNs, policy)
+		assert.GreaterOrEqual(t, r.StallNs, int64(0), policy)
+		for k, s := range r.OpStallNs {
+			assert.GreaterOrEqual(t, s, int64(0), "%s op %d", policy, k)
+		}
+	}
+	assert.GreaterOrEqual(t, BoundNs(tr, hw), int64(4000))
 }

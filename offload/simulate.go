@@ -406,7 +406,7 @@ func simulateNeed(a *Analysis, t *Trace, hw Hardware, plan *MigrationPlan) (Resu
 	fail := func(k int, why string) Result {
 		r.Feasible = false
 		r.Error = fmt.Sprintf("op %d (%q): %s", k, t.Ops[k].Name, why)
-		r.TimeNs = int64(math.Round(s.now))
+		r.TimeNs = roundNs(s.now)
 		r.PeakDeviceBytes = s.peak
 		return r
 	}
@@ -476,7 +476,7 @@ func simulateNeed(a *Analysis, t *Trace, hw Hardware, plan *MigrationPlan) (Resu
 			s.step(math.Inf(1))
 		}
 		stall := s.now - ready
-		r.OpStallNs[k] = int64(math.Round(stall))
+		r.OpStallNs[k] = roundNs(stall)
 		r.OpSlowdown[k] = (float64(op.TimeNs) + stall) / math.Max(1, float64(op.TimeNs))
 		if op.TimeNs == 0 && stall == 0 {
 			r.OpSlowdown[k] = 1
@@ -501,9 +501,22 @@ func simulateNeed(a *Analysis, t *Trace, hw Hardware, plan *MigrationPlan) (Resu
 	if plan == nil && hw.DeviceBytes == math.MaxInt64 {
 		r.TimeNs = a.TotalNs // exact: nothing moves under the ideal policy
 	} else {
-		r.TimeNs = int64(math.Round(s.now))
+		r.TimeNs = roundNs(s.now)
 	}
 	r.StallNs = max(0, r.TimeNs-r.IdealNs)
 	r.PeakDeviceBytes = s.peak
 	return r, s.hostNeed
+}
+
+// maxNs is where simulated times saturate: far beyond any real iteration
+// (146 years), below int64's end, so sums and differences of two stay in
+// range (a transfer at an absurd bandwidth does not wrap to a negative time).
+const maxNs = 1 << 62
+
+// roundNs is f nanoseconds as an int64, saturated at maxNs.
+func roundNs(f float64) int64 {
+	if !(f < maxNs) {
+		return maxNs
+	}
+	return int64(math.Round(f))
 }

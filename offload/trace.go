@@ -8,7 +8,9 @@ package offload
 //	 "ops": [{"name": "layer1.fwd", "time_ns": 12000, "reads": [0, 3], "writes": [4]}],
 //	 "meta": {"op_time": "cuda_events"}}
 //
-// "meta" is optional and free-form. Ops are in execution order. Weights,
+// "meta" is optional and free-form; "tensors" and "ops" are required, as
+// are each tensor's id, bytes and kind and each op's name and time_ns
+// (reads and writes may be left out). Ops are in execution order. Weights,
 // optimizer state and inputs are global: alive from the start of the
 // iteration. Any other tensor is alive from the op that first writes it to
 // its last use.
@@ -21,6 +23,9 @@ import (
 	"io"
 	"math"
 	"os"
+	"sort"
+	"strconv"
+	"strings"
 
 	"github.com/pyfastensor/pyfastensor/gds"
 )
@@ -67,12 +72,70 @@ type TraceTensor struct {
 	Kind  string `json:"kind"`
 }
 
+// UnmarshalJSON decodes a tensor whose id, bytes and kind are all given
+// (a missing or misspelt one would read as 0 or "").
+func (x *TraceTensor) UnmarshalJSON(b []byte) error {
+	var raw struct {
+		ID    *int    `json:"id"`
+		Bytes *int64  `json:"bytes"`
+		Kind  *string `json:"kind"`
+	}
+	if err := json.Unmarshal(b, &raw); err != nil {
+		return err
+	}
+	if miss := missing(map[string]bool{"id": raw.ID == nil, "bytes": raw.Bytes == nil, "kind": raw.Kind == nil}); miss != "" {
+		return fmt.Errorf("a tensor without %s: %s", miss, excerpt(b))
+	}
+	*x = TraceTensor{ID: *raw.ID, Bytes: *raw.Bytes, Kind: *raw.Kind}
+	return nil
+}
+
 // TraceOp is one op (kernel) of a trace, with the tensor ids it uses.
 type TraceOp struct {
 	Name   string `json:"name"`
 	TimeNs int64  `json:"time_ns"`
 	Reads  []int  `json:"reads"`
 	Writes []int  `json:"writes"`
+}
+
+// UnmarshalJSON decodes an op whose name and time_ns are given (reads and
+// writes may be absent: none).
+func (op *TraceOp) UnmarshalJSON(b []byte) error {
+	var raw struct {
+		Name   *string `json:"name"`
+		TimeNs *int64  `json:"time_ns"`
+		Reads  []int   `json:"reads"`
+		Writes []int   `json:"writes"`
+	}
+	if err := json.Unmarshal(b, &raw); err != nil {
+		return err
+	}
+	if miss := missing(map[string]bool{"name": raw.Name == nil, "time_ns": raw.TimeNs == nil}); miss != "" {
+		return fmt.Errorf("an op without %s: %s", miss, excerpt(b))
+	}
+	*op = TraceOp{Name: *raw.Name, TimeNs: *raw.TimeNs, Reads: raw.Reads, Writes: raw.Writes}
+	return nil
+}
+
+// missing names the fields marked absent, sorted, quoted ("" for none).
+func missing(absent map[string]bool) string {
+	var names []string
+	for name, gone := range absent {
+		if gone {
+			names = append(names, strconv.Quote(name))
+		}
+	}
+	sort.Strings(names)
+	return strings.Join(names, " and ")
+}
+
+// excerpt is the start of a JSON value, for an error naming it.
+func excerpt(b []byte) string {
+	const most = 120
+	if len(b) > most {
+		return string(b[:most]) + "..."
+	}
+	return string(b)
 }
 
 // Trace is one training iteration.
@@ -85,6 +148,10 @@ type Trace struct {
 	Meta map[string]any `json:"meta,omitempty"`
 }
 
+// maxTraceNs bounds an iteration's time: 2^53 ns, the last count of
+// nanoseconds a float64 clock holds exactly.
+const maxTraceNs = 1 << 53
+
 func traceErr(format string, a ...any) error {
 	return fmt.Errorf("%w: %s", ErrTrace, fmt.Sprintf(format, a...))
 }
@@ -93,10 +160,19 @@ func traceErr(format string, a ...any) error {
 // ignored (the schema may grow); trailing data is an error.
 func ParseTrace(data []byte) (*Trace, error) {
 	dec := json.NewDecoder(bytes.NewReader(data))
-	var t Trace
-	if err := dec.Decode(&t); err != nil {
+	var raw struct {
+		Trace
+		Tensors *[]TraceTensor `json:"tensors"`
+		Ops     *[]TraceOp     `json:"ops"`
+	}
+	if err := dec.Decode(&raw); err != nil {
 		return nil, traceErr("decoding JSON: %v", err)
 	}
+	if raw.Tensors == nil || raw.Ops == nil {
+		return nil, traceErr("no \"tensors\" or no \"ops\" list (both are required, empty or not)")
+	}
+	t := raw.Trace
+	t.Tensors, t.Ops = *raw.Tensors, *raw.Ops
 	if _, err := dec.Token(); err != io.EOF {
 		return nil, traceErr("trailing data after the trace object")
 	}
@@ -170,6 +246,9 @@ func (t *Trace) Validate() error {
 			return traceErr("op %d (%q): total time_ns overflows int64", i, op.Name)
 		}
 		totalNs += op.TimeNs
+		if totalNs > maxTraceNs {
+			return traceErr("op %d (%q): total time_ns %d is over 2^53 ns (104 days an iteration): the simulator's clock could not count single nanoseconds", i, op.Name, totalNs)
+		}
 		for _, l := range []struct {
 			what string
 			ids  []int
