@@ -281,8 +281,18 @@ def handle_count() -> int:
 
 
 def cstr(s: str | os.PathLike[str] | None) -> bytes | None:
-    """Encode a str or path for a ``char *`` argument (None stays NULL)."""
-    return None if s is None else os.fsencode(s)
+    """Encode a str or path for a ``char *`` argument (None stays NULL).
+
+    Raises:
+        ValueError: it holds a NUL byte, where C would end it (a path would name another
+            file), as Python's own ``open`` refuses it.
+    """
+    if s is None:
+        return None
+    b = os.fsencode(s)
+    if b"\0" in b:
+        raise ValueError(f"embedded null byte in {os.fsdecode(b)!r}")
+    return b
 
 
 _open: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()

@@ -221,3 +221,14 @@ def test_missing_arrays_are_refused_not_a_panic(tmp_path):
     lines = out.stdout.splitlines()
     assert lines[0].startswith("refused:") and "without their staged flags or sizes" in lines[0], lines
     assert lines[-1] == "alive"
+
+
+def test_a_path_with_a_nul_byte_is_refused_not_cut(tmp_path):
+    """C ends a string at its first NUL: ``ckpt.pt\\0.bak`` would save to ``ckpt.pt``. Refused,
+    as Python's own ``open`` refuses it."""
+    import torch
+
+    target = str(tmp_path / "ckpt.pt") + "\0.bak"
+    with pytest.raises(ValueError, match="embedded null byte"):
+        pyfastensor.save({"w": torch.ones(2)}, target)
+    assert list(tmp_path.iterdir()) == []
