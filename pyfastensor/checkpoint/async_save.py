@@ -155,41 +155,45 @@ def async_save(
                 if previous is None:
                     _in_flight[path] = fut
                     break
-            try:
+            try:  # it leaves _in_flight before its result is set: the next turn may claim
                 Future.result(previous)  # not _Save.result: the caller did not ask for that one
             except Exception:  # noqa: BLE001 - reported by its own future
                 pass
-            with _lock:
-                if _in_flight.get(path) is previous:
-                    del _in_flight[path]
     except BaseException:
         snap.release()
         raise
     fut.set_running_or_notify_cancel()
 
     def write() -> None:
+        error: BaseException | None = None
         try:
             snap.write()
         except BaseException as e:
-            with _lock:
-                _unasked.add(fut)
-            _log.warning("pyfastensor.async_save to %s failed (its future raises it): %s", path, e)
-            fut.set_exception(e)
-        else:
-            fut.set_result(None)
+            error = e
         finally:
             snap.release()
             snap.skeleton = None  # type: ignore[assignment]  # a failure's traceback holds the snapshot, not the state's copy
-            with _lock:
-                if _in_flight.get(path) is fut:
-                    del _in_flight[path]
+            _forget(path, fut)
+        if error is None:
+            fut.set_result(None)
+            return
+        with _lock:
+            _unasked.add(fut)
+        _log.warning("pyfastensor.async_save to %s failed (its future raises it): %s", path, error)
+        fut.set_exception(error)
 
     try:
         _pool().submit(write)
-    except BaseException:
-        with _lock:
-            if _in_flight.get(path) is fut:
-                del _in_flight[path]
+    except BaseException as e:
         snap.release()
+        _forget(path, fut)
+        fut.set_exception(e)  # a save waiting for this one goes on
         raise
     return fut
+
+
+def _forget(path: str, fut: Future[None]) -> None:
+    """``fut`` is no longer the save in flight to ``path``."""
+    with _lock:
+        if _in_flight.get(path) is fut:
+            del _in_flight[path]
