@@ -7,7 +7,6 @@ that package imports torch, and the command line's ``--help`` must not.
 from __future__ import annotations
 
 import argparse
-import mmap
 import pickle
 import time
 
@@ -57,27 +56,23 @@ def _cmd_ls(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    import numpy as np
-
     from .checkpoint import _progress
     from .checkpoint._native import Archive
+    from .checkpoint.load import _map
 
     if why := _legacy(args.path):
         print(f"UNCHECKED: {why}")
         return UNCHECKED
     start = time.perf_counter()
     try:
-        with Archive(args.path) as a, open(args.path, "rb") as f, \
-                mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-            # The records are summed where the file is mapped: the page cache holds them, not
-            # this process, so a checkpoint of any size is checked in bounded memory.
-            view = np.frombuffer(m, dtype=np.uint8)
-            try:
-                records = [(i, view.ctypes.data + e.offset, e.size) for i, e in enumerate(a.entries) if e.size]
-                total = sum(r[2] for r in records)
-                _progress.run(lambda counter: a.verify(records, counter=counter), total, "verifying", None)
-            finally:
-                del view  # the mapping closes only once no array exports it
+        with Archive(args.path) as a:
+            # The records are summed where the file is mapped (the file the archive opened, as a
+            # mapped load maps it): the page cache holds them, not this process, so a checkpoint
+            # of any size is checked in bounded memory.
+            mapped = _map(a.source, a.size)  # kept alive, mapped, until the sums are done
+            records = [(i, mapped.data_ptr() + e.offset, e.size) for i, e in enumerate(a.entries) if e.size]
+            total = sum(r[2] for r in records)
+            _progress.run(lambda counter: a.verify(records, counter=counter), total, "verifying", None)
     except CorruptFileError as e:
         print(f"CORRUPT: {e}")
         return 1
