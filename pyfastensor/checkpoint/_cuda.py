@@ -91,6 +91,7 @@ last_route: dict[str, str] = {}
 
 _GENERAL = object()  # the restricted unpickler could not rebuild it: the general one does
 
+
 def wants(map_location: Any) -> bool:
     """Whether a load to ``map_location`` takes the CUDA path (see the module docstring)."""
     if isinstance(map_location, dict):
