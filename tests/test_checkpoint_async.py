@@ -7,6 +7,8 @@ import logging
 import multiprocessing
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 import torch
@@ -100,6 +102,83 @@ def test_one_save_in_flight_per_target(tmp_path):
         f.result(timeout=60)
     got = pyfastensor.load(tmp_path / "x.pt")
     assert got["i"] == 4 and torch.equal(got["w"], torch.full((200_000,), 4.0))
+
+
+@pytest.fixture
+def held_writes(monkeypatch):
+    """async_save's background writes wait until the test sets the event it returns."""
+    from pyfastensor.checkpoint._snapshot import Snapshot
+
+    go = threading.Event()
+    write = Snapshot.write
+
+    def held(self):
+        assert go.wait(60), "the test never let the write go"
+        write(self)
+
+    monkeypatch.setattr(Snapshot, "write", held)
+    yield go
+    go.set()
+
+
+def test_at_most_two_saves_hold_a_snapshot(tmp_path, monkeypatch, held_writes):
+    """A loop that saves faster than the disk writes: the third call waits for a write to end
+    before copying the state, so at most two copies are held."""
+    from pyfastensor.checkpoint import _snapshot
+
+    async_save = sys.modules["pyfastensor.checkpoint.async_save"]  # the module, not the function
+    alive, most = [0], [0]
+    take, release = _snapshot.snapshot, _snapshot.Snapshot.release
+
+    def counted_take(*a, **k):
+        snap = take(*a, **k)
+        alive[0] += 1
+        most[0] = max(most[0], alive[0])
+        return snap
+
+    def counted_release(self):
+        if not getattr(self, "counted_out", False):
+            self.counted_out = True
+            alive[0] -= 1
+        release(self)
+
+    monkeypatch.setattr(async_save, "snapshot", counted_take)
+    monkeypatch.setattr(_snapshot.Snapshot, "release", counted_release)
+    state = {"w": torch.ones(1000)}
+    futs = [pyfastensor.async_save(state, tmp_path / f"{i}.pt") for i in range(2)]
+    third: list = []
+    caller = threading.Thread(target=lambda: third.append(pyfastensor.async_save(state, tmp_path / "2.pt")))
+    caller.start()
+    time.sleep(0.5)  # room for a third snapshot to be taken, were it not bounded
+    assert most[0] == 2 and not third
+    held_writes.set()
+    caller.join(60)
+    for f in futs + third:
+        f.result(timeout=60)
+    assert most[0] == 2 and alive[0] == 0
+    for i in range(3):
+        assert torch.equal(pyfastensor.load(tmp_path / f"{i}.pt")["w"], state["w"])
+
+
+def test_a_save_after_an_async_save_to_the_same_path_is_the_one_left(tmp_path, held_writes):
+    target = tmp_path / "x.pt"
+    fut = pyfastensor.async_save({"by": "async_save"}, target)
+    errors: list = []
+
+    def later() -> None:
+        try:
+            pyfastensor.save({"by": "save"}, str(tmp_path / "." / "x.pt"))  # the same file, named otherwise
+        except BaseException as e:  # noqa: BLE001 - the test reads it
+            errors.append(e)
+
+    caller = threading.Thread(target=later)
+    caller.start()
+    time.sleep(0.5)  # room for the save to commit first, were it not ordered
+    held_writes.set()
+    fut.result(timeout=60)
+    caller.join(60)
+    assert not errors and not caller.is_alive()
+    assert pyfastensor.load(target) == {"by": "save"}
 
 
 def test_async_save_needs_a_path():

@@ -1,4 +1,4 @@
-"""pyfastensor.async_save: snapshot now, write in the background, one save per target at a time."""
+"""pyfastensor.async_save: snapshot now, write in the background (:mod:`._in_flight`: how many at once)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from ..errors import NotFoundError
+from . import _in_flight
 from ._skeleton import pickle_skeleton
 from ._snapshot import snapshot
 
@@ -19,7 +20,6 @@ _log = logging.getLogger("pyfastensor")
 
 _executor: ThreadPoolExecutor | None = None
 _lock = threading.Lock()
-_in_flight: dict[str, Future[None]] = {}  # by target: the save in flight
 _unasked: set[_Save] = set()  # failed saves whose result nobody has asked for yet
 
 
@@ -72,10 +72,10 @@ def _pool() -> ThreadPoolExecutor:
 
 
 def _forget_the_parents() -> None:
-    """In a forked child: the parent's pool has no threads here, its saves are not this
+    """In a forked child: the parent's pool has no threads here, its failures are not this
     process's, its lock may have been held."""
-    global _executor, _lock, _in_flight, _unasked
-    _executor, _lock, _in_flight, _unasked = None, threading.Lock(), {}, set()
+    global _executor, _lock, _unasked
+    _executor, _lock, _unasked = None, threading.Lock(), set()
 
 
 os.register_at_fork(after_in_child=_forget_the_parents)
@@ -109,8 +109,13 @@ def async_save(
     the last wave is copied into it (see
     :class:`~pyfastensor.checkpoint._snapshot.Snapshot`).
 
-    At most one save per target is in flight: a second ``async_save`` to the
-    same path waits (after taking its snapshot) for the first one to finish.
+    At most two saves are in flight (snapshot taken, file not yet committed):
+    a third call waits for one of them to end before taking its snapshot, so a
+    loop that saves faster than the disk writes holds at most two copies of
+    its state. At most one save per target is in flight: a second
+    ``async_save`` to the same path waits (after taking its snapshot) for the
+    first one to finish, and a :func:`pyfastensor.save` to that path waits for
+    it too, so the file left is the later call's.
 
     Args:
         obj: any picklable object holding tensors.
@@ -146,21 +151,19 @@ def async_save(
     path = os.path.abspath(os.fspath(f))
     if not os.path.isdir(os.path.dirname(path)):  # said now, not only by the future
         raise NotFoundError(f"async_save to {path}: no such directory {os.path.dirname(path)}")
-    snap = snapshot(pickle_skeleton(obj, pickle_module, pickle_protocol), path, durable=durable, engine=engine)
+    target = _in_flight.key(path)
+    _in_flight.slot()  # before the snapshot: at most SLOTS copies of the state
     fut = _Save(path)
     try:
-        while True:  # the check and the claim under one lock: one save per target in flight
-            with _lock:
-                previous = _in_flight.get(path)
-                if previous is None:
-                    _in_flight[path] = fut
-                    break
-            try:  # it leaves _in_flight before its result is set: the next turn may claim
-                Future.result(previous)  # not _Save.result: the caller did not ask for that one
-            except Exception:  # noqa: BLE001 - reported by its own future
-                pass
+        snap = snapshot(pickle_skeleton(obj, pickle_module, pickle_protocol), path, durable=durable, engine=engine)
+    except BaseException:
+        _in_flight.free()
+        raise
+    try:
+        _in_flight.claim(target, fut)
     except BaseException:
         snap.release()
+        _in_flight.free()
         raise
     fut.set_running_or_notify_cancel()
 
@@ -173,7 +176,8 @@ def async_save(
         finally:
             snap.release()
             snap.skeleton = None  # type: ignore[assignment]  # a failure's traceback holds the snapshot, not the state's copy
-            _forget(path, fut)
+            _in_flight.leave(target, fut)
+            _in_flight.free()
         if error is None:
             fut.set_result(None)
             return
@@ -186,14 +190,8 @@ def async_save(
         _pool().submit(write)
     except BaseException as e:
         snap.release()
-        _forget(path, fut)
+        _in_flight.leave(target, fut)
+        _in_flight.free()
         fut.set_exception(e)  # a save waiting for this one goes on
         raise
     return fut
-
-
-def _forget(path: str, fut: Future[None]) -> None:
-    """``fut`` is no longer the save in flight to ``path``."""
-    with _lock:
-        if _in_flight.get(path) is fut:
-            del _in_flight[path]

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from ..dictionary import Dictionaries
 
 from .. import _device, _torch
-from . import _from_device, _progress
+from . import _from_device, _in_flight, _progress
 from ._native import TorchArchive, write_archive
 from ._skeleton import Skeleton, pickle_skeleton
 from ._staged import StagedSave
@@ -57,7 +57,9 @@ def save(
     it, renames it over ``f`` and fsyncs the directory, so after a crash ``f``
     holds the old checkpoint or the new one, never a torn file. A temporary
     file left by a killed process is removed by the next save to the same
-    path. ``durable=False`` skips the fsyncs (the rename stays atomic).
+    path. ``durable=False`` skips the fsyncs (the rename stays atomic). A save
+    to a path that an :func:`pyfastensor.async_save` is still writing waits for
+    it, so the file left is this call's.
 
     Args:
         obj: any picklable object holding tensors (state dicts, optimizers...).
@@ -100,6 +102,7 @@ def save(
                    _disable_byteorder_record=_disable_byteorder_record)
         return
     if isinstance(f, (str, os.PathLike)):
+        _in_flight.settle(_in_flight.key(os.fspath(f)))  # an async_save to f, earlier, commits first
         _save_path(obj, os.fspath(f), pickle_module, pickle_protocol,
                    _disable_byteorder_record, durable, engine, progress)
         return
