@@ -10,8 +10,10 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 	"unicode/utf8"
 
 	"golang.org/x/sys/unix"
@@ -160,10 +162,45 @@ const tempMarker = ".pyfastensor-tmp-"
 const nameMax = 255
 
 // tempBaseMax is the longest target base name a temporary name carries
-// whole: "." + base + tempMarker + "<pid>-<12 hex>" then fits nameMax for
-// any pid up to 10 digits. A longer base name (a legal target of up to
-// nameMax bytes) is carried shortened (tempBase).
-const tempBaseMax = nameMax - 1 - len(tempMarker) - (10 + 1 + 12)
+// whole: "." + base + tempMarker + "<pid>@<8 hex>-<12 hex>" then fits
+// nameMax for any pid up to 10 digits. A longer base name (a legal target
+// of up to nameMax bytes) is carried shortened (tempBase).
+const tempBaseMax = nameMax - 1 - len(tempMarker) - (10 + 1 + 8 + 1 + 12)
+
+// foreignStaleAge is how long a temporary file of another pid namespace
+// (another host on a shared filesystem, another container) must have gone
+// unmodified before CleanStale removes it: whether its process lives cannot
+// be asked from here, and a save in progress writes to its file far more
+// often than that.
+const foreignStaleAge = 24 * time.Hour
+
+var (
+	pidSpaceOnce sync.Once
+	pidSpaceID   string
+)
+
+// pidSpace returns 8 hex digits naming the pid namespace this process's
+// pid belongs to, across hosts: a hash of the kernel's boot id and the
+// namespace's inode (the host name where either cannot be read). A
+// temporary file carries it beside the pid, so that CleanStale asks
+// whether a process is gone only of pids of its own namespace.
+func pidSpace() string {
+	pidSpaceOnce.Do(func() {
+		h := sha256.New()
+		boot, errBoot := os.ReadFile("/proc/sys/kernel/random/boot_id")
+		ns, errNS := os.Readlink("/proc/self/ns/pid")
+		h.Write(boot)
+		h.Write([]byte{0})
+		h.Write([]byte(ns))
+		if errBoot != nil || errNS != nil {
+			host, _ := os.Hostname()
+			h.Write([]byte{0})
+			h.Write([]byte(host))
+		}
+		pidSpaceID = hex.EncodeToString(h.Sum(nil)[:4])
+	})
+	return pidSpaceID
+}
 
 // tempTailMax is how many bytes of its end a shortened base name keeps
 // (its extension, which IsDCPDataFile and the like look at).
@@ -222,28 +259,31 @@ func TempTarget(name string) (string, bool) {
 func tempPath(target string) string {
 	var r [6]byte
 	_, _ = rand.Read(r[:])
-	name := fmt.Sprintf("%s%d-%s", tempPrefix(target), os.Getpid(), hex.EncodeToString(r[:]))
+	name := fmt.Sprintf("%s%d@%s-%s", tempPrefix(target), os.Getpid(), pidSpace(), hex.EncodeToString(r[:]))
 	return filepath.Join(filepath.Dir(target), name)
 }
 
-// tempPid returns the pid encoded in a temporary file name of target. A
-// long base name's files carry it shortened (tempBase), or whole where
-// an earlier version wrote them (which shortened nothing, and failed only
-// where the whole name did not fit).
-func tempPid(target, name string) (int, bool) {
+// tempPid returns the pid encoded in a temporary file name of target and
+// the pid namespace it belongs to (pidSpace; "" in the names of earlier
+// versions, which wrote none). A long base name's files carry it
+// shortened (tempBase), or whole where an earlier version wrote them
+// (which shortened nothing, and failed only where the whole name did not
+// fit).
+func tempPid(target, name string) (pid int, space string, ok bool) {
 	rest, ok := strings.CutPrefix(name, tempPrefix(target))
 	if !ok {
 		rest, ok = strings.CutPrefix(name, "."+filepath.Base(target)+tempMarker)
 	}
 	if !ok {
-		return 0, false
+		return 0, "", false
 	}
 	pidText, _, ok := strings.Cut(rest, "-")
 	if !ok {
-		return 0, false
+		return 0, "", false
 	}
+	pidText, space, _ = strings.Cut(pidText, "@")
 	pid, err := strconv.Atoi(pidText)
-	return pid, err == nil && pid > 0
+	return pid, space, err == nil && pid > 0
 }
 
 // processGone reports whether no process has this pid (kill(pid, 0) gives
@@ -253,9 +293,23 @@ func processGone(pid int) bool {
 	return errors.Is(unix.Kill(pid, 0), unix.ESRCH)
 }
 
+// abandoned reports whether the temporary file name (in dir) of a save
+// by pid, in pid namespace space, is left over: its process is gone, where
+// that can be asked (this namespace, or a name without one); else the file
+// has not been modified for foreignStaleAge.
+func abandoned(dir, name string, pid int, space string) bool {
+	if space == "" || space == pidSpace() {
+		return processGone(pid)
+	}
+	st, err := os.Lstat(filepath.Join(dir, name))
+	return err == nil && time.Since(st.ModTime()) > foreignStaleAge
+}
+
 // CleanStale removes the temporary files that saves to target left behind
 // in processes that no longer exist, and returns their paths. Files of
-// live processes (including this one) are left alone.
+// live processes (including this one) are left alone, and so are those
+// of another host or pid namespace (a shared filesystem, containers)
+// modified within foreignStaleAge: their processes cannot be asked.
 func CleanStale(target string) []string {
 	dir := filepath.Dir(target)
 	entries, err := os.ReadDir(dir)
@@ -264,8 +318,8 @@ func CleanStale(target string) []string {
 	}
 	var removed []string
 	for _, e := range entries {
-		pid, ok := tempPid(target, e.Name())
-		if !ok || !processGone(pid) {
+		pid, space, ok := tempPid(target, e.Name())
+		if !ok || !abandoned(dir, e.Name(), pid, space) {
 			continue
 		}
 		p := filepath.Join(dir, e.Name())

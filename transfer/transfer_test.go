@@ -157,6 +157,38 @@ func TestStaleTempFilesOfDeadProcessesAreRemoved(t *testing.T) {
 	assert.True(t, IsTempName(filepath.Base(stale)))
 }
 
+func TestStaleTempFilesOfAnotherPidNamespaceWaitADay(t *testing.T) {
+	// On a shared filesystem a pid of another host's save says nothing
+	// here: its temporary file stays while it was modified within a day,
+	// whether or not a process of this host has that pid.
+	dir := t.TempDir()
+	target := filepath.Join(dir, "ck.pt")
+	cmd := exec.Command("true")
+	require.NoError(t, cmd.Run())
+	dead := cmd.Process.Pid
+	ours := filepath.Join(dir, fmt.Sprintf("%s%d@%s-abc", tempPrefix(target), dead, pidSpace()))
+	foreign := fmt.Sprintf("%s%%d@%s-abc", tempPrefix(target), "0badf00d")
+	require.NotEqual(t, "0badf00d", pidSpace())
+	writing := filepath.Join(dir, fmt.Sprintf(foreign, dead))
+	alive := filepath.Join(dir, fmt.Sprintf(foreign, os.Getpid()+1_000_000))
+	left := filepath.Join(dir, fmt.Sprintf(foreign, os.Getpid()))
+	for _, p := range []string{ours, writing, alive, left} {
+		require.NoError(t, os.WriteFile(p, nil, 0o644))
+	}
+	old := time.Now().Add(-foreignStaleAge - time.Hour)
+	require.NoError(t, os.Chtimes(left, old, old))
+	assert.ElementsMatch(t, []string{ours, left}, CleanStale(target))
+	assert.FileExists(t, writing)
+	assert.FileExists(t, alive)
+
+	// A save's own temporary name carries this process's pid and namespace.
+	pid, space, ok := tempPid(target, filepath.Base(tempPath(target)))
+	assert.True(t, ok)
+	assert.Equal(t, os.Getpid(), pid)
+	assert.Equal(t, pidSpace(), space)
+	assert.Regexp(t, `^[0-9a-f]{8}$`, space)
+}
+
 func TestSavesToLongNamesUpToNameMax(t *testing.T) {
 	// A legal name of up to 255 bytes: the temporary name shortens it and
 	// still fits NAME_MAX; a save leaves the file and nothing else.
