@@ -137,12 +137,17 @@ func TestRawPackedExtentsOfMixedEnginesKeepEveryByte(t *testing.T) {
 	}
 }
 
+// deadPid returns the pid of a process that has ended.
+func deadPid(t *testing.T) int {
+	cmd := exec.Command("true")
+	require.NoError(t, cmd.Run())
+	return cmd.Process.Pid
+}
+
 func TestStaleTempFilesOfDeadProcessesAreRemoved(t *testing.T) {
 	dir := t.TempDir()
 	target := filepath.Join(dir, "ck.pt")
-	cmd := exec.Command("true")
-	require.NoError(t, cmd.Run())
-	dead := cmd.Process.Pid
+	dead := deadPid(t)
 	stale := filepath.Join(dir, fmt.Sprintf("%s%d-abc", tempPrefix(target), dead))
 	mine := filepath.Join(dir, fmt.Sprintf("%s%d-abc", tempPrefix(target), os.Getpid()))
 	other := filepath.Join(dir, fmt.Sprintf(".other.pt%s%d-abc", tempMarker, dead))
@@ -163,9 +168,7 @@ func TestStaleTempFilesOfAnotherPidNamespaceWaitADay(t *testing.T) {
 	// whether or not a process of this host has that pid.
 	dir := t.TempDir()
 	target := filepath.Join(dir, "ck.pt")
-	cmd := exec.Command("true")
-	require.NoError(t, cmd.Run())
-	dead := cmd.Process.Pid
+	dead := deadPid(t)
 	ours := filepath.Join(dir, fmt.Sprintf("%s%d@%s-abc", tempPrefix(target), dead, pidSpace()))
 	foreign := fmt.Sprintf("%s%%d@%s-abc", tempPrefix(target), "0badf00d")
 	require.NotEqual(t, "0badf00d", pidSpace())
@@ -232,9 +235,7 @@ func TestStaleTempFilesOfLongNamesAreRemoved(t *testing.T) {
 	target := filepath.Join(dir, base)
 	twin := filepath.Join(dir, strings.Repeat("c", 215)+"x.pt") // the same start and end, another name
 	require.NotEqual(t, tempPrefix(target), tempPrefix(twin))
-	cmd := exec.Command("true")
-	require.NoError(t, cmd.Run())
-	dead := cmd.Process.Pid
+	dead := deadPid(t)
 	stale := filepath.Join(dir, fmt.Sprintf("%s%d-abc", tempPrefix(target), dead))
 	whole := filepath.Join(dir, fmt.Sprintf(".%s%s%d-abc", base, tempMarker, dead)) // as versions before wrote it
 	mine := filepath.Join(dir, fmt.Sprintf("%s%d-abc", tempPrefix(target), os.Getpid()))
