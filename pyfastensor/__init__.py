@@ -55,20 +55,18 @@ __all__ = [
 _LAZY = {"save": ".checkpoint", "load": ".checkpoint", "open": ".checkpoint",
          "async_save": ".checkpoint", "empty_cache": "._buffers", "Offload": ".offload", "OffloadSummary": ".offload"}
 
+# Modules reached as attributes, imported on first use: offload (callable:
+# pyfastensor.offload(...)), safetensors (save_file / load_file), dcp (Writer /
+# Reader, imports torch.distributed), data (ChunkDataset), plan (no torch),
+# lightning (CheckpointIO, imports Lightning), engines and dictionary.
+_SUBPACKAGES = frozenset({"offload", "safetensors", "dcp", "data", "plan", "lightning", "engines", "dictionary"})
+
 
 def __getattr__(name: str) -> object:
     import importlib
 
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name], __name__), name)
-    if name == "offload":  # the package, which is callable: pyfastensor.offload(...)
-        return importlib.import_module(".offload", __name__)
-    if name == "safetensors":  # pyfastensor.safetensors.save_file / load_file
-        return importlib.import_module(".safetensors", __name__)
-    if name == "dcp":  # pyfastensor.dcp.Writer / Reader (imports torch.distributed)
-        return importlib.import_module(".dcp", __name__)
-    if name == "data":  # pyfastensor.data.ChunkDataset
-        return importlib.import_module(".data", __name__)
-    if name == "plan":  # pyfastensor.plan.simulate, make_plan, Trace (no torch)
-        return importlib.import_module(".plan", __name__)
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -198,6 +198,17 @@ def test_import_does_not_import_torch():
     assert out.stdout.strip() == "False"
 
 
+@pytest.mark.parametrize("name", ["offload", "safetensors", "dcp", "data", "plan", "lightning", "engines",
+                                  "dictionary"])
+def test_each_module_is_an_attribute_after_import_pyfastensor(name):
+    """``import pyfastensor`` then ``pyfastensor.<module>``, as the docs write it: no import of its own."""
+    if name == "lightning":
+        pytest.importorskip("lightning", reason="pyfastensor.lightning needs Lightning (pip install lightning)")
+    code = f"import pyfastensor; print(pyfastensor.{name}.__name__)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == f"pyfastensor.{name}", out.stderr
+
+
 def test_missing_arrays_are_refused_not_a_panic(tmp_path):
     """A staged save's storages without their sizes: an error naming what is missing, and the
     library still usable (a panic would leave it unusable for the process)."""
