@@ -314,10 +314,10 @@ class FakeStaging(_staging.Staging):
     pinned allocation and synchronization."""
 
     allocs: list[tuple[tuple[int, ...], torch.dtype]] = []
-    syncs: list[int] = []
+    syncs: list[torch.device] = []
 
     def __init__(self) -> None:
-        super().__init__(empty_pinned=self._alloc, synchronize=lambda: FakeStaging.syncs.append(1))
+        super().__init__(empty_pinned=self._alloc, synchronize=FakeStaging.syncs.append)
 
     @staticmethod
     def _alloc(shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
@@ -337,12 +337,12 @@ def test_device_tensors_pass_through_pinned_memory(tmp_path, monkeypatch):
     sd = {"w": torch.randn(50, 20), "b": torch.arange(7), "t": torch.randn(6, 4).t()}
     dcp.save(sd, storage_writer=Writer(tmp_path))
     assert sorted(FakeStaging.allocs) == sorted((tuple(v.shape), v.dtype) for v in sd.values())
-    assert FakeStaging.syncs == [1], "one wait for all the copies of a save"
+    assert FakeStaging.syncs == [torch.device("cpu")], "one wait for all the copies of a save, on their device"
     FakeStaging.allocs, FakeStaging.syncs = [], []
     got = {k: torch.zeros_like(v) for k, v in sd.items()}
     dcp.load(got, storage_reader=Reader(tmp_path))
     assert_loaded(got, sd)
-    assert len(FakeStaging.allocs) == 3 and FakeStaging.syncs == [1]
+    assert len(FakeStaging.allocs) == 3 and FakeStaging.syncs == [torch.device("cpu")]
 
 
 def test_waves_bound_the_staged_bytes_and_keep_the_order():
@@ -399,7 +399,7 @@ def test_device_tensors_go_in_waves_of_the_staging_bound(tmp_path, monkeypatch):
 
 def test_staging_of_host_tensors_copies_only_views():
     s = _staging.Staging(empty_pinned=lambda *a: pytest.fail("no pinned memory for host tensors"),
-                         synchronize=lambda: pytest.fail("nothing to wait for"))
+                         synchronize=lambda device: pytest.fail("nothing to wait for"))
     t = torch.randn(4, 5)
     assert s.to_host(t) is t
     v = t.t()

@@ -346,6 +346,7 @@ def test_record_on_cpu_says_it_timed_ops_on_cpu(tmp_path):
 def test_record_on_cuda_times_each_op_by_cuda_events(monkeypatch):
     # A fake CUDA clock: every event recorded moves it 0.25 ms on, so each op (two events) takes
     # 0.25 ms, whatever the host's clock says; the end event must be waited for before it is read.
+    # The model is on cuda:1, the current device 0: events go on cuda:1's current stream.
     torch = pytest.importorskip("torch")
     from pyfastensor.plan import record
 
@@ -356,26 +357,28 @@ def test_record_on_cuda_times_each_op_by_cuda_events(monkeypatch):
             assert enable_timing
             self.at, self.done = None, False
 
-        def record(self) -> None:
+        def record(self, stream: object = None) -> None:
+            assert stream == "current stream of cuda:1", stream
             clock[0] += 0.25
             self.at = clock[0]
 
         def synchronize(self) -> None:
             self.done = True
 
-        def elapsed_time(self, end: Event) -> float:
+        def elapsed_time(self, end: object) -> float:
             assert end.done, "read before the end event was waited for"
             return end.at - self.at
 
     monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: f"current stream of {device}")
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: synced.append(device))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Fake GPU")
-    monkeypatch.setattr(record, "_device_of", lambda model, batch: torch.device("cuda", 0))
+    monkeypatch.setattr(record, "_device_of", lambda model, batch: torch.device("cuda", 1))
     t = record.record_trace(*_tiny_step())
     _check_consistent(t)
     assert {o.time_ns for o in t.ops} == {250_000}
-    assert t.meta == {"op_time": "cuda_events", "device": "cuda:0", "device_name": "Fake GPU"}
-    assert synced == [torch.device("cuda", 0)]  # the warm step's work waited for before the first op
+    assert t.meta == {"op_time": "cuda_events", "device": "cuda:1", "device_name": "Fake GPU"}
+    assert synced == [torch.device("cuda", 1)]  # the warm step's work waited for before the first op
 
 
 def test_record_marks_saved_tensors_and_gradients():
@@ -542,3 +545,4 @@ def test_bench_plan_sensitivity_on_g10_traces():
     assert all(0 < v <= 1 for v in ssd + host)
     assert ssd == sorted(ssd) and host == sorted(host)  # more bandwidth, more host memory: not slower here
     assert ssd[0] < ssd[-1] and host[0] < host[-1]  # and each sweep moves the figure
+

@@ -5,7 +5,9 @@ is torch's). A save copies a wave of device tensors (:func:`waves`, at most
 ``PYFASTENSOR_DCP_STAGING`` bytes) into pinned host tensors with non-blocking
 copies, waits once for all of them, then hands the host copies to Go; a load
 reads a wave into pinned host tensors and copies them to the device, waiting
-once before the host memory is let go. The two hooks, allocation and waiting,
+once before the host memory is let go. The wait is on every device a copy
+went to or came from (a tensor on ``cuda:1`` while the current device is 0
+included). The two hooks, allocation and waiting,
 are attributes so that tests fake them on machines without a GPU.
 """
 
@@ -45,8 +47,8 @@ def _empty_pinned(shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
     return torch.empty(shape, dtype=dtype, pin_memory=True)
 
 
-def _synchronize() -> None:
-    torch.cuda.synchronize()
+def _synchronize(device: torch.device) -> None:
+    torch.cuda.synchronize(device)
 
 
 class Staging:
@@ -54,7 +56,8 @@ class Staging:
 
     Args:
         empty_pinned: allocates a pinned host tensor (default: ``torch.empty(..., pin_memory=True)``).
-        synchronize: waits for the copies issued (default: ``torch.cuda.synchronize``).
+        synchronize: waits for the copies issued to or from one device (default:
+            ``torch.cuda.synchronize(device)``).
 
     Not thread-safe: one per ``write_data`` or ``read_data`` call.
     """
@@ -62,11 +65,11 @@ class Staging:
     def __init__(
         self,
         empty_pinned: Callable[[torch.Size, torch.dtype], torch.Tensor] = _empty_pinned,
-        synchronize: Callable[[], None] = _synchronize,
+        synchronize: Callable[[torch.device], None] = _synchronize,
     ) -> None:
         self._empty = empty_pinned
         self._sync = synchronize
-        self._pending = False
+        self._pending: dict[torch.device, None] = {}  # devices with copies in flight, in order
         self._keep: list[Any] = []
 
     def on_device(self, t: torch.Tensor) -> bool:
@@ -85,7 +88,7 @@ class Staging:
             return t.resolve_conj().resolve_neg().contiguous()  # a conj/neg view counts as contiguous
         host = self._empty(t.shape, t.dtype)
         host.copy_(t, non_blocking=True)  # resolves a conj or neg view
-        self._pending = True
+        self._pending[t.device] = None
         return host
 
     def host_buffer(self, like: torch.Tensor, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
@@ -102,13 +105,14 @@ class Staging:
         if self.on_device(dst):
             dst.copy_(src, non_blocking=True)
             self._keep.append(src)
-            self._pending = True
+            self._pending[dst.device] = None
         else:
             dst.copy_(src)
 
     def wait(self) -> None:
-        """Wait for every copy issued so far, then let the host memory of finished copies go."""
-        if self._pending:
-            self._sync()
-            self._pending = False
+        """Wait for every copy issued so far, on each device one went to or came from, then let
+        the host memory of finished copies go."""
+        for device in self._pending:
+            self._sync(device)
+        self._pending.clear()
         self._keep.clear()

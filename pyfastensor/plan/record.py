@@ -62,23 +62,31 @@ class _CpuTimer:
 
 
 class _CudaEventTimer:
-    """Times an op by two CUDA events around its kernels on the current stream, waited for.
+    """Times an op by two CUDA events around its kernels on the model's device's current stream,
+    waited for.
 
     The start event is recorded after the work queued before the op, so the
     time between the events is the op's kernels alone; waiting for the end
-    event before the next op keeps each op's time its own.
+    event before the next op keeps each op's time its own. The events go on
+    the model's device, whichever device is current (a model on ``cuda:1``
+    while the current device is 0 included).
     """
 
     name = "cuda_events"
 
-    def start(self) -> Any:
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def _recorded(self) -> Any:
         e = torch.cuda.Event(enable_timing=True)
-        e.record()
+        e.record(torch.cuda.current_stream(self.device))
         return e
 
+    def start(self) -> Any:
+        return self._recorded()
+
     def stop(self, started: Any) -> int:
-        end = torch.cuda.Event(enable_timing=True)
-        end.record()
+        end = self._recorded()
         end.synchronize()
         return round(started.elapsed_time(end) * 1e6)  # ms -> ns
 
@@ -225,7 +233,7 @@ def record_trace(model: nn.Module, batch: tuple[torch.Tensor, ...],
     """
     opt = optimizer if optimizer is not None else torch.optim.Adam(model.parameters(), lr=1e-3)
     device = _device_of(model, batch)
-    timer: _CpuTimer | _CudaEventTimer = _CudaEventTimer() if device.type == "cuda" else _CpuTimer()
+    timer: _CpuTimer | _CudaEventTimer = _CudaEventTimer(device) if device.type == "cuda" else _CpuTimer()
     meta = {"device": str(device)}
     if device.type == "cuda":
         meta["device_name"] = torch.cuda.get_device_name(device)
