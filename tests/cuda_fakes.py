@@ -270,7 +270,9 @@ def run_child(path: Path, map_location: str, env: dict[str, str], *, fail_read: 
     """Run this file as a script in a child process (see the module docstring); its JSON line.
     ``fail_read``: the fake libcufile fails the third cuFileRead. ``twice``: load twice (the
     second result is reported). The line also holds ``warnings`` (the warnings the loads
-    issued) and ``info`` (``info()["dir"]`` of the file's directory, cuFile fields, after)."""
+    issued), ``info`` (``info()["dir"]`` of the file's directory, cuFile fields, after) and
+    ``reads_before_pending_work``: how many cuFileReads had been made when work queued on the
+    current stream before the load ran (a GPU runs a read not ordered after it alongside it)."""
     import json
     import sys
 
@@ -302,6 +304,11 @@ def _child(path: str, map_location: str, fault: bool, twice: bool = False) -> No
         for fn in ("fake_calls", "fake_fail_next"):
             getattr(fake_lib, fn).restype = ctypes.c_long
             getattr(fake_lib, fn).argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_long]
+    pending: dict[str, int] = {}
+    if fake_lib is not None:  # work the caller queued before the load, not yet run
+        pyfastensor.info(os.path.dirname(path))  # the probe's own read made first
+        probed = fake_lib.fake_calls(7, 0, 0)
+        fake.current.ops.append(lambda: pending.setdefault("reads", fake_lib.fake_calls(7, 0, 0) - probed))
     if fault and fake_lib is not None:
         pyfastensor.info()  # the probe loads the library first
         fake_lib.fake_fail_next(7, 5030, 2)  # the third cuFileRead fails: CU_FILE_INTERNAL_ERROR
@@ -325,6 +332,8 @@ def _child(path: str, map_location: str, fault: bool, twice: bool = False) -> No
     result["info"] = {k: v for k, v in d.items() if k.startswith("cufile")}
     if fake_lib is not None:
         result["cufile_reads"] = fake_lib.fake_calls(7, 0, 0)
+        fake.current.synchronize()
+        result["reads_before_pending_work"] = pending["reads"]
     result["copies"] = len(fake.copies)
     print(json.dumps(result))
 

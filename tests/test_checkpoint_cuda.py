@@ -288,6 +288,7 @@ def test_cufile_route_reads_into_device_memory_and_checks_crcs(tmp_path: Path, f
     assert out["route"] == "cufile" and out["reason"] == "" and out["equal"]
     assert out["cufile_reads"] >= 40, "each record read by cuFileRead"
     assert out["copies"] > 0, "records read back through the ring for their CRC-32s"
+    assert out["reads_before_pending_work"] == 0, "cuFile reads wait for the work queued on the current stream"
 
 
 def test_cufile_route_catches_a_corrupt_record(tmp_path: Path, fake_cufile: Path) -> None:

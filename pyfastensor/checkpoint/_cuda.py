@@ -274,6 +274,10 @@ def fill(archive: Archive, records: list[tuple[int, torch.Tensor]], *, verify: b
         if cufile is not None:
             cufile.close()  # it answered the probe: the reads go in one parallel native call
             reads = [(i, t.data_ptr(), t.numel()) for i, t in records if t.numel()]
+            for d in dict.fromkeys(t.device for _, t in records):
+                # cuFileRead is ordered on no stream: kernels queued before the load may still use
+                # memory the allocator has handed to these tensors.
+                backend.current_stream(d).synchronize()
             try:
                 archive.read(reads, verify=False, engine="cufile")  # the Go core never touches device memory
                 done(sum(r[2] for r in reads))
