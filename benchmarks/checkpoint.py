@@ -2,8 +2,9 @@
 
 State dicts built in code, no downloads: a GPT-2-small-shaped model (about
 124M fp32 parameters), a ResNet-50-shaped model (about 25.6M, BN running
-statistics and ``num_batches_tracked`` included) and two dicts of small
-tensors (4 KiB to 64 KiB): 10,000 of them (``small``) and 6,000 (``small6k``).
+statistics and ``num_batches_tracked`` included), two dicts of small
+tensors (4 KiB to 64 KiB): 10,000 of them (``small``) and 6,000 (``small6k``),
+and a LoRA adapter's state dict (``lora``: a few hundred 16-256 KiB tensors).
 Each tool saves the whole dict durably, then loads it cold and warm. The
 loads come in two groups, compared within their group only:
 

@@ -897,7 +897,7 @@ def plot(result: dict[str, Any], path: str | os.PathLike[str]) -> Path:
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Add ``data`` to the benchmarks' subcommands."""
     p = add_command(
-        sub, "data", help="ChunkDataset vs DataLoader, Streaming, WebDataset: one cold epoch, plain and throttled disk",
+        sub, "data", help="ChunkDataset vs DataLoader, Streaming, WebDataset, LitData: one cold epoch, plain and throttled disk",
         description=_DESCRIPTION, func=_cmd_data,
     )
     p.add_argument("--dir", default="bench-out/data",

@@ -120,7 +120,7 @@ def add_nodes_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--remote", type=float, default=0.1,
                         help="each node's remote memory limit, as a share of its budget (default 0.1, the paper's)")
     parser.add_argument("--overflow", type=float, default=None,
-                        help="the budget's share for spares (default: the loader's, 0.75)")
+                        help="the budget's share for spares (default: the loader's, 0.9)")
     parser.add_argument("--batch", type=int, default=64, help="DataLoader batch size (default 64)")
     parser.add_argument("--disk", type=_settings, default=DISK_SETTINGS,
                         help="disk settings, comma-separated: throttled (each node's reads limited to --iops in a "

@@ -12,7 +12,7 @@ from .workloads import MODEL_NAMES
 
 _DESCRIPTION = """\
 Record one training step (forward, backward, Adam step) of a workload model on
-CPU as a G10 trace (JSON, schema version 1; README: "G10 traces"): every aten op
+CPU as a G10 trace (JSON, schema version 1; docs/planning.md, "Traces"): every aten op
 with its measured time and the tensors it reads and writes. Models: bert
 (BERT-like encoder classifier), vit (ViT-like), resnet (ResNet-like, three
 stages). Simulate it with pyfastensor.plan.simulate, or run `python -m benchmarks plan`.

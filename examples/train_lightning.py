@@ -69,7 +69,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     run = p.add_argument_group("run")
     run.add_argument("--checkpoint-every", type=int, default=8, help="steps between checkpoints")
     run.add_argument("--kill-at-step", type=int, default=None,
-                     help="the step the killed run is killed at (before it runs); default: the middle of the last "
+                     help="the step the killed run is killed at (before it runs); None: the middle of the last "
                           "epoch, between two checkpoints")
     run.add_argument("--workers", type=int, default=2, help="DataLoader workers")
     run.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1),
@@ -80,8 +80,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                           "activations are offloaded from the GPU)")
     run.add_argument("--no-stock", action="store_true", help="skip the stock torch run (no comparison)")
     run.add_argument("--workdir", type=Path, default=None,
-                     help="where the corpus, pack, checkpoints and logs go (default: a temporary directory, "
-                          "removed at the end)")
+                     help="where the corpus, pack, checkpoints and logs go; None: a temporary directory, "
+                          "removed at the end")
     run.add_argument("--json", type=Path, default=None, help="also write the results to this JSON file")
     # A training process of the run (the example starts them itself).
     p.add_argument("--role", default="drive", choices=("drive", "train"), help=argparse.SUPPRESS)

@@ -83,15 +83,20 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Add ``ckpt ls`` and ``ckpt verify`` to the command line."""
-    p = sub.add_parser("ckpt", help="list and verify checkpoint files (torch zip format)")
+    p = sub.add_parser("ckpt", help="list and verify checkpoint files (torch zip format)",
+                       description="List and verify checkpoint files in torch's zip format, written by "
+                       "pyfastensor.save or torch.save. Example: python -m pyfastensor ckpt verify model.pt")
     ck = p.add_subparsers(dest="ckpt", metavar="ACTION", required=True)
-    ls = ck.add_parser("ls", help="records (offset, size, CRC-32, name); --keys for tensors")
-    ls.add_argument("path")
+    ls = ck.add_parser("ls", help="records (offset, size, CRC-32, name); --keys for tensors",
+                       description="List the file's records (offset, size, CRC-32, name); with --keys, also "
+                       "each top-level key with its tensor's shape and dtype (or its type). Exit status: 0, or 1 when the file cannot "
+                       "be read (its error printed).")
+    ls.add_argument("path", help="the checkpoint file")
     ls.add_argument("--keys", action="store_true", help="also unpickle the skeleton and list keys")
     ls.add_argument("--unsafe", action="store_true", help="with --keys: full unpickler (trusted files only)")
     ls.set_defaults(func=_cmd_ls)
     v = ck.add_parser("verify", help="check the zip structure and every record's CRC-32",
                       description="Check the zip structure and every record's CRC-32. Exit status: 0 every "
                       f"record matches, 1 corrupt, {UNCHECKED} nothing to check (torch's legacy format).")
-    v.add_argument("path")
+    v.add_argument("path", help="the checkpoint file")
     v.set_defaults(func=_cmd_verify)

@@ -73,16 +73,24 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m pyfastensor",
         description="Fast, durable tensor I/O for PyTorch: tools, and measurements of this machine.",
+        epilog="Examples: python -m pyfastensor demo --quick; python -m pyfastensor info /data; "
+        "python -m pyfastensor ckpt verify model.pt. `python -m pyfastensor COMMAND --help` tells more of "
+        "each; the library itself is documented in docs/index.md of the project.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    p = sub.add_parser("info", help="what works on this machine and filesystem, and why not")
+    p = sub.add_parser("info", help="what works on this machine and filesystem, and why not",
+                       description="What works on this machine and on PATH's filesystem: the CPU's features, "
+                       "O_DIRECT and its alignment, io_uring, libcufile (cuFile), and each I/O engine, with "
+                       "the reason where one does not. Example: python -m pyfastensor info /data/ckpt --json")
     p.add_argument("path", nargs="?", default=".", help="directory to examine (default: .)")
     p.add_argument("--json", action="store_true", help="print the raw JSON")
     p.set_defaults(func=_cmd_info)
 
     add_demo(sub)
-    bench = sub.add_parser("bench", help="measure this machine: every I/O engine against the disk's own limit")
+    bench = sub.add_parser("bench", help="measure this machine: every I/O engine against the disk's own limit",
+                           description="Measure this machine: every I/O engine against the disk's own limit. "
+                           "Example: python -m pyfastensor bench io --dir /data")
     add_bench(bench.add_subparsers(dest="bench", metavar="BENCH", required=True))
     add_ckpt(sub)
     add_data(sub)

@@ -65,9 +65,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     pk.add_argument("--chunk-size", type=int, required=True, metavar="N",
                     help="samples per chunk file (the paper measured 64 best): larger chunks mean "
                     "fewer, longer reads and less randomness within a batch")
-    pk.add_argument("--seed", type=int, required=True, metavar="S",
-                    help="seed of the shuffle that decides which samples share a chunk (0 to 2**64-1); "
-                    "the same SRC, N and S give the same pack")
+    pk.add_argument("--seed", type=int, default=0, metavar="S",
+                    help="seed of the shuffle that decides which samples share a chunk (0 to 2**64-1; "
+                    "default 0, as pyfastensor.data.pack's); the same SRC, N and S give the same pack")
     pk.add_argument("--manifest", metavar="FILE",
                     help="pack the files this file lists instead of SRC's subfolders: one 'path label' "
                     "per line (label last; '#' comments); integer labels are used as they are, "

@@ -291,12 +291,17 @@ class Dictionaries:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Add ``dict show|path|reset`` to the command line."""
-    p = sub.add_parser("dict", help="the adaptive engine dictionaries (WDic, RDic, WRDic)")
+    p = sub.add_parser(
+        "dict", help="the adaptive engine dictionaries (WDic, RDic, WRDic)",
+        description="The dictionaries that choose an I/O engine per transfer size, learned on this machine "
+        "and kept in one file per filesystem (under ~/.cache/pyfastensor). Example: "
+        "python -m pyfastensor dict show --dir /data/ckpt")
     dsub = p.add_subparsers(dest="dict_command", metavar="ACTION", required=True)
-    for name, help_text in (("show", "print the dictionaries as tables"),
-                            ("path", "print this machine's dictionary file for DIR"),
+    for name, help_text in (("show", "print the dictionaries as tables: per size bucket, each engine's "
+                                     "time and samples, and the engine chosen"),
+                            ("path", "print this machine's dictionary file for DIR's filesystem"),
                             ("reset", "remove the dictionary file (the next run explores afresh)")):
-        q = dsub.add_parser(name, help=help_text)
+        q = dsub.add_parser(name, help=help_text, description=help_text[0].upper() + help_text[1:] + ".")
         q.add_argument("--dir", default=".", help="a directory on the filesystem (default: .)")
         if name != "path":
             q.add_argument("--path", default=None, help="a dictionary file (default: this machine's)")
@@ -313,7 +318,12 @@ def _cmd_dict(args: argparse.Namespace) -> int:
         removed = reset(args.path, directory=args.dir)
         print(f"removed {removed}" if removed else "no dictionary file to remove")
         return 0
-    result = load(args.path, directory=args.dir)
+    p = _resolve(args.path, args.dir)
+    if args.path is None and not p.exists():  # this machine's file, not written yet: nothing wrong
+        print(f"no dictionary file yet: {p} (the first save or load on this filesystem that chooses "
+              "an engine by size writes it)")
+        return 0
+    result = load(p)
     if args.json:
         print(json.dumps(result, indent=2))
         return 0

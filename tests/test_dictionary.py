@@ -106,8 +106,11 @@ def test_default_path_round_trip_and_reset(tmp_path: Path, monkeypatch: pytest.M
     assert not pd.dictionary_path(tmp_path).exists()
     assert main(["dict", "reset", "--dir", str(tmp_path)]) == 0
     assert "no dictionary file" in capsys.readouterr().out
-    assert main(["dict", "show", "--dir", str(tmp_path)]) == 1  # nothing saved yet: a clear error
-    assert "error" in capsys.readouterr().err
+    assert main(["dict", "show", "--dir", str(tmp_path)]) == 0  # nothing saved yet on this machine: said, no error
+    out = capsys.readouterr()
+    assert out.out.startswith(f"no dictionary file yet: {pd.dictionary_path(tmp_path)}") and out.err == ""
+    assert main(["dict", "show", "--path", str(tmp_path / "named.json")]) == 1  # a file named: it must exist
+    assert "no such file" in capsys.readouterr().err
 
 
 def test_corrupt_file_is_shown_with_a_warning(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
