@@ -14,11 +14,11 @@
 #       after the repository; the preinstalled torch is left as it is), record the versions and
 #       nvidia-smi in $OUT, check the imports the run needs, run tests/gpu/run.sh
 #       "$OUT/gpu-run.log", then, while the overall budget allows (T_ALL seconds from the start,
-#       default 330), `python -m benchmarks gpu --no-offload --rounds 5` for more checkpoint
+#       default 420), `python -m benchmarks gpu --no-offload --rounds 5` for more checkpoint
 #       rounds ($OUT/cold-load.json). It goes on past failures; its exit status is run.sh's.
 #       Everything it prints is also in $OUT/offline-run.log.
 #
-# Environment: PYTHON (default python), T_ALL (run: seconds, default 330), T_EXTRA_MIN (run: the
+# Environment: PYTHON (default python), T_ALL (run: seconds, default 420), T_EXTRA_MIN (run: the
 # least time left that starts the extra benchmark, default 60), PFT_OFFLINE_SITE (run: where the
 # wheels go, default /tmp/pft-offline-site).
 set -euo pipefail
@@ -115,9 +115,9 @@ PYEOF
   fi
   cat <<EOF
 
-The run tool call (the GPU machine; about 5 minutes, T_ALL=330 s of work under a 420 s limit):
+The run tool call (the GPU machine; about 7 minutes, T_ALL=420 s of work under a 480 s limit):
   command:   bash tests/gpu/offline.sh run $rel
-  timeout_s: 420
+  timeout_s: 480
   carry:     ["$rel", "$LIB"]
 Then read \$OUT's files: offline-run.log, gpu-run.log, versions.txt, nvidia-smi.txt, cold-load.json.
 EOF
@@ -143,7 +143,7 @@ PYEOF
 }
 
 run_all() {
-  local dir=$1 start=$SECONDS t_all=${T_ALL:-330} site=${PFT_OFFLINE_SITE:-/tmp/pft-offline-site}
+  local dir=$1 start=$SECONDS t_all=${T_ALL:-420} site=${PFT_OFFLINE_SITE:-/tmp/pft-offline-site}
   local rc=0 status=0 left
   log "$(date -u) $(hostname): tests/gpu/offline.sh run $dir (T_ALL=${t_all}s)"
   if ! command -v "$PY" >/dev/null; then  # run.sh and the tests call `python`

@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +21,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 CHILD = r"""
-import json, sys, warnings
+import json, os, sys, warnings
 import torch
 import pyfastensor
+from pyfastensor.checkpoint import last_cuda_route
 
 d = sys.argv[1]
 torch.use_deterministic_algorithms(True)
@@ -36,9 +38,20 @@ with warnings.catch_warnings(record=True) as caught:
              "i": torch.randint(0, 1 << 30, (4097,), generator=g)}
     cuda = {k: v.cuda() for k, v in state.items()}
     pyfastensor.save(cuda, f"{d}/s.pt")
-    got = pyfastensor.load(f"{d}/s.pt", map_location="cuda")
-    out["load"] = {k: [got[k].device.type, bytes(got[k].cpu().view(torch.uint8).numpy()) ==
-                       bytes(v.view(torch.uint8).numpy())] for k, v in state.items()}
+
+    def loaded(**kw):
+        got = pyfastensor.load(f"{d}/s.pt", map_location="cuda", **kw)
+        return ({k: [got[k].device.type, bytes(got[k].cpu().view(torch.uint8).numpy()) ==
+                     bytes(v.view(torch.uint8).numpy())] for k, v in state.items()},
+                last_cuda_route())
+
+    out["load"], out["route"] = loaded()
+    out["nvfs"] = os.path.exists("/proc/driver/nvidia-fs")
+    if out["info"]["available"]:  # cuFile asked for: its route, or the error saying why not
+        try:
+            out["cufile_load"], out["cufile_route"] = loaded(engine="cufile")
+        except Exception as e:
+            out["cufile_load"], out["cufile_route"] = None, {"error": repr(e)}
 
     model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512)).cuda()
     x = torch.randn(256, 512, generator=g).cuda()
@@ -58,12 +71,18 @@ with warnings.catch_warnings(record=True) as caught:
     summary = off.summary()
     out["spilled"], out["spill_engines"] = summary.offloaded_tensors, sorted(summary.engines)
     off.close()
+    if out["info"]["available"]:  # the spill file through cuFile (engines: bytes by the engine that moved them)
+        off = pyfastensor.offload(spill_dir=d, min_size=16 << 10, module=model, tier="ssd", engine="cufile")
+        out["cufile_spill"] = [grads(off) == want for _ in range(2)]
+        out["cufile_spill_engines"] = off.summary().engines
+        off.close()
 out["warnings"] = [str(w.message) for w in caught if "cufile" in str(w.message).lower()]
 print(json.dumps(out))
 """
 
 
 STATES = ("installed", "no libcufile")
+CHILD_TIMEOUT_S = 120  # both children, side by side: ~15 s on an H200
 
 
 @pytest.fixture(scope="module")
@@ -79,10 +98,20 @@ def children(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, An
         procs[state] = subprocess.Popen([sys.executable, "-c", CHILD, str(d)], env=env, text=True,
                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     out = {}
-    for state, p in procs.items():
-        stdout, stderr = p.communicate(timeout=240)
-        assert p.returncode == 0, f"{state}: {stderr[-3000:]}"
-        out[state] = json.loads(stdout.strip().splitlines()[-1])
+    deadline = time.monotonic() + CHILD_TIMEOUT_S
+    try:
+        for state, p in procs.items():
+            try:
+                stdout, stderr = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"{state}: the child ran past {CHILD_TIMEOUT_S} s")
+            assert p.returncode == 0, f"{state}: {stderr[-3000:]}"
+            out[state] = json.loads(stdout.strip().splitlines()[-1])
+    finally:
+        for p in procs.values():  # none left holding the GPU
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
     return out
 
 
@@ -99,8 +128,21 @@ def test_save_load_and_spill_work_whatever_cufile_is(children: dict[str, Any], s
     cufile = out["info"]
     print(f"cuFile {state}: {json.dumps(cufile)}; spill engines {out['spill_engines']}")
     assert_all_round_trips(out)
-    if not cufile["available"]:
+    route = out["route"]
+    if cufile["available"]:
+        # The default load takes cuFile only with GPUDirect Storage's driver (else its compatibility
+        # mode's bounce buffers, which the pinned ring outruns).
+        assert route["route"] == ("cufile" if out["nvfs"] else "pinned"), route
+        assert out["cufile_route"].get("route") == "cufile", (
+            f"load(engine='cufile') did not read through cuFile: {out['cufile_route']}")
+        assert out["cufile_load"] == {k: ["cuda", True] for k in ("w", "b", "i")}, out["cufile_load"]
+        assert out["cufile_spill"] == [True, True], "gradients with the spill through cuFile differ"
+        engines = out["cufile_spill_engines"]
+        assert engines.get("cufile", 0) > 0, (
+            f"a spill with engine='cufile' was not written through cuFile (bytes by engine: {engines})")
+    else:
         assert cufile["reason"], "info() says cuFile is off without saying why"
         assert "cufile" not in out["spill_engines"], "a spill went through cuFile where info() says it is off"
+        assert route["route"] == "pinned" and route["reason"], f"a load to CUDA without cuFile: {route}"
     if state == "no libcufile":
         assert not cufile["available"] and "libcufile not found" in cufile["reason"], cufile

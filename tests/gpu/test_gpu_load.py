@@ -92,6 +92,36 @@ def test_corrupt_record_is_caught(tmp_path: Path, route: str) -> None:
         pyfastensor.load(path, map_location="cuda")
 
 
+def _scribble(tensors: list[torch.Tensor]) -> set[int]:
+    """Overwrite the storages of ``tensors`` (kernels on the current stream); their addresses."""
+    ptrs = set()
+    for t in tensors:
+        r = raw(t)
+        if r.numel():
+            r.fill_(0xA5)
+            ptrs.add(r.data_ptr())
+    return ptrs
+
+
+def test_load_to_cuda_waits_for_kernels_queued_before_it(tmp_path: Path, route: str, gpu_sleep: Any) -> None:
+    """Kernels queued on the compute stream before the load (behind a ~0.5 s sleep) write into
+    memory freed right after, which the caching allocator hands to the load's storages: the
+    load's copies (or cuFile's reads) must wait for them, else they overwrite the loaded bytes."""
+    path = tmp_path / "s.pt"
+    pyfastensor.save(state(), path)
+    want = torch.load(path, map_location="cuda")
+    first = pyfastensor.load(path, map_location="cuda")  # the blocks the next load gets back
+    torch.cuda.synchronize()
+    gpu_sleep(0.5)
+    freed = _scribble(list(first.values()))
+    del first  # freed on the compute stream: reusable at once by allocations on it
+    got = pyfastensor.load(path, map_location="cuda")
+    assert freed & {raw(t).data_ptr() for t in got.values() if t.numel()}, (
+        "the allocator handed none of the freed blocks to the load: nothing was checked")
+    assert_bit_identical(got, want)
+    assert _cuda.last_route["route"] == route
+
+
 @pytest.mark.parametrize("engine", ["posix", "direct", "cufile"])
 def test_engine_argument_picks_the_route(tmp_path: Path, route: str, engine: str) -> None:
     if engine == "cufile" and route != "cufile":

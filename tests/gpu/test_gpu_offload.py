@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -124,16 +125,48 @@ class _Spy(_device.CudaBackend):
         return _SpyEvent(self.log)
 
 
+@contextlib.contextmanager
+def no_device_sync(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """Inside: any synchronizing CUDA call torch checks (``.item()``, ``.cpu()`` and other copies
+    to the host that are not ``non_blocking``, a stream's ``synchronize()``, ``nonzero``...)
+    raises, by ``torch.cuda.set_sync_debug_mode("error")``. The CPU waits that mode does not see
+    (``torch.cuda.synchronize()``, ``torch.cuda.Event.synchronize()``) are logged in the list
+    yielded, by name, when the caller's thread makes them (other threads may wait)."""
+    waits: list[str] = []
+
+    def logged(f: Any, name: str) -> Any:
+        def wait(*args: Any, **kwargs: Any) -> Any:
+            if threading.current_thread() is threading.main_thread():
+                waits.append(name)
+            return f(*args, **kwargs)
+        return wait
+
+    with monkeypatch.context() as m:
+        m.setattr(torch.cuda, "synchronize", logged(torch.cuda.synchronize, "torch.cuda.synchronize"))
+        m.setattr(torch.cuda.Event, "synchronize", logged(torch.cuda.Event.synchronize, "Event.synchronize"))
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            yield waits
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+
 @pytest.mark.parametrize("tier", ["ssd", "host"])
-def test_pack_does_not_wait_for_the_copy(tmp_path: Path, tier: str) -> None:
+def test_pack_does_not_wait_for_the_copy(tmp_path: Path, tier: str, monkeypatch: pytest.MonkeyPatch) -> None:
     model, batch_of = inputs("mlp")
     model = model.cuda()
     spy = _Spy()
-    off = pyfastensor.offload(spill_dir=str(tmp_path), min_size=16 << 10, module=model, tier=tier)
+    # compression=None (the default): every payload "raw". The sparse codec syncs by design (it
+    # counts the nonzero elements on the host), so it is not asked for here.
+    off = pyfastensor.offload(spill_dir=str(tmp_path), min_size=16 << 10, module=model, tier=tier,
+                              compression=None)
     off._device_staging = _staging.Staging(spy)
     x, y = (t.cuda() for t in batch_of(0))
     with off:
-        loss = loss_of(model, x, y)
+        with no_device_sync(monkeypatch) as waits:  # the forward: every pack
+            loss = loss_of(model, x, y)
+        assert off.summary().offloaded_tensors > 0, "nothing was packed: nothing was checked"
+        assert waits == [], f"the forward waited for the device on the caller's thread: {waits}"
         main = [n for n in spy.log if n == threading.main_thread().name]
         assert main == [], "pack waited for a device-to-host copy on the caller's thread"
         loss.backward()
