@@ -204,12 +204,52 @@ pfcf_status pfcf_buf_register(pfcf_lib *l, void *base, size_t len) {
 
 pfcf_status pfcf_buf_deregister(pfcf_lib *l, void *base) { return l->buf_deregister(base); }
 
+// CU_POINTER_ATTRIBUTE_CONTEXT: the context a pointer's memory belongs to.
+#define PFCF_POINTER_ATTRIBUTE_CONTEXT 1
+
+// enter_buffer_context makes the context of base's memory current on this
+// thread when none is (the Go core's threads never make one current; CUDA
+// contexts are per thread) and returns it, to be popped after the
+// transfer; NULL when nothing was pushed: a context is current already,
+// no probe has bound the driver's calls, or base is not device memory.
+static void *enter_buffer_context(pfcf_lib *l, const void *base) {
+	int (*get)(void **) = __atomic_load_n(&l->ctx_get_current, __ATOMIC_ACQUIRE);
+	void *cur = NULL, *ctx = NULL;
+	if (!get || get(&cur) != 0 || cur) {
+		return NULL;
+	}
+	int (*context_of)(void *, int, unsigned long long) = __atomic_load_n(&l->pointer_context, __ATOMIC_RELAXED);
+	int (*push)(void *) = __atomic_load_n(&l->ctx_push, __ATOMIC_RELAXED);
+	if (context_of(&ctx, PFCF_POINTER_ATTRIBUTE_CONTEXT, (unsigned long long)(uintptr_t)base) != 0 || !ctx) {
+		return NULL;
+	}
+	return push(ctx) == 0 ? ctx : NULL;
+}
+
+static void leave_buffer_context(pfcf_lib *l, void *pushed) {
+	if (pushed) {
+		void *popped = NULL;
+		int (*pop)(void **) = __atomic_load_n(&l->ctx_pop, __ATOMIC_RELAXED);
+		pop(&popped);
+	}
+}
+
 ssize_t pfcf_read(pfcf_lib *l, uintptr_t fh, void *base, size_t size, off_t file_off, off_t buf_off) {
-	return l->read((void *)fh, base, size, file_off, buf_off);
+	void *pushed = enter_buffer_context(l, base);
+	ssize_t n = l->read((void *)fh, base, size, file_off, buf_off);
+	int saved = errno;
+	leave_buffer_context(l, pushed);
+	errno = saved;
+	return n;
 }
 
 ssize_t pfcf_write(pfcf_lib *l, uintptr_t fh, void *base, size_t size, off_t file_off, off_t buf_off) {
-	return l->write((void *)fh, base, size, file_off, buf_off);
+	void *pushed = enter_buffer_context(l, base);
+	ssize_t n = l->write((void *)fh, base, size, file_off, buf_off);
+	int saved = errno;
+	leave_buffer_context(l, pushed);
+	errno = saved;
+	return n;
 }
 
 // The CUDA driver calls the probe makes, resolved from libcuda.
@@ -221,6 +261,7 @@ typedef struct {
 	int (*primary_release)(int);
 	int (*ctx_push)(void *);
 	int (*ctx_pop)(void **);
+	int (*pointer_context)(void *, int, unsigned long long);
 	int (*mem_alloc)(unsigned long long *, size_t);
 	int (*mem_free)(unsigned long long);
 	int (*htod)(unsigned long long, const void *, size_t);
@@ -256,6 +297,7 @@ static int load_cuda(const char *libcuda, cuda_api *c, pfcf_probe *r) {
 		{(void **)&c->primary_release, "cuDevicePrimaryCtxRelease_v2"},
 		{(void **)&c->ctx_push, "cuCtxPushCurrent_v2"},
 		{(void **)&c->ctx_pop, "cuCtxPopCurrent_v2"},
+		{(void **)&c->pointer_context, "cuPointerGetAttribute"},
 		{(void **)&c->mem_alloc, "cuMemAlloc_v2"},
 		{(void **)&c->mem_free, "cuMemFree_v2"},
 		{(void **)&c->htod, "cuMemcpyHtoD_v2"},
@@ -382,6 +424,12 @@ void pfcf_probe_io(pfcf_lib *l, const char *libcuda, int fd, size_t n, pfcf_prob
 	if (pushed) {
 		c.ctx_pop(NULL);
 		c.primary_release(0);
+	}
+	if (r->stage == PFCF_PROBE_OK) { // the transfers that follow run in their buffer's context
+		__atomic_store_n(&l->pointer_context, c.pointer_context, __ATOMIC_RELAXED);
+		__atomic_store_n(&l->ctx_push, c.ctx_push, __ATOMIC_RELAXED);
+		__atomic_store_n(&l->ctx_pop, c.ctx_pop, __ATOMIC_RELAXED);
+		__atomic_store_n(&l->ctx_get_current, c.ctx_get_current, __ATOMIC_RELEASE); // last: enables them
 	}
 }
 

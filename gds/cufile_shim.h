@@ -43,6 +43,13 @@ typedef struct {
 	pfcf_status (*buf_deregister)(const void *base);
 	ssize_t (*read)(void *fh, void *base, size_t size, off_t file_off, off_t buf_off);
 	ssize_t (*write)(void *fh, const void *base, size_t size, off_t file_off, off_t buf_off);
+	// The CUDA driver's context calls, set by the first probe that passed
+	// (NULL until then): a transfer on a thread with no context current
+	// runs in the context of its buffer's memory (pfcf_read, pfcf_write).
+	int (*ctx_get_current)(void **ctx);
+	int (*pointer_context)(void *ctx, int attribute, unsigned long long ptr);
+	int (*ctx_push)(void *ctx);
+	int (*ctx_pop)(void **ctx);
 } pfcf_lib;
 
 // pfcf_load dlopens path and resolves every entry point. On failure it
@@ -83,7 +90,11 @@ typedef struct {
 // back and the file's own bytes (pread) with the pattern. Device memory
 // comes from libcuda (cuMemAlloc in the context current on this thread,
 // else in device 0's primary context), all on the calling thread, as CUDA
-// contexts are per thread. Everything is released before it returns.
+// contexts are per thread. Everything is released before it returns. A
+// probe that passes binds the driver's context calls into l: from then on
+// a transfer on a thread with no context current runs in the context of
+// its buffer's memory, pushed for the call and popped after it, as the
+// CUDA driver needs one current for device memory.
 void pfcf_probe_io(pfcf_lib *l, const char *libcuda, int fd, size_t n, pfcf_probe *r);
 
 // Outcomes of pfcf_canary.

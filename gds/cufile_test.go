@@ -89,7 +89,9 @@ func (f *fakeLib) logOf(op int64) []fakeCall {
 // so each test loads a fresh copy with its own counters (a second dlopen of
 // one path would return the copy already loaded), and the fake libcuda
 // beside it, which the filesystem probe then gets its device memory from
-// (for the rest of the test). It skips the test when gcc is missing.
+// (for the rest of the test). Its transfers need a CUDA context current in
+// that libcuda, as device memory does (FAKECUFILE_CONTEXT). It skips the
+// test when gcc is missing.
 func buildFake(t *testing.T) string {
 	t.Helper()
 	gcc, err := exec.LookPath("gcc")
@@ -104,6 +106,7 @@ func buildFake(t *testing.T) string {
 		msg, err := cmd.CombinedOutput()
 		require.NoError(t, err, "building %s: %s", src, msg)
 	}
+	t.Setenv("FAKECUFILE_CONTEXT", cuda)
 	cufileMu.Lock()
 	saved := cufileProbe.libcuda
 	cufileProbe.libcuda = cuda

@@ -260,6 +260,7 @@ def fake_cufile_env(lib: Path, **extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env["LD_LIBRARY_PATH"] = f"{lib.parent}:{env.get('LD_LIBRARY_PATH', '')}"
     env["PYFASTENSOR_CUFILE_LIB"] = str(lib)
+    env["FAKECUFILE_CONTEXT"] = "libcuda.so.1"  # its transfers need a context current, as device memory does
     env["PYTHONPATH"] = f"{ROOT}:{env.get('PYTHONPATH', '')}"
     env.update(extra)
     return env

@@ -129,6 +129,20 @@ CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n) {
 	return CUDA_SUCCESS;
 }
 
+// cuPointerGetAttribute answers CU_POINTER_ATTRIBUTE_CONTEXT (1) only: every
+// pointer is taken for memory of device 0's primary context (the tests'
+// "device memory" is host memory).
+CUresult cuPointerGetAttribute(void *data, int attribute, CUdeviceptr p) {
+	if (!inited) {
+		return CUDA_ERROR_NOT_INITIALIZED;
+	}
+	if (attribute != 1 || !p) {
+		return CUDA_ERROR_INVALID_VALUE;
+	}
+	*(void **)data = &primary;
+	return CUDA_SUCCESS;
+}
+
 CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char v, size_t n) {
 	if (!current) {
 		return CUDA_ERROR_INVALID_CONTEXT;

@@ -24,7 +24,12 @@
 //   FAKECUFILE_HANDLE_REGISTER=<n> every cuFileHandleRegister fails with n
 //   FAKECUFILE_READ=<n>            every cuFileRead returns -n (a CUfileOpError)
 //   FAKECUFILE_WRITE=<n>           every cuFileWrite returns -n
+//   FAKECUFILE_CONTEXT=<libcuda>   cuFileRead and cuFileWrite need a CUDA context
+//                                  current on the calling thread, as device memory
+//                                  does: that of the fake libcuda loaded by this name
+//                                  (else they return CU_FILE_CUDA_DRIVER_ERROR)
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -51,6 +56,7 @@ typedef struct {
 
 enum { // CUfileOpError values the fake returns
 	DRIVER_NOT_INITIALIZED = 5001,
+	CUDA_DRIVER_ERROR = 5011,
 	INVALID_VALUE = 5022,
 	MEMORY_ALREADY_REGISTERED = 5023,
 	MEMORY_NOT_REGISTERED = 5024,
@@ -261,12 +267,34 @@ status_t cuFileBufDeregister(const void *base) {
 	return st((int)code);
 }
 
+// no_context reports whether FAKECUFILE_CONTEXT names a loaded libcuda in
+// which no context is current on this thread.
+static int no_context(void) {
+	const char *name = getenv("FAKECUFILE_CONTEXT");
+	if (!name || !*name) {
+		return 0;
+	}
+	void *dl = dlopen(name, RTLD_LAZY | RTLD_NOLOAD);
+	if (!dl) {
+		return 0; // not loaded (yet): nothing can be current in it
+	}
+	int (*get)(void **) = (int (*)(void **))dlsym(dl, "cuCtxGetCurrent");
+	void *ctx = NULL;
+	int none = get && get(&ctx) == 0 && !ctx;
+	dlclose(dl);
+	return none;
+}
+
 // io serves cuFileRead and cuFileWrite: bytes moved, -1 with errno, or
 // the negative of a CUfileOpError.
 static ssize_t io(long op, void *fh, char *base, size_t size, off_t file_off, off_t buf_off) {
 	handle_t *h = fh;
+	int contextless = no_context();
 	pthread_mutex_lock(&mu);
 	long code = injected(op);
+	if (!code && contextless) {
+		code = CUDA_DRIVER_ERROR;
+	}
 	if (!code) {
 		code = env_code(op == OP_READ ? "FAKECUFILE_READ" : "FAKECUFILE_WRITE");
 	}
