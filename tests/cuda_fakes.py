@@ -120,7 +120,7 @@ class FakeCuda:
         self.gate = threading.Event()
         self.gate.set()
         self.compute = FakeStream(self, "compute")
-        self.current = self.compute
+        self._current = threading.local()  # per thread, as CUDA's current stream is
         self._streams: list[FakeStream] = []  # the side streams, in the order made
         self.pinned_calls: list[int] = []  # sizes of pinned allocations
         self.syncs: list[threading.Thread] = []  # the thread of each event.synchronize()
@@ -131,6 +131,11 @@ class FakeCuda:
         self.device_live = 0  # bytes of device allocations alive now
         self.device_peak = 0
         self._device_lock = threading.RLock()  # _device_free is a finalizer: it may run inside empty()
+
+    @property
+    def current(self) -> FakeStream:
+        """This thread's current stream: the compute stream unless :meth:`use` made another current."""
+        return getattr(self._current, "stream", self.compute)
 
     @property
     def sides(self) -> int:
@@ -154,11 +159,11 @@ class FakeCuda:
 
     @contextlib.contextmanager
     def use(self, stream: FakeStream) -> Iterator[None]:
-        before, self.current = self.current, stream
+        before, self._current.stream = self.current, stream
         try:
             yield
         finally:
-            self.current = before
+            self._current.stream = before
 
     def event(self) -> FakeEvent:
         return FakeEvent(self)
