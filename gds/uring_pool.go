@@ -15,11 +15,13 @@ type ringPool struct {
 	// bytes in flight per transfer (uringBounceBytes).
 	maxIO, bounceBytes int
 
-	mu     sync.Mutex
-	cond   sync.Cond // signalled when a ring is returned or discarded
-	free   []*ioRing
-	count  int // rings in existence, free or in use
-	closed bool
+	mu      sync.Mutex
+	cond    sync.Cond // signalled when a ring is returned or discarded
+	free    []*ioRing
+	count   int // rings in existence, free or in use
+	waiting int // callers of get waiting for a ring
+	closed  bool
+	open    func(entries uint32) (*ioRing, error) // newIORing; tests make it fail
 
 	// Counters for tests and diagnostics.
 	peak    atomic.Int32 // most requests in flight on one ring
@@ -28,13 +30,15 @@ type ringPool struct {
 
 func newRingPool(o Options) *ringPool {
 	p := &ringPool{depth: min(max(o.QueueDepth, 1), uringMaxDepth), max: max(o.Threads, 1),
-		maxIO: uringMaxIO, bounceBytes: uringBounceBytes}
+		maxIO: uringMaxIO, bounceBytes: uringBounceBytes, open: newIORing}
 	p.cond.L = &p.mu
 	return p
 }
 
 // get takes a free ring, creates one while there are fewer than max, or
-// waits for one to be returned.
+// waits for one to be returned. A creation that failed while other rings
+// existed (EMFILE, say) is tried again only once none is left: a ring
+// discarded meanwhile wakes the waiter to create one or fail.
 func (p *ringPool) get() (*ioRing, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -48,10 +52,10 @@ func (p *ringPool) get() (*ioRing, error) {
 			p.free = p.free[:n-1]
 			return r, nil
 		}
-		if p.count < p.max && !createFailed {
+		if p.count < p.max && (!createFailed || p.count == 0) {
 			p.count++
 			p.mu.Unlock()
-			r, err := newIORing(uint32(p.depth))
+			r, err := p.open(uint32(p.depth))
 			p.mu.Lock()
 			if err == nil {
 				return r, nil
@@ -62,7 +66,9 @@ func (p *ringPool) get() (*ioRing, error) {
 			}
 			createFailed = true // other rings exist (EMFILE, say): wait for one
 		}
+		p.waiting++
 		p.cond.Wait()
+		p.waiting--
 	}
 }
 
@@ -74,10 +80,11 @@ func (p *ringPool) put(r *ioRing, broken bool) {
 		p.count--
 		p.mu.Unlock()
 		r.Close()
-	} else {
-		p.free = append(p.free, r)
-		p.mu.Unlock()
+		p.cond.Broadcast() // room for a ring: each waiter may try to create one
+		return
 	}
+	p.free = append(p.free, r)
+	p.mu.Unlock()
 	p.cond.Signal()
 }
 

@@ -10,7 +10,9 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/pyfastensor/pyfastensor/internal/testutil"
 	"github.com/stretchr/testify/assert"
@@ -357,4 +359,45 @@ func TestUringFailedSubmitWithdrawsRequests(t *testing.T) {
 	pool.mu.Unlock()
 	// The next transfer gets a fresh ring.
 	roundTrip(t, f, testutil.Pattern(8*int(f.task), 3), 0, aligned)
+}
+
+func TestUringWaiterOfAFailedCreationRetriesOnceNoRingIsLeft(t *testing.T) {
+	// A caller whose ring creation failed (EMFILE) while another ring was in
+	// use waits for it; that ring then comes back broken and is discarded.
+	// The waiter must create a ring (or fail), not wait for one that no
+	// longer exists.
+	if ok, reason := ProbeUring(); !ok {
+		t.Skipf("io_uring unavailable: %s", reason)
+	}
+	p := newRingPool(Options{Threads: 2, QueueDepth: 4})
+	defer p.Close()
+	a, err := p.get()
+	require.NoError(t, err)
+	emfile := func(uint32) (*ioRing, error) { return nil, syscall.EMFILE }
+	p.mu.Lock()
+	p.open = emfile
+	p.mu.Unlock()
+	got := make(chan error, 1)
+	go func() {
+		r, err := p.get()
+		if r != nil {
+			p.put(r, false)
+		}
+		got <- err
+	}()
+	require.Eventually(t, func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return p.waiting == 1
+	}, 10*time.Second, time.Millisecond, "the second caller waits after its creation failed")
+	p.mu.Lock()
+	p.open = newIORing // descriptors free again
+	p.mu.Unlock()
+	p.put(a, true)
+	select {
+	case err := <-got:
+		require.NoError(t, err, "the waiter created a ring once none was left")
+	case <-time.After(30 * time.Second):
+		t.Fatal("the waiter still waits for a ring that was discarded")
+	}
 }
