@@ -264,6 +264,19 @@ func TestBadArguments(t *testing.T) {
 		require.NoError(t, f.Close())
 		_, err = f.ReadAt(make([]byte, 10), 0)
 		require.ErrorIs(t, err, ErrClosed)
+		// After Close the descriptor's number may be another file's: nothing reaches it.
+		victim, err := os.Create(filepath.Join(t.TempDir(), "victim"))
+		require.NoError(t, err)
+		defer victim.Close()
+		_, err = victim.Write(testutil.Pattern(100, 4))
+		require.NoError(t, err)
+		_, err = f.Size()
+		require.ErrorIs(t, err, ErrClosed)
+		require.ErrorIs(t, f.Truncate(0), ErrClosed)
+		require.ErrorIs(t, f.Sync(), ErrClosed)
+		st, err := victim.Stat()
+		require.NoError(t, err)
+		assert.Equal(t, int64(100), st.Size(), "a file opened after Close is left alone")
 	})
 }
 

@@ -130,10 +130,18 @@ func (f *cufileFile) Sync() error {
 }
 
 // Size implements File.
-func (f *cufileFile) Size() (int64, error) { return fdSize("cufile", f.fd, f.path) }
+func (f *cufileFile) Size() (int64, error) {
+	if f.closed.Load() {
+		return 0, opErr("cufile", "stat", f.path, 0, 0, 0, ErrClosed)
+	}
+	return fdSize("cufile", f.fd, f.path)
+}
 
 // Truncate implements File.
 func (f *cufileFile) Truncate(size int64) error {
+	if f.closed.Load() { // its descriptor number may be another file's now
+		return opErr("cufile", "truncate", f.path, size, 0, 0, ErrClosed)
+	}
 	if err := unix.Ftruncate(f.fd, size); err != nil {
 		return opErr("cufile", "truncate", f.path, size, 0, 0, err)
 	}

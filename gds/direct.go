@@ -349,12 +349,18 @@ func (f *directFile) Sync() error {
 // Size implements File: the logical length, which excludes any padding
 // still in flight.
 func (f *directFile) Size() (int64, error) {
+	if f.closed.Load() {
+		return 0, opErr(f.engine, "stat", f.path, 0, 0, 0, ErrClosed)
+	}
 	f.sizeMu.Lock()
 	defer f.sizeMu.Unlock()
 	return f.size, nil
 }
 
 func (f *directFile) Truncate(size int64) error {
+	if f.closed.Load() { // its descriptor number may be another file's now
+		return opErr(f.engine, "truncate", f.path, size, 0, 0, ErrClosed)
+	}
 	f.sizeMu.Lock()
 	defer f.sizeMu.Unlock()
 	if err := unix.Ftruncate(f.fd, size); err != nil {

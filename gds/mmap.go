@@ -45,7 +45,7 @@ func (e *Mmap) Open(path string, flag int, perm os.FileMode) (File, error) {
 	if size > 0 {
 		f.data, err = unix.Mmap(fd, 0, int(size), unix.PROT_READ, unix.MAP_SHARED)
 		if err != nil {
-			return nil, opErr("mmap", "mmap", path, 0, int(size), 0, err)
+			return nil, opErr("mmap", "mmap", name, 0, int(size), 0, err)
 		}
 	}
 	return f, nil
@@ -96,11 +96,24 @@ func (f *mmapFile) WriteAt(p []byte, off int64) (int, error) {
 	return 0, opErr("mmap", "write", f.path, off, len(p), 0, ErrUnsupported)
 }
 
-func (f *mmapFile) Sync() error { return nil }
+func (f *mmapFile) Sync() error {
+	if f.closed.Load() {
+		return opErr("mmap", "sync", f.path, 0, 0, 0, ErrClosed)
+	}
+	return nil
+}
 
-func (f *mmapFile) Size() (int64, error) { return f.size, nil }
+func (f *mmapFile) Size() (int64, error) {
+	if f.closed.Load() {
+		return 0, opErr("mmap", "stat", f.path, 0, 0, 0, ErrClosed)
+	}
+	return f.size, nil
+}
 
 func (f *mmapFile) Truncate(size int64) error {
+	if f.closed.Load() {
+		return opErr("mmap", "truncate", f.path, size, 0, 0, ErrClosed)
+	}
 	return opErr("mmap", "truncate", f.path, size, 0, 0, ErrUnsupported)
 }
 

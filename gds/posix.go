@@ -89,9 +89,17 @@ func (f *posixFile) Sync() error {
 	return nil
 }
 
-func (f *posixFile) Size() (int64, error) { return fdSize("posix", f.fd, f.path) }
+func (f *posixFile) Size() (int64, error) {
+	if f.closed.Load() { // its descriptor number may be another file's now
+		return 0, opErr("posix", "stat", f.path, 0, 0, 0, ErrClosed)
+	}
+	return fdSize("posix", f.fd, f.path)
+}
 
 func (f *posixFile) Truncate(size int64) error {
+	if f.closed.Load() {
+		return opErr("posix", "truncate", f.path, size, 0, 0, ErrClosed)
+	}
 	if err := unix.Ftruncate(f.fd, size); err != nil {
 		return opErr("posix", "truncate", f.path, size, 0, 0, err)
 	}
