@@ -49,8 +49,12 @@ func (e *Direct) Open(path string, flag int, perm os.FileMode) (File, error) {
 	fd, err := openDirect(path, flag, uint32(perm.Perm()))
 	if errors.Is(err, unix.EINVAL) {
 		// The filesystem refuses O_DIRECT: serve the file through the page
-		// cache and say so. flag may have had O_CREAT|O_EXCL; the failed
-		// open created nothing.
+		// cache and say so. Linux checks O_DIRECT after creating the file,
+		// so with O_CREAT|O_EXCL the refused open has made it, exclusively:
+		// the fallback opens that file without O_EXCL, which would refuse it.
+		if flag&(os.O_CREATE|os.O_EXCL) == os.O_CREATE|os.O_EXCL {
+			flag &^= os.O_EXCL
+		}
 		pf, perr := NewPosix(e.opts).Open(path, flag, perm)
 		if perr != nil {
 			return nil, perr

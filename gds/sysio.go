@@ -70,6 +70,15 @@ var directOpenFaults atomic.Pointer[Injector]
 func openDirect(path string, flag int, perm uint32) (int, error) {
 	if inj := directOpenFaults.Load(); inj != nil {
 		if err := (*inj).MaybeError(FaultOp{Kind: OpOpen, Path: path}); err != nil {
+			if errors.Is(err, unix.EINVAL) && flag&unix.O_CREAT != 0 {
+				// As Linux refuses O_DIRECT: after the file is created (or
+				// refused for O_EXCL, which comes first).
+				fd, cerr := openFD(path, flag, perm)
+				if cerr != nil {
+					return -1, cerr
+				}
+				unix.Close(fd)
+			}
 			return -1, injected(err)
 		}
 	}
