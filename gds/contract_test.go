@@ -309,3 +309,24 @@ func TestUnalignedMemoryBetweenOneAndTwoTasks(t *testing.T) {
 		require.True(t, bytes.Equal(want, got))
 	})
 }
+
+func TestWriteOnlyPartialBlockWrites(t *testing.T) {
+	// Bytes in the middle of a block, on a file opened write-only: an engine
+	// that writes whole blocks reads the rest of the block first.
+	forEachEngine(t, contractOptions, func(t *testing.T, e Engine) {
+		skipReadOnly(t, e)
+		path := filepath.Join(t.TempDir(), "f")
+		base := testutil.Pattern(3*4096, 6)
+		require.NoError(t, os.WriteFile(path, base, 0o644))
+		f := openServed(t, e, path, os.O_WRONLY, 0)
+		n, err := f.WriteAt([]byte("hello"), 4096+3)
+		require.NoError(t, err)
+		assert.Equal(t, 5, n)
+		require.NoError(t, f.Close())
+		want := append([]byte(nil), base...)
+		copy(want[4096+3:], "hello")
+		got, err := os.ReadFile(path)
+		require.NoError(t, err)
+		assert.True(t, bytes.Equal(want, got), "the block's other bytes are kept")
+	})
+}

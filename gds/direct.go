@@ -46,7 +46,16 @@ func (e *Direct) Name() string { return e.name }
 
 // Open implements Engine.
 func (e *Direct) Open(path string, flag int, perm os.FileMode) (File, error) {
-	fd, err := openDirect(path, flag, uint32(perm.Perm()))
+	try := flag
+	if flag&(os.O_WRONLY|os.O_RDWR) == os.O_WRONLY {
+		// A write of part of a block reads the rest of it first: write-only
+		// is opened read-write where the file's mode allows.
+		try = flag&^os.O_WRONLY | os.O_RDWR
+	}
+	fd, err := openDirect(path, try, uint32(perm.Perm()))
+	if try != flag && errors.Is(err, unix.EACCES) {
+		fd, err = openDirect(path, flag, uint32(perm.Perm()))
+	}
 	if errors.Is(err, unix.EINVAL) {
 		// The filesystem refuses O_DIRECT: serve the file through the page
 		// cache and say so. Linux checks O_DIRECT after creating the file,
@@ -62,10 +71,15 @@ func (e *Direct) Open(path string, flag int, perm os.FileMode) (File, error) {
 		pf.(*posixFile).fallback = fmt.Sprintf("%s: %s: %v on open", e.name, ErrNoDirectIO, err)
 		return pf, nil
 	}
-	name := e.opts.nameFor(path)
 	if err != nil {
-		return nil, opErr(e.name, "open", name, 0, 0, 0, err)
+		return nil, opErr(e.name, "open", e.opts.nameFor(path), 0, 0, 0, err)
 	}
+	return e.serve(path, fd)
+}
+
+// serve makes the direct file of fd, opened with O_DIRECT for path.
+func (e *Direct) serve(path string, fd int) (File, error) {
+	name := e.opts.nameFor(path)
 	mem, off := dioAlign(fd)
 	size, err := fdSize(e.name, fd, name)
 	if err != nil {
@@ -151,13 +165,14 @@ func (f *directFile) WriteAt(p []byte, off int64) (int, error) {
 	}
 	a := int64(f.offAlign)
 	end := off + int64(len(p))
-	f.reserve(end)
+	prev := f.reserve(end)
 
 	n, err := f.transfer(true, p, off)
 	if err == nil && alignUp(end, a) > end {
 		err = f.trimPadding()
 	}
 	if err != nil {
+		f.unreserve(prev, end)
 		return n, opErr(f.engine, "write", f.path, off, len(p), n, err)
 	}
 	return n, nil
@@ -319,10 +334,29 @@ func (f *directFile) piece(write, straight bool, p []byte, off int64) (int, erro
 }
 
 // reserve extends the logical size to end before the write reaches disk.
-func (f *directFile) reserve(end int64) {
+func (f *directFile) reserve(end int64) (prev int64) {
 	f.sizeMu.Lock()
+	prev = f.size
 	f.size = max(f.size, end)
 	f.sizeMu.Unlock()
+	return prev
+}
+
+// unreserve takes back what a failed write up to end reserved over prev:
+// the size becomes what the file holds (at most end, at least prev),
+// unless a later write has reserved beyond end meanwhile (its own outcome
+// sets the size then).
+func (f *directFile) unreserve(prev, end int64) {
+	f.sizeMu.Lock()
+	defer f.sizeMu.Unlock()
+	if f.size != end || end <= prev {
+		return
+	}
+	held := prev
+	if phys, err := fdSize(f.engine, f.fd, f.path); err == nil {
+		held = max(prev, min(end, phys))
+	}
+	f.size = held
 }
 
 // trimPadding cuts the zero padding that an edge write put past the logical

@@ -54,5 +54,10 @@ func TestFullFilesystem(t *testing.T) {
 		if n > 0 {
 			assert.Contains(t, err.Error(), "partial write")
 		}
+		size, err := f.Size()
+		require.NoError(t, err)
+		st, err := os.Stat(path)
+		require.NoError(t, err)
+		assert.LessOrEqual(t, size, st.Size(), "the size a failed write leaves is what the file holds")
 	})
 }
