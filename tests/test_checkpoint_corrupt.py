@@ -141,6 +141,13 @@ def test_truncated_at_every_region(saved, tmp_path):
         shutil.copy(saved, victim)
         with open(victim, "r+b") as f:
             f.truncate(cut)
+        if cut == 0:
+            for mmap in (False, True):  # an EOFError as torch's, that says what is wrong and where
+                with pytest.raises(pyfastensor.EndOfFileError, match=f"cannot load {victim}: the file is empty"):
+                    pyfastensor.load(victim, mmap=mmap)
+            with pytest.raises(pyfastensor.EndOfFileError, match="cannot load from <_io.BytesIO>: nothing to read"):
+                pyfastensor.load(io.BytesIO())
+            continue
         if cut < 4:
             # Not recognisably a zip: handed to torch.load, which refuses it.
             with pytest.raises(Exception):  # noqa: B017

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from ..dictionary import Dictionaries
 
 from .. import _torch
-from ..errors import CorruptFileError
+from ..errors import CorruptFileError, EndOfFileError
 from . import _cuda, _progress
 from ._native import Archive
 from ._torchzip import PreloadedZip, key_paths
@@ -157,6 +157,8 @@ def load(
     start = f.tell()
     magic = f.read(4)
     f.seek(start)
+    if not magic:  # torch says only EOFError
+        raise EndOfFileError(f"cannot load from {_named(f)}: nothing to read (empty, or at its end)")
     if magic != _ZIP_MAGIC:
         return to_torch(f)
     with tempfile.TemporaryDirectory(prefix="pyfastensor-") as d:
@@ -172,9 +174,13 @@ def load(
             return _load_path(spooled, from_buffer, map_location, pickle_module, weights_only,
                               verify, engine, progress, pickle_load_args)
         except CorruptFileError as e:  # name what the caller gave, not the spooled copy
-            name = getattr(f, "name", None)
-            what = repr(name) if isinstance(name, str) else f"<{type(f).__module__}.{type(f).__qualname__}>"
-            raise CorruptFileError(str(e).replace(spooled, what)) from None
+            raise CorruptFileError(str(e).replace(spooled, _named(f))) from None
+
+
+def _named(f: IO[bytes]) -> str:
+    """What names a file-like in a message: its ``name``, or its type."""
+    name = getattr(f, "name", None)
+    return repr(name) if isinstance(name, str) else f"<{type(f).__module__}.{type(f).__qualname__}>"
 
 
 def _resolve_weights_only(weights_only: bool | None, pickle_module: Any) -> bool:
@@ -239,6 +245,8 @@ def _load_archive(
     progress: bool | None, pickle_load_args: dict[str, Any], *, mmap: bool = False,
 ) -> Any:
     with opened as archive:  # closed, then its arena's pages no tensor took, when the load is over
+        if archive.size == 0:  # torch says only EOFError, or (mmap) that the file is not a zip
+            raise EndOfFileError(f"cannot load {path}: the file is empty (0 bytes), not a checkpoint")
         if archive.fallback:  # not a zip, TorchScript, compressed, or not torch's layout
             return to_torch(path)
         zf = PreloadedZip(archive, storages=not mmap)
