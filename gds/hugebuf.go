@@ -79,6 +79,24 @@ func putHuge(b *hugeBuf) {
 	}
 }
 
+// ReleaseIdle unmaps every idle bounce buffer and returns the bytes
+// released; buffers in use go back to the pool when returned, as before.
+func ReleaseIdle() int {
+	hugePool.mu.Lock()
+	idle := hugePool.idle
+	released := hugePool.size
+	hugePool.idle, hugePool.size = map[int][]*hugeBuf{}, 0
+	hugePool.mu.Unlock()
+	for _, l := range idle {
+		for _, b := range l {
+			if b.raw != nil {
+				_ = unix.Munmap(b.raw)
+			}
+		}
+	}
+	return released
+}
+
 // Borrow returns n bytes of pooled memory aligned to 2 MiB (so O_DIRECT
 // moves it in place, in large requests), and the function that gives it
 // back. Sizes are rounded up to whole huge pages, so buffers of nearby sizes

@@ -204,6 +204,15 @@ func cstring(s string) *C.char { return C.CString(s) }
 //export pft_free
 func pft_free(p unsafe.Pointer) { C.free(p) }
 
+//export pft_release_idle
+func pft_release_idle(out *C.int64_t, errOut **C.char) C.int {
+	return call(errOut, func() error {
+		*out = C.int64_t(gds.ReleaseIdle())
+		debug.FreeOSMemory() // the Go heap's free pages too (host-tier slots freed, say)
+		return nil
+	})
+}
+
 //export pft_handle_count
 func pft_handle_count() C.int64_t {
 	handles.Lock()

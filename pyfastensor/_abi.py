@@ -8,6 +8,7 @@ against a header built from the Go source.
 # name -> (return type, ((parameter type, parameter name), ...))
 PROTOTYPES: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
     "pft_free": ("void", (("void*", "p"),)),
+    "pft_release_idle": ("int", (("int64_t*", "out"), ("char**", "errOut"),)),
     "pft_handle_count": ("int64_t", ()),
     "pft_ckpt_save_torch": ("int", (("char*", "path"), ("char*", "prefix"), ("char*", "pkl"), ("int64_t", "pklLen"), ("char*", "byteorder"), ("char*", "serial"), ("int64_t", "n"), ("char*", "keys"), ("void**", "addrs"), ("int64_t*", "sizes"), ("char*", "options"), ("int64_t*", "progress"), ("char**", "out"), ("char**", "errOut"),)),
     "pft_ckpt_open": ("int", (("char*", "path"), ("uint64_t*", "handle"), ("char**", "out"), ("char**", "errOut"),)),

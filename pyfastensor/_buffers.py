@@ -259,20 +259,29 @@ FREED = FreedPages()
 
 
 def empty_cache() -> int:
-    """Release the memory that freed loaded tensors left for the next load to reuse.
+    """Release the host memory the library keeps for reuse, as :func:`torch.cuda.empty_cache`
+    does for CUDA memory.
 
     :func:`pyfastensor.load` puts records of 1 MiB and up in page-aligned
     memory of their own; when such a tensor is freed its pages are kept,
     up to ``PYFASTENSOR_KEEP_FREED`` bytes (default 1G, or an eighth of
     the machine's memory if less), for the next load, as glibc keeps the
-    heap torch's allocator takes from (see :class:`FreedPages`). The kernel may take them back
-    under memory pressure anyway; this unmaps them now, as
-    :func:`torch.cuda.empty_cache` does for CUDA memory.
+    heap torch's allocator takes from (see :class:`FreedPages`). Saves and
+    O_DIRECT transfers of unaligned memory keep up to 256 MiB of bounce
+    buffers, and the native core's heap keeps pages it freed (a host-tier
+    offload's slots). The kernel may take the freed pages back under memory
+    pressure anyway; this releases all of them now (the native library is
+    loaded for it only where it is already).
 
     Returns:
-        The bytes released.
+        The bytes released: freed tensors' pages and bounce buffers.
     """
-    return FREED.release()
+    from . import _lib
+
+    released = FREED.release()
+    if _lib.loaded():
+        released += _lib.release_idle()
+    return released
 
 
 class PageArena:

@@ -275,6 +275,14 @@ def options(engine: Any = None, **fields: Any) -> bytes:
     return json.dumps(doc).encode()
 
 
+def release_idle() -> int:
+    """Unmap the core's idle O_DIRECT bounce buffers and return its heap's free pages to the
+    system; the bounce bytes released."""
+    out = i64()
+    call("pft_release_idle", ctypes.byref(out))
+    return out.value
+
+
 def handle_count() -> int:
     """Number of live native handles (for leak checks)."""
     return int(lib().pft_handle_count())
