@@ -1,6 +1,7 @@
 package gds
 
 import (
+	"errors"
 	"io"
 	"runtime"
 	"sync"
@@ -14,8 +15,13 @@ import (
 func uringMiddle(f *directFile, write bool, p []byte, off int64) (int, error) {
 	pool := f.ring.(*ringPool)
 	r, err := pool.get()
-	if err != nil {
+	if errors.Is(err, ErrClosed) {
 		return 0, err
+	}
+	if err != nil {
+		// No ring could be set up now (ENOMEM, EMFILE; the probe's ring
+		// worked): the same O_DIRECT transfer on the threaded path.
+		return threadedMiddle(f, write, p, off)
 	}
 	// The kernel completes a request as task work of the thread that
 	// submitted it. Keeping the goroutine on one thread for the whole batch

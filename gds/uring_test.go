@@ -401,3 +401,27 @@ func TestUringWaiterOfAFailedCreationRetriesOnceNoRingIsLeft(t *testing.T) {
 		t.Fatal("the waiter still waits for a ring that was discarded")
 	}
 }
+
+func TestUringTransfersWithoutARingGoThroughThreads(t *testing.T) {
+	// No ring can be set up at the first transfer (EMFILE, ENOMEM under
+	// pressure, though the probe's ring worked): the transfer still moves
+	// its bytes, through the threaded O_DIRECT path.
+	e := newUringOrSkip(t, Options{QueueDepth: 4, TaskSize: 64 << 10, Threads: 2})
+	f := openUring(t, e, filepath.Join(t.TempDir(), "f"), os.O_RDWR|os.O_CREATE)
+	pool := poolOf(f)
+	pool.mu.Lock()
+	pool.open = func(uint32) (*ioRing, error) { return nil, syscall.EMFILE }
+	pool.mu.Unlock()
+	want := testutil.Pattern(300<<10+5, 9)
+	n, err := f.WriteAt(want, 7)
+	require.NoError(t, err)
+	assert.Equal(t, len(want), n)
+	got := make([]byte, len(want))
+	n, err = f.ReadAt(got, 7)
+	require.NoError(t, err)
+	assert.Equal(t, len(want), n)
+	assert.True(t, bytes.Equal(want, got))
+	pool.mu.Lock()
+	assert.Zero(t, pool.count, "no ring was made")
+	pool.mu.Unlock()
+}
