@@ -234,22 +234,24 @@ static void leave_buffer_context(pfcf_lib *l, void *pushed) {
 	}
 }
 
-ssize_t pfcf_read(pfcf_lib *l, uintptr_t fh, void *base, size_t size, off_t file_off, off_t buf_off) {
+// transfer runs one cuFileRead or cuFileWrite in base's context.
+static ssize_t transfer(pfcf_lib *l, int write, uintptr_t fh, void *base, size_t size, off_t file_off,
+			off_t buf_off) {
 	void *pushed = enter_buffer_context(l, base);
-	ssize_t n = l->read((void *)fh, base, size, file_off, buf_off);
+	ssize_t n = write ? l->write((void *)fh, base, size, file_off, buf_off)
+			  : l->read((void *)fh, base, size, file_off, buf_off);
 	int saved = errno;
 	leave_buffer_context(l, pushed);
 	errno = saved;
 	return n;
 }
 
+ssize_t pfcf_read(pfcf_lib *l, uintptr_t fh, void *base, size_t size, off_t file_off, off_t buf_off) {
+	return transfer(l, 0, fh, base, size, file_off, buf_off);
+}
+
 ssize_t pfcf_write(pfcf_lib *l, uintptr_t fh, void *base, size_t size, off_t file_off, off_t buf_off) {
-	void *pushed = enter_buffer_context(l, base);
-	ssize_t n = l->write((void *)fh, base, size, file_off, buf_off);
-	int saved = errno;
-	leave_buffer_context(l, pushed);
-	errno = saved;
-	return n;
+	return transfer(l, 1, fh, base, size, file_off, buf_off);
 }
 
 // The CUDA driver calls the probe makes, resolved from libcuda.
