@@ -9,6 +9,7 @@ import os
 import statistics
 import sys
 import time
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -35,9 +36,17 @@ What runs on a GPU, measured on this machine, in one run:
                     cold load to CUDA (cache dropped) GB/s, ratio to its round's read limit
                     warm load to CUDA (page cache)    GB/s
                     async_save: the caller's blocking time, and its ratio to the save's
+                                                     (and the time until its device-to-host
+                                                     copies end, which the training stream
+                                                     waits for)
                   each with its spread over the rounds and pyfastensor's paired ratios to
-                  its peers, then each target shown as met or not met
-  offload         the CUDA offload benchmark's rows (benchmarks/offload_cuda.py)
+                  its peers, then each target shown as met or not met. Before the rounds,
+                  one untimed save and load of each library (imports, pinned buffers). A
+                  peer that fails is left out with its error; the checkpoint rows are
+                  printed before the offload rows run
+  offload         the CUDA offload benchmark's rows (benchmarks/offload_cuda.py), each
+                  target shown as met, NOT MET or not measured (and why); a row that
+                  fails is reported in the table and the others still run
 
 Without a CUDA device it says so and exits with status 2. Cold reads: as root the
 page cache is dropped before each (echo 3 > drop_caches), else each file's pages
@@ -159,51 +168,84 @@ def checkpoint_rows(directory: str, state: dict[str, Any], rounds: int,
     """Seconds of each row and library over ``rounds`` interleaved rounds, each round after a
     measure of the disk's limit of ``limit_size`` bytes each way in ``directory`` (see
     :data:`DESCRIPTION`). ``limits`` holds each round's :class:`~pyfastensor.bench.disk.DiskLimit`."""
+    import torch
+
     import pyfastensor
     from pyfastensor.bench import disk
     from pyfastensor.checkpoint import last_cuda_route
 
     libs = _libraries()
     secs: dict[str, dict[str, list[float]]] = {row: {lib: [] for lib in libs} for row in ("save", "cold", "warm")}
-    secs["async"] = {"blocking": [], "total": []}
+    secs["async"] = {"blocking": [], "gpu_blocking": [], "total": []}
     paths = {lib: os.path.join(directory, f"state-{lib}.{'safetensors' if lib == 'safetensors' else 'pt'}")
              for lib in libs}
     apath = os.path.join(directory, "state-async.pt")
+    failed: dict[str, str] = {}
+
+    def measured(lib: str, row: str, fn: Callable[[], Any]) -> None:
+        """Time ``fn`` as ``lib``'s ``row``; a peer that fails is reported and left out from then
+        on (its figures of earlier rounds too: rows are compared round by round), pyfastensor's
+        failure ends the checkpoint rows."""
+        try:
+            secs[row][lib].append(_timed(fn))
+        except Exception as e:
+            if lib == "pyfastensor":
+                raise
+            failed[lib] = f"{row}: {type(e).__name__}: {e}"
+            del libs[lib]
+            for by_lib in secs.values():
+                by_lib.pop(lib, None)
+
+    progress("checkpoint: one untimed save and load of each library (pinned buffers, imports)")
+    for lib in list(libs):
+        save, load = libs[lib]
+        measured(lib, "save", lambda: save(state, paths[lib]))  # noqa: B023
+        if lib in libs:
+            measured(lib, "cold", lambda: load(paths[lib]))  # noqa: B023
+        harness.remove_saved(paths[lib])
+    for by_lib in secs.values():
+        for xs in by_lib.values():
+            xs.clear()
     t = time.perf_counter()
     pyfastensor.async_save(state, apath).result()  # the first pays for pinning its buffer
     first_async = time.perf_counter() - t
+    harness.remove_saved(apath)
     routes = set()
     limits = []
     for r in range(rounds):
         progress(f"checkpoint round {r + 1}/{rounds}: the disk's limit")
         limits.append(round_limit(directory, limit_size))
+        os.sync()  # the limit's file is freed now, not inside the first save's time
         progress(f"checkpoint round {r + 1}/{rounds}")
         order = harness.round_order(list(libs), r)
         for lib in order:
             save = libs[lib][0]
             harness.remove_saved(paths[lib])  # a save writes a new file, as the limit's does (untimed)
-            secs["save"][lib].append(_timed(lambda: save(state, paths[lib])))  # noqa: B023
+            measured(lib, "save", lambda: save(state, paths[lib]))  # noqa: B023
         harness.remove_saved(apath)
         t = time.perf_counter()
         fut = pyfastensor.async_save(state, apath)
         secs["async"]["blocking"].append(time.perf_counter() - t)
+        torch.cuda.synchronize()  # the snapshot's copies, which the training stream waits for
+        secs["async"]["gpu_blocking"].append(time.perf_counter() - t)
         fut.result()
         secs["async"]["total"].append(time.perf_counter() - t)
-        for lib in order:
+        for lib in [x for x in order if x in libs]:
             load = libs[lib][1]
             disk.drop_caches([paths[lib]])
-            secs["cold"][lib].append(_timed(lambda: load(paths[lib])))  # noqa: B023
+            measured(lib, "cold", lambda: load(paths[lib]))  # noqa: B023
             if lib == "pyfastensor":
                 route = last_cuda_route()
                 routes.add(route.get("route", "?") + (f" ({route['reason']})" if route.get("reason") else ""))
-        for lib in order:
+        for lib in [x for x in order if x in libs]:
             load = libs[lib][1]
             disk.cache_files([paths[lib]])
-            secs["warm"][lib].append(_timed(lambda: load(paths[lib])))  # noqa: B023
+            measured(lib, "warm", lambda: load(paths[lib]))  # noqa: B023
     for p in (*paths.values(), apath):
-        os.remove(p)
+        if os.path.exists(p):
+            os.remove(p)
     return {"seconds": secs, "first_async_s": first_async, "routes": sorted(routes),
-            "method": disk.cold_cache_method(), "limits": limits}
+            "method": disk.cold_cache_method(), "limits": limits, "failed": failed}
 
 
 def limit_summary(limits: list[Any]) -> dict[str, Any]:
@@ -212,7 +254,7 @@ def limit_summary(limits: list[Any]) -> dict[str, Any]:
     w = [x.write_mbps / 1e3 for x in limits]
     r = [x.read_mbps / 1e3 for x in limits]
     return {"write_gbps": statistics.median(w), "read_gbps": statistics.median(r),
-            "rounds": {"write_gbps": w, "read_gbps": r}, "describe": limits[-1].describe()}
+            "rounds": {"write_gbps": w, "read_gbps": r}, "describe": median_limit(limits).describe()}
 
 
 def median_limit(limits: list[Any]) -> Any:
@@ -222,19 +264,29 @@ def median_limit(limits: list[Any]) -> Any:
                                read_mbps=statistics.median(x.read_mbps for x in limits))
 
 
-def _offload_rows(directory: str, quick: bool, disk_limit: Any,
-                  progress: Callable[[str], None]) -> tuple[dict[str, Any], str]:
+def offload_part(directory: str, result: dict[str, Any], quick: bool,
+                 progress: Callable[[str], None] = harness.progress) -> dict[str, Any]:
     """The GPT-like model's offload table (:mod:`benchmarks.offload_cuda`), the SSD tier bounded
-    by the disk's limit measured above."""
+    by the disk's limit the checkpoint rounds measured (their median), as ``{"offload",
+    "offload_report", "offload_targets"}``; a failure as ``{"offload_error"}``."""
     from . import offload_cuda
 
-    result = offload_cuda.run(directory, quick=quick, disk_limit=disk_limit, progress=progress)
-    return result, offload_cuda.format_report(result)
+    progress("offload")
+    lim = result.get("limit")
+    disk_limit = (types.SimpleNamespace(write_mbps=lim["write_gbps"] * 1e3, read_mbps=lim["read_gbps"] * 1e3)
+                  if lim else None)
+    try:
+        off = offload_cuda.run(directory, quick=quick, disk_limit=disk_limit, progress=progress)
+    except Exception as e:  # the checkpoint rows stand
+        return {"offload_error": f"{type(e).__name__}: {e}"}
+    return {"offload": off, "offload_report": offload_cuda.format_report(off),
+            "offload_targets": offload_cuda.evaluate(off)}
 
 
 def run(directory: str, *, quick: bool = False, rounds: int | None = None, size: int | None = None,
         with_offload: bool = True, progress: Callable[[str], None] = harness.progress) -> dict[str, Any]:
-    """Measure everything :data:`DESCRIPTION` lists; return the raw results."""
+    """Measure everything :data:`DESCRIPTION` lists; return the raw results. A failure of
+    pyfastensor's checkpoint rows is kept as ``"error"`` and the offload rows still run."""
     import torch
 
     nbytes = size or ((512 << 20) if quick else (7 << 28))  # 1.88 GB: 29 tensors of a 0.9B-parameter model
@@ -245,17 +297,18 @@ def run(directory: str, *, quick: bool = False, rounds: int | None = None, size:
     state = make_state(nbytes)
     out["state_bytes"] = sum(t.numel() * t.element_size() for t in state.values())
     out["tensors"] = len(state)
-    out.update(checkpoint_rows(directory, state, rounds, progress,
-                               limit_size=(256 << 20) if quick else (1 << 30)))
-    limits = out.pop("limits")
-    out["limit"] = limit_summary(limits)
-    lim = median_limit(limits)
+    try:
+        out.update(checkpoint_rows(directory, state, rounds, progress,
+                                   limit_size=(256 << 20) if quick else (1 << 30)))
+    except Exception as e:  # reported; the offload rows still run
+        out["error"] = f"{type(e).__name__}: {e}"
     del state
     torch.cuda.empty_cache()
-    out["targets"] = evaluate(out)
+    if "limits" in out:
+        out["limit"] = limit_summary(out.pop("limits"))
+        out["targets"] = evaluate(out)
     if with_offload:
-        progress("offload")
-        out["offload"], out["offload_report"] = _offload_rows(directory, quick, lim, progress)
+        out.update(offload_part(directory, out, quick, progress))
     return out
 
 
@@ -303,8 +356,11 @@ def format_report(result: dict[str, Any]) -> str:
     """The report: bandwidths, the checkpoint rows with their spreads and ratios, the targets."""
     nb = result["state_bytes"]
     lines = [f"device: {result['device']}, torch {result['torch']}",
-             f"pinned copies: D2H {result['pinned_gbps']['d2h']:.1f} GB/s, H2D {result['pinned_gbps']['h2d']:.1f} GB/s",
-             result["limit"]["describe"] + " (each round; the median shown)",
+             f"pinned copies: D2H {result['pinned_gbps']['d2h']:.1f} GB/s, H2D {result['pinned_gbps']['h2d']:.1f} GB/s"]
+    if "error" in result:
+        lines.append(f"checkpoint rows: pyfastensor failed, no figures: {result['error']}")
+        return "\n".join(lines + _offload_lines(result))
+    lines += [result["limit"]["describe"] + " (the rounds' median; measured at the start of each round)",
              _limit_rounds(result["limit"]),
              f"state: {result['tensors']} bf16 tensors, {nb / GB:.2f} GB on the GPU; cold reads: {result['method']}",
              f"pyfastensor's load route: {', '.join(result['routes'])}", "",
@@ -327,14 +383,21 @@ def format_report(result: dict[str, Any]) -> str:
     lines.append(f"{'async_save blocking':<26}{'pyfastensor':<13}{statistics.median(a['blocking']):.3f} s "
                  f"({harness.spread_text(a['blocking'], '.3f')}) of a {statistics.median(a['total']):.2f} s save; "
                  f"first call (pins its buffer) {result['first_async_s']:.2f} s")
-    lines += ["", "targets:"]
-    for t in result["targets"]:
-        state = {True: "met", False: "NOT MET", None: "not measured (peer missing)"}[t["met"]]
-        med = "-" if t["median"] is None else f"{t['median']:.2f}"
-        lines.append(f"  {state:<8} {t['target']}: median {med} ({harness.spread_text(t['ratios'])})")
-    if result.get("offload_report"):
-        lines += ["", "offload (CUDA):", result["offload_report"]]
-    return "\n".join(lines)
+    if a.get("gpu_blocking"):
+        lines.append(f"{'':<39}until its device-to-host copies end (the training stream waits for them): "
+                     f"{statistics.median(a['gpu_blocking']):.3f} s ({harness.spread_text(a['gpu_blocking'], '.3f')})")
+    for lib, why in result.get("failed", {}).items():
+        lines.append(f"{lib} failed and is left out: {why}")
+    lines += ["", "targets:", *harness.target_lines(result["targets"])]
+    return "\n".join(lines + _offload_lines(result))
+
+
+def _offload_lines(result: dict[str, Any]) -> list[str]:
+    if "offload_error" in result:
+        return ["", f"offload (CUDA): failed: {result['offload_error']}"]
+    if not result.get("offload_report"):
+        return []
+    return ["", "offload (CUDA):", result["offload_report"]]
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -355,8 +418,11 @@ def _cmd_gpu(args: argparse.Namespace) -> int:
               "measures pyfastensor's CUDA paths and runs on a GPU machine", file=sys.stderr)
         return NO_CUDA
     with harness.temp_dir(args.dir, "gpu") as d:
-        result = run(d, quick=args.quick, rounds=args.rounds, with_offload=not args.no_offload)
-    print(format_report(result))
+        result = run(d, quick=args.quick, rounds=args.rounds, with_offload=False)
+        print(format_report(result), flush=True)  # the checkpoint rows, before the offload ones run
+        if not args.no_offload:
+            result.update(offload_part(d, result, args.quick))
+            print("\n".join(_offload_lines(result)), flush=True)
     if args.json:
         harness.write_json(result, args.json)
-    return 0
+    return 1 if "error" in result or "offload_error" in result else 0

@@ -164,6 +164,19 @@ def spread_text(xs: Sequence[float], fmt: str = ".2f") -> str:
     return f"{min(xs):{fmt}}-{max(xs):{fmt}}" if xs else "-"
 
 
+def target_lines(targets: Sequence[dict[str, Any]]) -> list[str]:
+    """One line a target (``{"target", "ratios", "median", "met"}``, ``"why"`` optional): met,
+    NOT MET or not measured, its median and spread, and why where it was not measured."""
+    lines = []
+    for t in targets:
+        state = {True: "met", False: "NOT MET", None: "not measured"}[t["met"]]
+        med = "-" if t["median"] is None else f"{t['median']:.2f}"
+        why = f" ({t['why']})" if t.get("why") else ""
+        spread = f" ({spread_text(t['ratios'])})" if len(t["ratios"]) > 1 else ""
+        lines.append(f"  {state:<12} {t['target']}: {'median ' if spread else ''}{med}{spread}{why}")
+    return lines
+
+
 # ---------------------------------------------------------------- output
 
 

@@ -122,11 +122,66 @@ def test_checkpoint_rounds_start_with_each_library_in_turn(tmp_path: Path, monke
     monkeypatch.setattr(pyfastensor, "async_save", async_save)
     monkeypatch.setattr(disk, "drop_caches", lambda paths: None)
     monkeypatch.setattr(disk, "cache_files", lambda paths: None)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
     out = gpu.checkpoint_rows(str(tmp_path), {}, 3, progress=lambda line: None)
     assert all(len(v) == 3 for row in ("save", "cold", "warm") for v in out["seconds"][row].values())
+    warmup, calls = calls[:6], calls[6:]
+    assert warmup == [(op, n) for n in libs for op in ("save", "load")], "one untimed save and load each, first"
     per_round = [calls[9 * r:9 * (r + 1)] for r in range(3)]
     for r, got in enumerate(per_round):
         want = [libs[(r + i) % 3] for i in range(3)]
         assert got == [("save", n) for n in want] + [("load", n) for n in want] * 2, f"round {r}"
     assert [got[0][1] for got in per_round] == list(libs), "each library first once"
     assert list(tmp_path.iterdir()) == [], "the rounds' files are removed"
+
+
+def test_a_peer_that_fails_is_left_out_and_said_the_rest_measured(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """safetensors' warm load fails in the first round: its figures go (rows are compared round by
+    round), the report says why, and pyfastensor's and torch's rounds all stand."""
+    from concurrent.futures import Future
+
+    import pyfastensor
+    from pyfastensor.bench import disk
+    from pyfastensor.bench.disk import DiskLimit
+
+    loads = {"n": 0}
+
+    def lib(name: str) -> tuple:
+        def save(state: object, path: str) -> None:
+            open(path, "wb").close()
+
+        def load(path: str) -> None:
+            if name == "safetensors":
+                loads["n"] += 1
+                if loads["n"] == 3:  # after the warm-up's and round 1's cold load: its warm one
+                    raise RuntimeError("CUDA error: out of memory")
+        return save, load
+
+    def async_save(state: object, path: str) -> Future:
+        open(path, "wb").close()
+        f: Future = Future()
+        f.set_result(None)
+        return f
+
+    monkeypatch.setattr(gpu, "_libraries", lambda: {n: lib(n) for n in ("pyfastensor", "torch", "safetensors")})
+    monkeypatch.setattr(gpu, "_timed", lambda fn: (fn(), 1.0)[1])
+    monkeypatch.setattr(gpu, "round_limit", lambda d, n: DiskLimit(write_mbps=1e3, read_mbps=1e3, source="s",
+                                                                  write_how="w", read_how="r", note=""))
+    monkeypatch.setattr(pyfastensor, "async_save", async_save)
+    monkeypatch.setattr(disk, "drop_caches", lambda paths: None)
+    monkeypatch.setattr(disk, "cache_files", lambda paths: None)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    out = gpu.checkpoint_rows(str(tmp_path), {}, 3, progress=lambda line: None)
+    assert out["failed"] == {"safetensors": "warm: RuntimeError: CUDA error: out of memory"}
+    for row in ("save", "cold", "warm"):
+        assert sorted(out["seconds"][row]) == ["pyfastensor", "torch"]
+        assert all(len(v) == 3 for v in out["seconds"][row].values())
+    out["limit"] = gpu.limit_summary(out.pop("limits"))
+    out.update(device="d", torch="t", pinned_gbps={"d2h": 1.0, "h2d": 1.0}, state_bytes=10**9, tensors=1)
+    out["targets"] = gpu.evaluate(out)
+    text = gpu.format_report(out)
+    assert "safetensors failed and is left out: warm: RuntimeError: CUDA error: out of memory" in text
+    assert "not measured" in text and "cold load to CUDA >= 1.2x safetensors" in text
+    assert list(tmp_path.iterdir()) == []
+

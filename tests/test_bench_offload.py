@@ -59,12 +59,20 @@ def test_cuda_table_reports_bounds_targets_and_a_missing_trl():
     bound = {"forward_s": 0.013, "backward_s": 0.027, "d2h_bps": 52e9, "h2d_bps": 50e9, "bytes": 4e9}
     text = offload_cuda.format_report({"model": offload_cuda.GPT_QUICK, "rows": rows, "bound": bound})
     assert "trl" in text and "not installed" in text
-    assert "pft-host / bound: 1.12 (target <= 1.25: met)" in text
-    assert "save_on_cpu / pft-host: 1.93x (target >= 1.5x: met)" in text
+    assert "met          host offload step <= 1.25x its bound: 1.12\n" in text
+    assert "met          host offload >= 1.5x save_on_cpu's speed: 1.93\n" in text
+    assert ("not measured host offload at least as fast as TRL's OffloadActivations: - "
+            "(trl: not installed)") in text
+    assert "NOT MET      ssd offload step <= 1.25x its bound (link and disk): 5.62\n" in text
     assert "pft-host's forward stash: 3 tensors, 0.25 GB used in backward without a copy back" in text
-    assert ("scheduled: saved tensors' resident peak 0.00 GB of a 0.00 GB budget (within); step 1.02x checkpoint's, "
-            "bound 0.92x (target: no slower where the bound is below it: MISSED)") in text
-    assert "planned: saved tensors' resident peak 0.00 GB of a 0.00 GB budget (OVER)" in text
+    assert "met          scheduled: saved tensors' resident peak within its budget: 0.67\n" in text
+    assert ("NOT MET      scheduled: no slower than checkpointing where its bound is below checkpointing's "
+            "step: 1.02\n") in text
+    assert "NOT MET      planned: saved tensors' resident peak within its budget: 1.33\n" in text
+    rows["planned"]["bound_s"] = 0.050  # above checkpointing's step: that target does not apply
+    text = offload_cuda.format_report({"model": offload_cuda.GPT_QUICK, "rows": rows, "bound": bound})
+    assert ("not measured planned: no slower than checkpointing where its bound is below checkpointing's step: - "
+            "(not applicable: its bound is 1.02x checkpointing's step)") in text
 
 
 def test_cuda_bound_takes_the_disk_for_the_bytes_that_go_to_it():
@@ -77,6 +85,8 @@ def test_cuda_bound_takes_the_disk_for_the_bytes_that_go_to_it():
     assert bound(0.010, 0.030, int(1e9), int(5e8), link, disk) == pytest.approx(0.25 + 0.5)
     # The disk not measured: the link's bound.
     assert bound(0.010, 0.030, int(1e9), int(5e8), link, None) == pytest.approx(0.020 + 0.030)
+    # A forward stash of 0.6 GB is used in backward where it is: only 0.4 GB come back.
+    assert bound(0.001, 0.001, int(1e9), 0, link, None, back=int(4e8)) == pytest.approx(0.020 + 0.010)
 
 
 def test_gpt_workload_needs_cuda():
