@@ -47,8 +47,13 @@ type LoadPlan struct {
 	Whole   bool   `json:"whole"`
 	Request int64  `json:"request,omitempty"`
 	Engine  string `json:"engine,omitempty"`
-	// Resident is the file's share in the page cache (0 to 1; -1 unknown).
+	// Resident is the file's share in the page cache (0 to 1; -1 unknown),
+	// measured before anything past the end records was read.
 	Resident float64 `json:"resident"`
+	// Warm says that share is transfer.ResidentShare or more: reads from
+	// the cache are a memory copy away (a load to CUDA then takes the
+	// pinned ring, not cuFile, which would read the disk again).
+	Warm bool `json:"warm"`
 	// Reason says, in words, why the file is or is not read whole.
 	Reason string `json:"reason"`
 }
@@ -156,12 +161,12 @@ func (p *parser) notZip() (string, error) {
 // whose end records are e.
 func decide(f *os.File, src string, size int64, e *ends, o LoadOptions) LoadPlan {
 	plan := LoadPlan{Resident: -1}
+	if res, err := fileResidency(f, size); err == nil {
+		plan.Resident, plan.Warm = res, res >= transfer.ResidentShare
+	}
 	if o.ParseOnly || o.Read.Chooser != nil {
 		plan.Reason = "mapped, to a device, or an engine chosen by the caller: record by record"
 		return plan
-	}
-	if res, err := fileResidency(f, size); err == nil {
-		plan.Resident = res
 	}
 	average := size / max(e.n, 1)
 	switch {

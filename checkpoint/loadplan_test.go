@@ -67,7 +67,16 @@ func TestLoadPlans(t *testing.T) {
 	p = plan(LoadOptions{})
 	assert.False(t, p.Whole)
 	assert.GreaterOrEqual(t, p.Resident, transfer.ResidentShare) // 1 unless another process drops caches meanwhile
+	assert.True(t, p.Warm)
 	assert.Contains(t, p.Reason, "page cache")
+
+	// A load to a device (parse only) is told the residency too, measured before its reads.
+	p = plan(LoadOptions{ParseOnly: true})
+	assert.True(t, p.Warm, "cached: %v", p.Resident)
+	evict(t, path)
+	p = plan(LoadOptions{ParseOnly: true})
+	assert.False(t, p.Warm, "evicted, the parse's own reads not counted: %v", p.Resident)
+	assert.Less(t, p.Resident, transfer.ResidentShare)
 
 	small, _ := saved(t, sampleRecords()[:5])
 	evict(t, small)

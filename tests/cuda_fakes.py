@@ -272,10 +272,11 @@ def fake_cufile_env(lib: Path, **extra: str) -> dict[str, str]:
 
 
 def run_child(path: Path, map_location: str, env: dict[str, str], *, fail_read: bool = False,
-              twice: bool = False) -> dict[str, Any]:
+              twice: bool = False, warm: bool = False) -> dict[str, Any]:
     """Run this file as a script in a child process (see the module docstring); its JSON line.
     ``fail_read``: the fake libcufile fails the third cuFileRead. ``twice``: load twice (the
-    second result is reported). The line also holds ``warnings`` (the warnings the loads
+    second result is reported). Each load finds the file out of the page cache (its pages
+    dropped first), unless ``warm``. The line also holds ``warnings`` (the warnings the loads
     issued), ``info`` (``info()["dir"]`` of the file's directory, cuFile fields, after) and
     ``reads_before_pending_work``: how many cuFileReads had been made when work queued on the
     current stream before the load ran (a GPU runs a read not ordered after it alongside it)."""
@@ -284,6 +285,7 @@ def run_child(path: Path, map_location: str, env: dict[str, str], *, fail_read: 
 
     extra = ["fail-read"] if fail_read else []
     extra += ["twice"] if twice else []
+    extra += ["warm"] if warm else []
     out = subprocess.run([sys.executable, __file__, str(path), map_location, *extra], env=env,
                          capture_output=True, text=True, timeout=300)
     if out.returncode != 0:
@@ -291,7 +293,17 @@ def run_child(path: Path, map_location: str, env: dict[str, str], *, fail_read: 
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
-def _child(path: str, map_location: str, fault: bool, twice: bool = False) -> None:
+def drop_cached(path: str | Path) -> None:
+    """Drop ``path``'s pages from the page cache (written back first: a dirty page stays)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def _child(path: str, map_location: str, fault: bool, twice: bool = False, warm: bool = False) -> None:
     import ctypes
     import json
     import warnings
@@ -322,6 +334,8 @@ def _child(path: str, map_location: str, fault: bool, twice: bool = False) -> No
         with _device.using(fake), warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             for _ in range(2 if twice else 1):
+                if not warm:
+                    drop_cached(path)
                 got = pyfastensor.load(path, map_location=map_location,
                                        engine=os.environ.get("PFT_TEST_ENGINE") or None)  # load's engine=, for the tests
         result["warnings"] = [str(w.message) for w in caught]
@@ -338,6 +352,7 @@ def _child(path: str, map_location: str, fault: bool, twice: bool = False) -> No
     result["info"] = {k: v for k, v in d.items() if k.startswith("cufile")}
     if fake_lib is not None:
         result["cufile_reads"] = fake_lib.fake_calls(7, 0, 0)
+        result["load_cufile_reads"] = result["cufile_reads"] - probed  # the probe's own left out
         fake.current.synchronize()
         result["reads_before_pending_work"] = pending["reads"]
     result["copies"] = len(fake.copies)
@@ -347,4 +362,4 @@ def _child(path: str, map_location: str, fault: bool, twice: bool = False) -> No
 if __name__ == "__main__":
     import sys
 
-    _child(sys.argv[1], sys.argv[2], "fail-read" in sys.argv[3:], "twice" in sys.argv[3:])
+    _child(sys.argv[1], sys.argv[2], "fail-read" in sys.argv[3:], "twice" in sys.argv[3:], "warm" in sys.argv[3:])

@@ -291,6 +291,22 @@ def test_cufile_route_reads_into_device_memory_and_checks_crcs(tmp_path: Path, f
     assert out["reads_before_pending_work"] == 0, "cuFile reads wait for the work queued on the current stream"
 
 
+def test_a_file_in_the_page_cache_takes_the_pinned_ring_where_cufile_works(tmp_path: Path, fake_cufile: Path) -> None:
+    """GPUDirect Storage reads the disk whatever the page cache holds: a warm file is read from
+    memory through the pinned ring, bit for bit the same, and the route says why."""
+    path = tmp_path / "s.pt"
+    pyfastensor.save({**state(), "large": torch.randn(1 << 20)}, path)  # 4.7 MB, read from disk or cache
+    path.read_bytes()  # into the page cache (the save's O_DIRECT writes leave it out)
+    out = run_child(path, "cuda", fake_cufile_env(fake_cufile), warm=True)
+    assert out.get("error") is None, out
+    assert out["route"] == "pinned" and out["equal"]
+    assert "100% of the file is in the page cache" in out["reason"], out["reason"]
+    assert out["load_cufile_reads"] == 0, "no cuFile read"
+    cold = run_child(path, "cuda", fake_cufile_env(fake_cufile))  # the same file, its pages dropped
+    assert cold.get("error") is None, cold
+    assert cold["route"] == "cufile" and cold["equal"] and cold["load_cufile_reads"] > 0
+
+
 def test_cufile_route_catches_a_corrupt_record(tmp_path: Path, fake_cufile: Path) -> None:
     path = tmp_path / "s.pt"
     pyfastensor.save(state(), path)

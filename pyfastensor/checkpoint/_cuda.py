@@ -16,7 +16,10 @@ storage is filled from there as it is made), decided once per load
   ``cuFileBufRegister``, which pays only for buffers reused many times). Taken
   where cuFile works on the file's filesystem (``info()["dir"]["cufile"]``:
   the driver opens and a small write and read through cuFile succeed) and
-  can open the file; where it cannot (no libcufile, no NVIDIA driver,
+  can open the file, unless the file is mostly in the page cache (the load's
+  plan, ``archive.plan["warm"]``, by the share from which the CPU path reads
+  through the cache: cuFile would read the disk again, the pinned ring reads
+  memory); where it cannot (no libcufile, no NVIDIA driver,
   GPUDirect Storage not installed, a registration or read that fails), the
   load falls back to the pinned ring, :data:`last_route` says why, and a
   failure of an installed libcufile warns once per process
@@ -307,6 +310,9 @@ def _choose(archive: Archive, engine: Any = None) -> tuple[str, str, EngineFile 
     if mode == "auto" and engine is None and not os.path.exists(NVFS):
         return "pinned", (f"no GPUDirect Storage driver ({NVFS} missing): cuFile would run in its "
                           "compatibility mode, bounce buffers the pinned ring outruns"), None
+    if mode == "auto" and engine is None and archive.plan.get("warm"):
+        return "pinned", (f"{archive.plan['resident']:.0%} of the file is in the page cache: the pinned ring "
+                          "reads it from memory, cuFile would read the disk again"), None
     try:
         return "cufile", "", EngineFile(archive.source, "r", engine="cufile")
     except (FastensorError, OSError) as e:  # no libcufile or driver, or cuFile refuses this file
