@@ -48,7 +48,7 @@ type LoadPlan struct {
 	Request int64  `json:"request,omitempty"`
 	Engine  string `json:"engine,omitempty"`
 	// Resident is the file's share in the page cache (0 to 1; -1 unknown),
-	// measured before anything past the end records was read.
+	// measured before the load's first read.
 	Resident float64 `json:"resident"`
 	// Warm says that share is transfer.ResidentShare or more: reads from
 	// the cache are a memory copy away (a load to CUDA then takes the
@@ -91,6 +91,10 @@ func load(f *os.File, path string, o LoadOptions) (*Archive, error) {
 	if !st.Mode().IsRegular() { // a directory, a pipe: torch.load says what it makes of it
 		return &Archive{Path: path, Size: size, Fd: -1, Fallback: "not a regular file"}, nil
 	}
+	resident := -1.0 // before the first read: its readahead would count
+	if res, err := fileResidency(f, size); err == nil {
+		resident = res
+	}
 	p := &parser{f: f, file: f, path: path, size: size}
 	if reason, err := p.notZip(); err != nil || reason != "" {
 		return &Archive{Path: path, Size: size, Fd: -1, Fallback: reason}, err
@@ -100,7 +104,7 @@ func load(f *os.File, path string, o LoadOptions) (*Archive, error) {
 		return nil, err
 	}
 	src := pinnedName(f, path)
-	plan := decide(f, src, size, e, o)
+	plan := decide(src, size, resident, e, o)
 	if plan.Whole {
 		mem, err := mapPages(size)
 		if err != nil {
@@ -157,13 +161,11 @@ func (p *parser) notZip() (string, error) {
 	return "", nil
 }
 
-// decide plans the load of the open file f (src names it, size bytes)
-// whose end records are e.
-func decide(f *os.File, src string, size int64, e *ends, o LoadOptions) LoadPlan {
-	plan := LoadPlan{Resident: -1}
-	if res, err := fileResidency(f, size); err == nil {
-		plan.Resident, plan.Warm = res, res >= transfer.ResidentShare
-	}
+// decide plans the load of a file (src names it, size bytes, resident its
+// share in the page cache as it was opened, -1 unknown) whose end records
+// are e.
+func decide(src string, size int64, resident float64, e *ends, o LoadOptions) LoadPlan {
+	plan := LoadPlan{Resident: resident, Warm: resident >= transfer.ResidentShare}
 	if o.ParseOnly || o.Read.Chooser != nil {
 		plan.Reason = "mapped, to a device, or an engine chosen by the caller: record by record"
 		return plan
