@@ -186,3 +186,31 @@ def test_async_save_needs_a_path():
 
     with pytest.raises(TypeError, match="path"):
         pyfastensor.async_save({"w": torch.ones(1)}, io.BytesIO())
+
+
+def test_a_snapshot_that_fails_to_release_still_gives_back_its_target_and_slot(tmp_path, monkeypatch):
+    """Releasing the snapshot raises (a CUDA error while its copies are waited for): the future
+    says so, and the target and the slot are given back, so later saves go on."""
+    from pyfastensor.checkpoint._snapshot import Snapshot
+
+    release = Snapshot.release
+
+    def failing(self):
+        release(self)
+        if threading.current_thread().name.startswith("pyfastensor-save"):
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(Snapshot, "release", failing)
+    target = tmp_path / "x.pt"
+    fut = pyfastensor.async_save({"w": torch.ones(3)}, target)
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        fut.result(timeout=60)
+    monkeypatch.setattr(Snapshot, "release", release)
+    later = threading.Thread(target=pyfastensor.save, args=({"w": torch.zeros(3)}, target))
+    later.start()
+    later.join(60)
+    assert not later.is_alive(), "a save to the target did not wait for a save that had ended"
+    futs = [pyfastensor.async_save({"i": i}, tmp_path / f"{i}.pt") for i in range(3)]  # every slot free
+    for f in futs:
+        f.result(timeout=60)
+    assert torch.equal(pyfastensor.load(target)["w"], torch.zeros(3))

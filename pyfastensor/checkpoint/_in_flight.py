@@ -19,6 +19,8 @@ from concurrent.futures import Future
 #: ``async_save`` writes in flight at once (the background pool's threads): a further
 #: call waits, before taking its snapshot, for one of them to end.
 SLOTS = 2
+#: The names of the background pool's threads start so.
+POOL_PREFIX = "pyfastensor-save"
 
 _lock = threading.Lock()
 _slots = threading.BoundedSemaphore(SLOTS)
@@ -59,7 +61,11 @@ def leave(target: str, fut: Future[None]) -> None:
 
 
 def settle(target: str) -> None:
-    """Wait until no ``async_save`` to ``target`` is in flight."""
+    """Wait until no ``async_save`` to ``target`` is in flight. On a thread of the saves' own
+    pool (a future's done-callback) it does not wait: the write it would wait for may need
+    that very thread."""
+    if threading.current_thread().name.startswith(POOL_PREFIX):
+        return
     while True:
         with _lock:
             previous = _by_target.get(target)

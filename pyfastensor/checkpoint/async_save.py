@@ -66,7 +66,7 @@ def _pool() -> ThreadPoolExecutor:
     global _executor
     with _lock:
         if _executor is None:
-            _executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="pyfastensor-save")
+            _executor = ThreadPoolExecutor(max_workers=_in_flight.SLOTS, thread_name_prefix=_in_flight.POOL_PREFIX)
             atexit.register(_executor.shutdown, wait=True)
         return _executor
 
@@ -174,7 +174,10 @@ def async_save(
         except BaseException as e:
             error = e
         finally:
-            snap.release()
+            try:
+                snap.release()
+            except BaseException as e:  # the save's error if it had none; the target and slot go back anyway
+                error = error or e
             snap.skeleton = None  # type: ignore[assignment]  # a failure's traceback holds the snapshot, not the state's copy
             _in_flight.leave(target, fut)
             _in_flight.free()

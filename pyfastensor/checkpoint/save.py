@@ -97,13 +97,14 @@ def save(
         >>> torch.load("/tmp/linear.pt")["weight"].shape
         torch.Size([2, 4])
     """
+    if isinstance(f, (str, os.PathLike)):
+        _in_flight.settle(_in_flight.key(os.fspath(f)))  # an async_save to f, earlier, commits first
     if not _use_new_zipfile_serialization or _skip_data():
         torch.save(obj, f, pickle_module, pickle_protocol,
                    _use_new_zipfile_serialization=_use_new_zipfile_serialization,
                    _disable_byteorder_record=_disable_byteorder_record)
         return
     if isinstance(f, (str, os.PathLike)):
-        _in_flight.settle(_in_flight.key(os.fspath(f)))  # an async_save to f, earlier, commits first
         _save_path(obj, os.fspath(f), pickle_module, pickle_protocol,
                    _disable_byteorder_record, durable, engine, progress)
         return
