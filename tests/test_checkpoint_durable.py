@@ -54,7 +54,7 @@ def test_sigkill_during_saves_leaves_old_or_new(tmp_path):
     """Kill saving processes at random points: the target always loads as one whole version.
 
     A killed process cannot remove its temporary file; what it leaves is a
-    ``.<name>.pyfastensor-tmp-<pid>@<host>-<random>`` file, which loads never look at
+    ``.<name>.pyfastensor-tmp-<pid>@<pidns>-<random>`` file, which loads never look at
     and the next save to the same target removes (its pid is dead).
     """
     rng = random.Random(1234)

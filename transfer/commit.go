@@ -24,7 +24,8 @@ import (
 // The commit protocol of a write (Create ... Commit):
 //
 //  1. write everything to a temporary file in the target's directory,
-//     named .<target>.pyfastensor-tmp-<pid>-<random>, preallocated to its
+//     named .<target>.pyfastensor-tmp-<pid>@<pid namespace>-<random>
+//     (pidSpace), preallocated to its
 //     final length (so a full disk fails before any byte is written); a
 //     target name too long for that to fit NAME_MAX is shortened in it
 //     (tempBase);
@@ -167,6 +168,11 @@ const nameMax = 255
 // of up to nameMax bytes) is carried shortened (tempBase).
 const tempBaseMax = nameMax - 1 - len(tempMarker) - (10 + 1 + 8 + 1 + 12)
 
+// tempBaseMaxNoSpace is tempBaseMax of the names that carried no pid
+// namespace ("<pid>-<12 hex>"), which earlier versions wrote: their long
+// base names were shortened less, and CleanStale still finds them.
+const tempBaseMaxNoSpace = nameMax - 1 - len(tempMarker) - (10 + 1 + 12)
+
 // foreignStaleAge is how long a temporary file of another pid namespace
 // (another host on a shared filesystem, another container) must have gone
 // unmodified before CleanStale removes it: whether its process lives cannot
@@ -212,8 +218,12 @@ const tempTailMax = 16
 // and last bytes (cut at UTF-8 character starts) around 64 bits of its
 // SHA-256, so that two long names rarely share temporary names, and each
 // target's are found again by name (CleanStale).
-func tempBase(base string) string {
-	if len(base) <= tempBaseMax {
+func tempBase(base string) string { return shortened(base, tempBaseMax) }
+
+// shortened is base, or "<head>~<16 hex>~<tail>" of at most most bytes
+// when base is longer (tempBase).
+func shortened(base string, most int) string {
+	if len(base) <= most {
 		return base
 	}
 	sum := sha256.Sum256([]byte(base))
@@ -222,7 +232,7 @@ func tempBase(base string) string {
 		j++
 	}
 	tail := base[j:]
-	i := tempBaseMax - 2 - 16 - len(tail)
+	i := most - 2 - 16 - len(tail)
 	for i > 0 && !utf8.RuneStart(base[i]) {
 		i--
 	}
@@ -266,13 +276,17 @@ func tempPath(target string) string {
 // tempPid returns the pid encoded in a temporary file name of target and
 // the pid namespace it belongs to (pidSpace; "" in the names of earlier
 // versions, which wrote none). A long base name's files carry it
-// shortened (tempBase), or whole where an earlier version wrote them
-// (which shortened nothing, and failed only where the whole name did not
+// shortened (tempBase), shortened less where an earlier version wrote
+// them without the namespace (tempBaseMaxNoSpace), or whole where an even
+// earlier one did (which shortened nothing, and failed only where the whole name did not
 // fit).
 func tempPid(target, name string) (pid int, space string, ok bool) {
-	rest, ok := strings.CutPrefix(name, tempPrefix(target))
-	if !ok {
-		rest, ok = strings.CutPrefix(name, "."+filepath.Base(target)+tempMarker)
+	base := filepath.Base(target)
+	var rest string
+	for _, b := range []string{tempBase(base), shortened(base, tempBaseMaxNoSpace), base} {
+		if rest, ok = strings.CutPrefix(name, "."+b+tempMarker); ok {
+			break
+		}
 	}
 	if !ok {
 		return 0, "", false

@@ -238,9 +238,12 @@ func TestStaleTempFilesOfLongNamesAreRemoved(t *testing.T) {
 	dead := deadPid(t)
 	stale := filepath.Join(dir, fmt.Sprintf("%s%d-abc", tempPrefix(target), dead))
 	whole := filepath.Join(dir, fmt.Sprintf(".%s%s%d-abc", base, tempMarker, dead)) // as versions before wrote it
+	// as the versions without a pid namespace wrote it, shortened less
+	less := filepath.Join(dir, fmt.Sprintf(".%s%s%d-abc", shortened(base, tempBaseMaxNoSpace), tempMarker, dead))
+	require.NotEqual(t, shortened(base, tempBaseMaxNoSpace), tempBase(base))
 	mine := filepath.Join(dir, fmt.Sprintf("%s%d-abc", tempPrefix(target), os.Getpid()))
 	other := filepath.Join(dir, fmt.Sprintf("%s%d-abc", tempPrefix(twin), dead))
-	for _, p := range []string{stale, whole, mine, other} {
+	for _, p := range []string{stale, whole, less, mine, other} {
 		require.LessOrEqual(t, len(filepath.Base(p)), nameMax)
 		require.NoError(t, os.WriteFile(p, nil, 0o644))
 	}
@@ -248,6 +251,7 @@ func TestStaleTempFilesOfLongNamesAreRemoved(t *testing.T) {
 	require.NoError(t, err)
 	assert.NoFileExists(t, stale)
 	assert.NoFileExists(t, whole)
+	assert.NoFileExists(t, less)
 	assert.FileExists(t, mine)
 	assert.FileExists(t, other)
 

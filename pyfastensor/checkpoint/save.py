@@ -52,15 +52,16 @@ def save(
     first slot to the last.
 
     Durability: a save to a path writes a temporary file
-    ``.<name>.pyfastensor-tmp-<pid>@<host>-<random>`` in the same directory (a
+    ``.<name>.pyfastensor-tmp-<pid>@<pidns>-<random>`` in the same directory (a
     name over 205 bytes shortened in it, to fit the filesystem's 255), fsyncs
     it, renames it over ``f`` and fsyncs the directory, so after a crash ``f``
     holds the old checkpoint or the new one, never a torn file. A temporary
     file left by a killed process is removed by the next save to the same
     path (one of another host, on a shared filesystem, once a day old:
-    ``<host>`` names the pid's namespace). ``durable=False`` skips the fsyncs (the rename stays atomic). A save
-    to a path that an :func:`pyfastensor.async_save` is still writing waits for
-    it, so the file left is this call's.
+    ``<pidns>``, a hash of the boot id and the pid namespace, tells hosts and
+    containers apart). ``durable=False`` skips the fsyncs (the rename stays
+    atomic). A save to a path that an :func:`pyfastensor.async_save` is still
+    writing waits for it, so the file left is this call's.
 
     Args:
         obj: any picklable object holding tensors (state dicts, optimizers...).
