@@ -136,7 +136,15 @@ type directFile struct {
 	// stop at it. It assumes no other process resizes the file meanwhile.
 	sizeMu sync.Mutex
 	size   int64
-	closed atomic.Bool
+	// The writes in flight, for taking back what failed ones reserved
+	// once none is left (a failed write must not cut one still running):
+	// how many, the size when the first began, the furthest end of those
+	// that succeeded, whether one failed.
+	writing int
+	before  int64
+	okEnd   int64
+	failed  bool
+	closed  atomic.Bool
 }
 
 var _ File = (*directFile)(nil)
@@ -165,14 +173,14 @@ func (f *directFile) WriteAt(p []byte, off int64) (int, error) {
 	}
 	a := int64(f.offAlign)
 	end := off + int64(len(p))
-	prev := f.reserve(end)
+	f.reserve(end)
 
 	n, err := f.transfer(true, p, off)
 	if err == nil && alignUp(end, a) > end {
 		err = f.trimPadding()
 	}
+	f.settle(end, err == nil)
 	if err != nil {
-		f.unreserve(prev, end)
 		return n, opErr(f.engine, "write", f.path, off, len(p), n, err)
 	}
 	return n, nil
@@ -334,27 +342,35 @@ func (f *directFile) piece(write, straight bool, p []byte, off int64) (int, erro
 }
 
 // reserve extends the logical size to end before the write reaches disk.
-func (f *directFile) reserve(end int64) (prev int64) {
+func (f *directFile) reserve(end int64) {
 	f.sizeMu.Lock()
-	prev = f.size
+	if f.writing == 0 {
+		f.before, f.okEnd, f.failed = f.size, 0, false
+	}
+	f.writing++
 	f.size = max(f.size, end)
 	f.sizeMu.Unlock()
-	return prev
 }
 
-// unreserve takes back what a failed write up to end reserved over prev:
-// the size becomes what the file holds (at most end, at least prev),
-// unless a later write has reserved beyond end meanwhile (its own outcome
-// sets the size then).
-func (f *directFile) unreserve(prev, end int64) {
+// settle ends a write up to end that reserved it. Once no write is in
+// flight, if one of them failed, the size becomes what the file holds:
+// at least the size before them and the ends of those that succeeded,
+// at most what was reserved.
+func (f *directFile) settle(end int64, ok bool) {
 	f.sizeMu.Lock()
 	defer f.sizeMu.Unlock()
-	if f.size != end || end <= prev {
+	f.writing--
+	if ok {
+		f.okEnd = max(f.okEnd, end)
+	} else {
+		f.failed = true
+	}
+	if f.writing > 0 || !f.failed {
 		return
 	}
-	held := prev
+	held := max(f.before, f.okEnd)
 	if phys, err := fdSize(f.engine, f.fd, f.path); err == nil {
-		held = max(prev, min(end, phys))
+		held = max(held, min(f.size, phys))
 	}
 	f.size = held
 }
