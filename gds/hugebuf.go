@@ -79,18 +79,20 @@ func putHuge(b *hugeBuf) {
 	}
 }
 
-// ReleaseIdle unmaps every idle bounce buffer and returns the bytes
-// released; buffers in use go back to the pool when returned, as before.
+// ReleaseIdle lets go of every idle bounce buffer and returns the bytes
+// unmapped (a buffer from the Go heap, where mapping failed, is left to
+// its garbage collector, uncounted); buffers in use go back to the pool
+// when returned, as before.
 func ReleaseIdle() int {
 	hugePool.mu.Lock()
 	idle := hugePool.idle
-	released := hugePool.size
 	hugePool.idle, hugePool.size = map[int][]*hugeBuf{}, 0
 	hugePool.mu.Unlock()
-	for _, l := range idle {
+	released := 0
+	for n, l := range idle {
 		for _, b := range l {
-			if b.raw != nil {
-				_ = unix.Munmap(b.raw)
+			if b.raw != nil && unix.Munmap(b.raw) == nil {
+				released += n
 			}
 		}
 	}

@@ -203,8 +203,9 @@ def settings(**overrides: int) -> dict[str, Any]:
 
 
 def loaded() -> bool:
-    """Whether the native library has been loaded in this process."""
-    return _lib is not None
+    """Whether the native library has been loaded in this process (not in a parent it was
+    forked from, where it cannot be called)."""
+    return _lib is not None and not _forked
 
 
 def _invoke(cdll: ctypes.CDLL, name: str, args: tuple[Any, ...]) -> None:

@@ -320,8 +320,11 @@ def _cmd_dict(args: argparse.Namespace) -> int:
         return 0
     p = _resolve(args.path, args.dir)
     if args.path is None and not p.exists():  # this machine's file, not written yet: nothing wrong
-        print(f"no dictionary file yet: {p} (the first save or load on this filesystem that chooses "
-              "an engine by size writes it)")
+        if args.json:
+            print(json.dumps({"path": str(p), "exists": False, "dictionaries": None, "warnings": []}, indent=2))
+        else:
+            print(f"no dictionary file yet: {p} (the first save or load on this filesystem that chooses "
+                  "an engine by size writes it)")
         return 0
     result = load(p)
     if args.json:

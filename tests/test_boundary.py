@@ -31,6 +31,13 @@ def _child_ignores(q) -> None:
     q.put(("ok", str(int(np.arange(10).sum()))))
 
 
+def _child_empties_the_cache(q) -> None:
+    try:
+        q.put(("ok", str(pyfastensor.empty_cache() >= 0)))
+    except Exception as e:  # reported to the parent
+        q.put(("other", repr(e)))
+
+
 def _run_forked(target) -> tuple[str, str]:
     ctx = mp.get_context("fork")
     q = ctx.Queue()
@@ -52,6 +59,12 @@ def test_forked_child_gets_a_clear_error_not_a_hang():
     assert "spawn" in msg and "forkserver" in msg
     # The parent still works afterwards.
     assert pyfastensor.info(".")["version"]
+
+
+def test_empty_cache_in_a_forked_child_releases_what_python_holds():
+    """A DataLoader worker's empty_cache(): the pages Python keeps, not the parent's Go runtime."""
+    pyfastensor.info(".")
+    assert _run_forked(_child_empties_the_cache) == ("ok", "True")
 
 
 def test_forked_child_that_does_not_call_in_is_unaffected():

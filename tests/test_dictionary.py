@@ -109,6 +109,9 @@ def test_default_path_round_trip_and_reset(tmp_path: Path, monkeypatch: pytest.M
     assert main(["dict", "show", "--dir", str(tmp_path)]) == 0  # nothing saved yet on this machine: said, no error
     out = capsys.readouterr()
     assert out.out.startswith(f"no dictionary file yet: {pd.dictionary_path(tmp_path)}") and out.err == ""
+    assert main(["dict", "show", "--dir", str(tmp_path), "--json"]) == 0  # JSON still, for scripts
+    assert json.loads(capsys.readouterr().out) == {"path": str(pd.dictionary_path(tmp_path)), "exists": False,
+                                                   "dictionaries": None, "warnings": []}
     assert main(["dict", "show", "--path", str(tmp_path / "named.json")]) == 1  # a file named: it must exist
     assert "no such file" in capsys.readouterr().err
 
