@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from checkpoint_helpers import evict
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -293,16 +294,6 @@ def run_child(path: Path, map_location: str, env: dict[str, str], *, fail_read: 
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
-def drop_cached(path: str | Path) -> None:
-    """Drop ``path``'s pages from the page cache (written back first: a dirty page stays)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
 def _child(path: str, map_location: str, fault: bool, twice: bool = False, warm: bool = False) -> None:
     import ctypes
     import json
@@ -335,7 +326,7 @@ def _child(path: str, map_location: str, fault: bool, twice: bool = False, warm:
             warnings.simplefilter("always")
             for _ in range(2 if twice else 1):
                 if not warm:
-                    drop_cached(path)
+                    evict(path)
                 got = pyfastensor.load(path, map_location=map_location,
                                        engine=os.environ.get("PFT_TEST_ENGINE") or None)  # load's engine=, for the tests
         result["warnings"] = [str(w.message) for w in caught]

@@ -88,14 +88,35 @@ def test_round_order_puts_each_item_first_in_turn() -> None:
     assert round_order((), 3) == []
 
 
-def test_checkpoint_rounds_start_with_each_library_in_turn(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """No library always takes the first place of a round (right after the disk's limit or the
-    async save's write): saves, cold loads and warm loads each rotate, round by round."""
+def fake_rounds(monkeypatch: pytest.MonkeyPatch, libraries: dict) -> None:
+    """checkpoint_rows over ``libraries`` (name -> (save, load)) on a machine without a GPU: each
+    timed call takes 1 s, the disk's limit is 1 GB/s, async_save writes an empty file at once."""
     from concurrent.futures import Future
 
     import pyfastensor
     from pyfastensor.bench import disk
     from pyfastensor.bench.disk import DiskLimit
+
+    def async_save(state: object, path: str) -> Future:
+        open(path, "wb").close()
+        f: Future = Future()
+        f.set_result(None)
+        return f
+
+    monkeypatch.setattr(gpu, "_libraries", lambda: libraries)
+    monkeypatch.setattr(gpu, "_timed", lambda fn: (fn(), 1.0)[1])
+    monkeypatch.setattr(gpu, "round_limit", lambda d, n: DiskLimit(write_mbps=1e3, read_mbps=1e3, source="s",
+                                                                  write_how="w", read_how="r", note=""))
+    monkeypatch.setattr(pyfastensor, "async_save", async_save)
+    monkeypatch.setattr(disk, "drop_caches", lambda paths: None)
+    monkeypatch.setattr(disk, "cache_files", lambda paths: None)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+
+
+def test_checkpoint_rounds_start_with_each_library_in_turn(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No library always takes the first place of a round (right after the disk's limit or the
+    async save's write): saves, cold loads and warm loads each rotate, round by round."""
+
 
     calls: list[tuple[str, str]] = []
 
@@ -108,21 +129,8 @@ def test_checkpoint_rounds_start_with_each_library_in_turn(tmp_path: Path, monke
             calls.append(("load", name))
         return save, load
 
-    def async_save(state: object, path: str) -> Future:
-        open(path, "wb").close()
-        f: Future = Future()
-        f.set_result(None)
-        return f
-
     libs = ("pyfastensor", "torch", "safetensors")
-    monkeypatch.setattr(gpu, "_libraries", lambda: {n: lib(n) for n in libs})
-    monkeypatch.setattr(gpu, "_timed", lambda fn: (fn(), 1.0)[1])
-    monkeypatch.setattr(gpu, "round_limit", lambda d, n: DiskLimit(write_mbps=1e3, read_mbps=1e3, source="s",
-                                                                  write_how="w", read_how="r", note=""))
-    monkeypatch.setattr(pyfastensor, "async_save", async_save)
-    monkeypatch.setattr(disk, "drop_caches", lambda paths: None)
-    monkeypatch.setattr(disk, "cache_files", lambda paths: None)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    fake_rounds(monkeypatch, {n: lib(n) for n in libs})
     out = gpu.checkpoint_rows(str(tmp_path), {}, 3, progress=lambda line: None)
     assert all(len(v) == 3 for row in ("save", "cold", "warm") for v in out["seconds"][row].values())
     warmup, calls = calls[:6], calls[6:]
@@ -139,11 +147,7 @@ def test_a_peer_that_fails_is_left_out_and_said_the_rest_measured(tmp_path: Path
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """safetensors' warm load fails in the first round: its figures go (rows are compared round by
     round), the report says why, and pyfastensor's and torch's rounds all stand."""
-    from concurrent.futures import Future
 
-    import pyfastensor
-    from pyfastensor.bench import disk
-    from pyfastensor.bench.disk import DiskLimit
 
     loads = {"n": 0}
 
@@ -158,20 +162,7 @@ def test_a_peer_that_fails_is_left_out_and_said_the_rest_measured(tmp_path: Path
                     raise RuntimeError("CUDA error: out of memory")
         return save, load
 
-    def async_save(state: object, path: str) -> Future:
-        open(path, "wb").close()
-        f: Future = Future()
-        f.set_result(None)
-        return f
-
-    monkeypatch.setattr(gpu, "_libraries", lambda: {n: lib(n) for n in ("pyfastensor", "torch", "safetensors")})
-    monkeypatch.setattr(gpu, "_timed", lambda fn: (fn(), 1.0)[1])
-    monkeypatch.setattr(gpu, "round_limit", lambda d, n: DiskLimit(write_mbps=1e3, read_mbps=1e3, source="s",
-                                                                  write_how="w", read_how="r", note=""))
-    monkeypatch.setattr(pyfastensor, "async_save", async_save)
-    monkeypatch.setattr(disk, "drop_caches", lambda paths: None)
-    monkeypatch.setattr(disk, "cache_files", lambda paths: None)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    fake_rounds(monkeypatch, {n: lib(n) for n in ("pyfastensor", "torch", "safetensors")})
     out = gpu.checkpoint_rows(str(tmp_path), {}, 3, progress=lambda line: None)
     assert out["failed"] == {"safetensors": "warm: RuntimeError: CUDA error: out of memory"}
     for row in ("save", "cold", "warm"):

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 import torch
-from cuda_fakes import FakeCuda, drop_cached, fake_cufile_env, run_child
+from checkpoint_helpers import evict
+from cuda_fakes import FakeCuda, fake_cufile_env, run_child
 
 import pyfastensor
 from pyfastensor import _device
@@ -203,7 +204,7 @@ def test_forcing_cufile_where_it_cannot_work_says_why(tmp_path: Path, monkeypatc
         pyfastensor.load(path, map_location="cuda")
     monkeypatch.setenv("PYFASTENSOR_CUDA_LOAD", "auto")
     monkeypatch.setattr(_cuda, "NVFS", str(tmp_path))  # as if GPUDirect Storage's driver were loaded
-    drop_cached(path)  # a warm file takes the pinned ring before cuFile is tried
+    evict(path)  # a warm file takes the pinned ring before cuFile is tried
     with _device.using(FakeCuda()):
         got = pyfastensor.load(path, map_location="cuda")
     assert torch.equal(got["w"], torch.ones(10))
