@@ -294,6 +294,27 @@ def run_child(path: Path, map_location: str, env: dict[str, str], *, fail_read: 
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
+@contextlib.contextmanager
+def _locked_in_cache(path: str) -> Iterator[None]:
+    """``path``'s pages in the page cache, locked there (mlock of a mapping of it), so that no
+    other test dropping the caches meanwhile (echo 3 > drop_caches) makes the file cold."""
+    import mmap
+
+    import numpy as np
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as m:
+        view = np.frombuffer(m, dtype=np.uint8)
+        addr, n = view.ctypes.data, view.nbytes
+        if libc.mlock(ctypes.c_void_p(addr), ctypes.c_size_t(n)) != 0:
+            raise OSError(ctypes.get_errno(), f"mlock of {path}")
+        try:
+            yield
+        finally:
+            libc.munlock(ctypes.c_void_p(addr), ctypes.c_size_t(n))
+            del view
+
+
 def _child(path: str, map_location: str, fault: bool, twice: bool = False, warm: bool = False) -> None:
     import ctypes
     import json
@@ -322,7 +343,8 @@ def _child(path: str, map_location: str, fault: bool, twice: bool = False, warm:
         pyfastensor.info()  # the probe loads the library first
         fake_lib.fake_fail_next(7, 5030, 2)  # the third cuFileRead fails: CU_FILE_INTERNAL_ERROR
     try:
-        with _device.using(fake), warnings.catch_warnings(record=True) as caught:
+        with _device.using(fake), warnings.catch_warnings(record=True) as caught, \
+                (_locked_in_cache(path) if warm else contextlib.nullcontext()):
             warnings.simplefilter("always")
             for _ in range(2 if twice else 1):
                 if not warm:

@@ -298,7 +298,6 @@ def test_a_file_in_the_page_cache_takes_the_pinned_ring_where_cufile_works(tmp_p
     memory through the pinned ring, bit for bit the same, and the route says why."""
     path = tmp_path / "s.pt"
     pyfastensor.save({**state(), "large": torch.randn(1 << 20)}, path)  # 4.7 MB, read from disk or cache
-    path.read_bytes()  # into the page cache (the save's O_DIRECT writes leave it out)
     out = run_child(path, "cuda", fake_cufile_env(fake_cufile), warm=True)
     assert out.get("error") is None, out
     assert out["route"] == "pinned" and out["equal"]
