@@ -294,29 +294,26 @@ def evaluate(result: dict[str, Any]) -> list[dict[str, Any]]:
     applicable, ``why`` says which)."""
     rows = result["rows"]
 
-    def step(row: str) -> float | None:
-        return rows.get(row, {}).get("step_s")
-
     def missing(row: str) -> str:
         return f"{row}: {rows.get(row, {}).get('missing', 'not run')}"
 
+    def unmeasured(*names: str) -> str:
+        """Why a target over these rows has no figure: the first of them that did not run, or ""."""
+        return next((missing(n) for n in names if "step_s" not in rows.get(n, {})), "")
+
     host, ssd, soc, trl, ck = (rows.get(r, {}) for r in ("pft-host", "pft-ssd", "save_on_cpu", "trl", "checkpoint"))
+    on_soc, on_trl = unmeasured("pft-host", "save_on_cpu"), unmeasured("pft-host", "trl")
     out = [
         _target(f"host offload step <= {BOUND_RATIO}x its bound", host.get("bound_ratio"), "<=", BOUND_RATIO,
-                "" if "bound_ratio" in host else missing("pft-host")),
+                unmeasured("pft-host")),
         _target(f"host offload >= {SAVE_ON_CPU_SPEEDUP}x save_on_cpu's speed",
-                step("save_on_cpu") / host["step_s"] if "step_s" in host and "step_s" in soc else None,
-                ">=", SAVE_ON_CPU_SPEEDUP, "" if "step_s" in host and "step_s" in soc else
-                missing("pft-host" if "step_s" not in host else "save_on_cpu")),
+                None if on_soc else soc["step_s"] / host["step_s"], ">=", SAVE_ON_CPU_SPEEDUP, on_soc),
         _target("host offload at least as fast as TRL's OffloadActivations",
-                trl["step_s"] / host["step_s"] if "step_s" in host and "step_s" in trl else None, ">=", 1.0,
-                "" if "step_s" in host and "step_s" in trl else missing("pft-host" if "step_s" not in host else "trl")),
+                None if on_trl else trl["step_s"] / host["step_s"], ">=", 1.0, on_trl),
         _target("host offload's extra peak <= TRL's",
-                host["peak_bytes"] / max(trl["peak_bytes"], 1) if "step_s" in host and "step_s" in trl else None,
-                "<=", 1.0, "" if "step_s" in host and "step_s" in trl else
-                missing("pft-host" if "step_s" not in host else "trl")),
+                None if on_trl else host["peak_bytes"] / max(trl["peak_bytes"], 1), "<=", 1.0, on_trl),
         _target(f"ssd offload step <= {BOUND_RATIO}x its bound (link and disk)", ssd.get("bound_ratio"), "<=",
-                BOUND_RATIO, "" if "bound_ratio" in ssd else missing("pft-ssd")),
+                BOUND_RATIO, unmeasured("pft-ssd")),
     ]
     for row in ("scheduled", "planned"):
         r = rows.get(row, {})
