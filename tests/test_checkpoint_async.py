@@ -8,13 +8,13 @@ import multiprocessing
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 import torch
 from checkpoint_helpers import assert_same, sharing
 
 import pyfastensor
+from pyfastensor.checkpoint import _in_flight
 
 
 def test_snapshot_then_mutate(tmp_path):
@@ -142,15 +142,24 @@ def test_at_most_two_saves_hold_a_snapshot(tmp_path, monkeypatch, held_writes):
             alive[0] -= 1
         release(self)
 
+    waiting = threading.Event()  # a call has asked for a slot while two writes are held
+    slot = _in_flight.slot
+
+    def watched_slot() -> None:
+        if alive[0] == 2:
+            waiting.set()
+        slot()
+
     monkeypatch.setattr(async_save, "snapshot", counted_take)
     monkeypatch.setattr(_snapshot.Snapshot, "release", counted_release)
+    monkeypatch.setattr(_in_flight, "slot", watched_slot)
     state = {"w": torch.ones(1000)}
     futs = [pyfastensor.async_save(state, tmp_path / f"{i}.pt") for i in range(2)]
     third: list = []
     caller = threading.Thread(target=lambda: third.append(pyfastensor.async_save(state, tmp_path / "2.pt")))
     caller.start()
-    time.sleep(0.5)  # room for a third snapshot to be taken, were it not bounded
-    assert most[0] == 2 and not third
+    assert waiting.wait(60), "the third call asked for no slot"
+    assert most[0] == 2 and not third, "a third copy was taken before a slot"
     held_writes.set()
     caller.join(60)
     for f in futs + third:
@@ -160,10 +169,19 @@ def test_at_most_two_saves_hold_a_snapshot(tmp_path, monkeypatch, held_writes):
         assert torch.equal(pyfastensor.load(tmp_path / f"{i}.pt")["w"], state["w"])
 
 
-def test_a_save_after_an_async_save_to_the_same_path_is_the_one_left(tmp_path, held_writes):
+def test_a_save_after_an_async_save_to_the_same_path_is_the_one_left(tmp_path, monkeypatch, held_writes):
     target = tmp_path / "x.pt"
     fut = pyfastensor.async_save({"by": "async_save"}, target)
     errors: list = []
+    entered, done_when_settled = threading.Event(), []
+    settle = _in_flight.settle
+
+    def watched_settle(key: str) -> None:
+        entered.set()
+        settle(key)
+        done_when_settled.append(fut.done() or not _in_flight._by_target)
+
+    monkeypatch.setattr(_in_flight, "settle", watched_settle)
 
     def later() -> None:
         try:
@@ -173,11 +191,12 @@ def test_a_save_after_an_async_save_to_the_same_path_is_the_one_left(tmp_path, h
 
     caller = threading.Thread(target=later)
     caller.start()
-    time.sleep(0.5)  # room for the save to commit first, were it not ordered
+    assert entered.wait(60), "the save did not ask for the async_save in flight to its path"
     held_writes.set()
     fut.result(timeout=60)
     caller.join(60)
     assert not errors and not caller.is_alive()
+    assert done_when_settled == [True], "the save went on while the async_save was still writing"
     assert pyfastensor.load(target) == {"by": "save"}
 
 
