@@ -545,4 +545,3 @@ def test_bench_plan_sensitivity_on_g10_traces():
     assert all(0 < v <= 1 for v in ssd + host)
     assert ssd == sorted(ssd) and host == sorted(host)  # more bandwidth, more host memory: not slower here
     assert ssd[0] < ssd[-1] and host[0] < host[-1]  # and each sweep moves the figure
-
