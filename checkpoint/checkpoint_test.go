@@ -387,3 +387,41 @@ func TestManySmallRecordsRoundTrip(t *testing.T) {
 		assert.True(t, bytes.Equal(recs[i].Data, got), f.Name)
 	}
 }
+
+func TestSaveWithoutCRCsWritesZerosAndLoadsUnchecked(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "nocrc.pt")
+	recs := sampleRecords()
+	_, err := Save(path, recs, WriteOptions{NotDurable: true, NoCRC: true})
+	require.NoError(t, err)
+	a, err := OpenArchive(path)
+	require.NoError(t, err)
+	defer a.Close()
+	assert.True(t, a.NoCRC)
+	for i, e := range a.Entries {
+		assert.Zero(t, e.CRC, e.Name)
+		assert.Equal(t, e.Size > 0, e.Unchecked(), e.Name)
+		dst := make([]byte, e.Size)
+		_, err := a.Read([]ReadRequest{{Index: i, Dst: dst}}, ReadOptions{})
+		require.NoError(t, err)
+		assert.True(t, bytes.Equal(recs[i].Data, dst), e.Name)
+	}
+}
+
+func TestARecordWithoutCRCIsReadUncheckedAndTheOthersChecked(t *testing.T) {
+	path, a := savedSample(t)
+	// Record 5 as torch writes a record under skip_data(): CRC-32 field 0,
+	// its bytes filled in later (here: changed after the save).
+	a.Entries[5].CRC = 0
+	e := a.Entries[5]
+	flip(t, path, e.DataOff+e.Size/2)
+	require.NoError(t, readAll(a))
+	whole, err := os.ReadFile(path) // as a mapped load checks it, from memory
+	require.NoError(t, err)
+	require.NoError(t, a.Verify([]ReadRequest{{Index: 5, Dst: whole[e.DataOff : e.DataOff+e.Size]}}, ReadOptions{}))
+
+	other := a.Entries[6]
+	flip(t, path, other.DataOff+1)
+	err = readAll(a)
+	require.ErrorIs(t, err, ErrCorrupt)
+	assert.Contains(t, err.Error(), other.Name)
+}

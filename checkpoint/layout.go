@@ -51,6 +51,7 @@ type layout struct {
 	cdOff  int64 // central directory
 	cdSize int64
 	total  int64 // file length
+	noCRC  bool  // WriteOptions.NoCRC
 }
 
 // cdComment is the end record's comment in files we write: it carries the

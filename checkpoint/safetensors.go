@@ -25,10 +25,17 @@ import (
 //	             "__metadata__" object of strings
 //	the rest     the data region: the tensors' bytes, back to back
 //
-// Our writer pads the header with spaces (JSON whitespace, which every
-// reader skips) so that the data region starts on transfer.Alignment: the
-// first tensor, and each one whose predecessors' sizes add up to a multiple
-// of it, then lie where O_DIRECT and GDS can move them in place.
+// The header lists the tensors in the order of their data, which is the
+// safetensors package's: by dtype, in the order of its Dtype enum from the
+// last (U64, I64, F64...) to the first (BOOL), then by name; its JSON is
+// the package's too (serde_json's: no spaces, non-ASCII text as UTF-8).
+// For the same tensors and metadata our bytes are therefore the package's,
+// but for the padding: the header is padded with spaces (JSON whitespace,
+// which every reader skips) so that the data region starts on a multiple
+// of an alignment (SafetensorsFileAlign for a file; 8, the package's own,
+// in memory), so that in a file of large tensors the first tensor, and
+// each one whose predecessors' sizes add up to a multiple of it, lie where
+// O_DIRECT and GDS can move them in place.
 
 // safetensorsMaxHeader is the largest header length a reader accepts: the
 // format's own limit (MAX_HEADER_SIZE of the safetensors package), which
@@ -51,6 +58,35 @@ var safetensorsItemBits = map[string]int64{
 	"BOOL": 8, "C64": 64,
 	"F8_E4M3": 8, "F8_E5M2": 8, "F8_E4M3FNUZ": 8, "F8_E5M2FNUZ": 8, "F8_E8M0": 8,
 	"F6_E2M3": 6, "F6_E3M2": 6, "F4": 4,
+}
+
+// safetensorsDTypeRank is each dtype's place in the safetensors package's
+// Dtype enum (0.8), whose order sorts a file's data: the highest first.
+var safetensorsDTypeRank = map[string]int{
+	"BOOL": 0, "F4": 1, "F6_E2M3": 2, "F6_E3M2": 3, "U8": 4, "I8": 5,
+	"F8_E5M2": 6, "F8_E4M3": 7, "F8_E8M0": 8, "F8_E4M3FNUZ": 9, "F8_E5M2FNUZ": 10,
+	"I16": 11, "U16": 12, "F16": 13, "BF16": 14, "I32": 15, "U32": 16, "F32": 17,
+	"C64": 18, "F64": 19, "I64": 20, "U64": 21,
+}
+
+// SafetensorsPackageAlign is the alignment of the data region the
+// safetensors package gives its files and bytes (its N_ALIGN): what a
+// header is padded to where O_DIRECT has nothing to gain.
+const SafetensorsPackageAlign = 8
+
+// SafetensorsFileAlign is the alignment of the data region of a file of
+// tensors: transfer.Alignment where one tensor at least is large enough
+// for O_DIRECT (transfer.DirectThreshold), so that it can be read in
+// place; else the package's own, since every read of such a file goes
+// through the page cache (and the file is then the package's byte for
+// byte).
+func SafetensorsFileAlign(tensors []STensor) int64 {
+	for i := range tensors {
+		if tensors[i].Size >= transfer.DirectThreshold {
+			return transfer.Alignment
+		}
+	}
+	return SafetensorsPackageAlign
 }
 
 // ErrUnknownDType is wrapped by the error of a safetensors header with a
@@ -78,25 +114,27 @@ type MetaEntry struct {
 	Value string `json:"value"`
 }
 
-// LayoutSafetensors lays out a safetensors file of tensors and metadata.
-// It returns the header (the 8-byte length and the JSON, padded with
-// spaces so that the data region starts on transfer.Alignment), the file
-// offset of each tensor's data (in the order of tensors) and the file's
-// size.
+// LayoutSafetensors lays out a safetensors file of tensors and metadata,
+// its data region aligned to align (a power of two). It returns the
+// header (the 8-byte length and the JSON, padded with spaces so that the
+// data region starts on a multiple of align), the file offset of each
+// tensor's data (in the order of tensors) and the file's size.
 //
-// The data is ordered largest element size first, then by name, and the
-// header lists the tensors in that order after "__metadata__"; the JSON is
-// what Python's json.dumps(header, separators=(",", ":")) writes (ASCII,
-// non-ASCII characters escaped), so files are byte for byte those
-// pyfastensor's Python writer wrote before. A nil metadata writes no
-// "__metadata__"; an empty, non-nil one writes an empty object.
+// The data is ordered as the safetensors package orders it (by dtype, see
+// safetensorsDTypeRank, then by name), and the header lists the tensors in
+// that order after "__metadata__" (its entries in the caller's order), in
+// serde_json's spelling. A nil metadata writes no "__metadata__"; an
+// empty, non-nil one writes an empty object.
 //
 // Invalid tensors or metadata (an unknown dtype, a size that is not the
 // shape's, a repeated or reserved name, text that is not UTF-8) give an
 // error wrapping gds.ErrInvalid.
-func LayoutSafetensors(tensors []STensor, metadata []MetaEntry) (header []byte, offsets []int64, size int64, err error) {
+func LayoutSafetensors(tensors []STensor, metadata []MetaEntry, align int64) (header []byte, offsets []int64, size int64, err error) {
 	if err := checkSafetensors(tensors, metadata); err != nil {
 		return nil, nil, 0, err
+	}
+	if align <= 0 || align&(align-1) != 0 {
+		return nil, nil, 0, fmt.Errorf("%w: safetensors: alignment %d is not a power of two", gds.ErrInvalid, align)
 	}
 	order := make([]int, len(tensors))
 	for i := range order {
@@ -104,20 +142,20 @@ func LayoutSafetensors(tensors []STensor, metadata []MetaEntry) (header []byte, 
 	}
 	slices.SortFunc(order, func(a, b int) int {
 		ta, tb := &tensors[a], &tensors[b]
-		return cmp.Or(cmp.Compare(safetensorsItemBits[tb.DType], safetensorsItemBits[ta.DType]), cmp.Compare(ta.Name, tb.Name))
+		return cmp.Or(cmp.Compare(safetensorsDTypeRank[tb.DType], safetensorsDTypeRank[ta.DType]), cmp.Compare(ta.Name, tb.Name))
 	})
 
 	text := []byte{'{'}
 	if metadata != nil {
-		text = appendPyString(text, safetensorsMetaKey)
+		text = appendJSONString(text, safetensorsMetaKey)
 		text = append(text, ":{"...)
 		for i, m := range metadata {
 			if i > 0 {
 				text = append(text, ',')
 			}
-			text = appendPyString(text, m.Key)
+			text = appendJSONString(text, m.Key)
 			text = append(text, ':')
-			text = appendPyString(text, m.Value)
+			text = appendJSONString(text, m.Value)
 		}
 		text = append(text, '}')
 	}
@@ -129,9 +167,9 @@ func LayoutSafetensors(tensors []STensor, metadata []MetaEntry) (header []byte, 
 			text = append(text, ',')
 		}
 		rel[i] = off
-		text = appendPyString(text, t.Name)
+		text = appendJSONString(text, t.Name)
 		text = append(text, `:{"dtype":`...)
-		text = appendPyString(text, t.DType)
+		text = appendJSONString(text, t.DType)
 		text = append(text, `,"shape":[`...)
 		for j, d := range t.Shape {
 			if j > 0 {
@@ -149,7 +187,7 @@ func LayoutSafetensors(tensors []STensor, metadata []MetaEntry) (header []byte, 
 	text = append(text, '}')
 	// Pad so that 8 + len(text), where the data starts, is a multiple of
 	// the alignment: the padding is what the next multiple lacks.
-	pad := (transfer.Alignment - (8+len(text))%transfer.Alignment) % transfer.Alignment
+	pad := int((align - int64(8+len(text))%align) % align)
 	header = binary.LittleEndian.AppendUint64(make([]byte, 0, 8+len(text)+pad), uint64(len(text)+pad))
 	header = append(header, text...)
 	header = append(header, bytes.Repeat([]byte{' '}, pad)...)
@@ -236,38 +274,32 @@ func shapeBytes(shape []int64, bits int64) (int64, bool) {
 	return n * bits / 8, true
 }
 
-// appendPyString appends s (valid UTF-8) as Python's json.dumps writes a
-// string with ensure_ascii: the printable ASCII characters as they are
-// but '"' and '\\', which take a backslash; \b \f \n \r \t; every other
-// character as \uXXXX in lower-case hexadecimal (a UTF-16 surrogate pair
-// above U+FFFF).
-func appendPyString(b []byte, s string) []byte {
+// appendJSONString appends s (valid UTF-8) as serde_json writes a string:
+// '"' and '\\' take a backslash; \b \f \n \r \t; the other control
+// characters below U+0020 as \u00XX in lower-case hexadecimal; everything
+// else, non-ASCII text included, as it is.
+func appendJSONString(b []byte, s string) []byte {
 	const hex = "0123456789abcdef"
-	u := func(b []byte, r rune) []byte {
-		return append(b, '\\', 'u', hex[r>>12&0xf], hex[r>>8&0xf], hex[r>>4&0xf], hex[r&0xf])
-	}
 	b = append(b, '"')
-	for _, r := range s {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
 		switch {
-		case r == '"' || r == '\\':
-			b = append(b, '\\', byte(r))
-		case r == '\b':
+		case c == '"' || c == '\\':
+			b = append(b, '\\', c)
+		case c == '\b':
 			b = append(b, `\b`...)
-		case r == '\f':
+		case c == '\f':
 			b = append(b, `\f`...)
-		case r == '\n':
+		case c == '\n':
 			b = append(b, `\n`...)
-		case r == '\r':
+		case c == '\r':
 			b = append(b, `\r`...)
-		case r == '\t':
+		case c == '\t':
 			b = append(b, `\t`...)
-		case r >= 0x20 && r < 0x7f:
-			b = append(b, byte(r))
-		case r < 0x10000:
-			b = u(b, r)
+		case c < 0x20:
+			b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
 		default:
-			r -= 0x10000
-			b = u(u(b, 0xd800|r>>10), 0xdc00|r&0x3ff)
+			b = append(b, c)
 		}
 	}
 	return append(b, '"')

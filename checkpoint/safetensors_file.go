@@ -21,7 +21,7 @@ import (
 // Data is only read during the call. Invalid tensors give an error
 // wrapping gds.ErrInvalid, and nothing is written.
 func SaveSafetensors(path string, tensors []STensor, metadata []MetaEntry, o WriteOptions) (Stats, error) {
-	header, offsets, size, err := LayoutSafetensors(tensors, metadata)
+	header, offsets, size, err := LayoutSafetensors(tensors, metadata, SafetensorsFileAlign(tensors))
 	if err != nil {
 		return Stats{}, err
 	}

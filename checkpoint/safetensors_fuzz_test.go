@@ -150,7 +150,7 @@ func FuzzParseSafetensorsHeader(f *testing.F) {
 				meta = append(meta, MetaEntry{k, h.Metadata[k]})
 			}
 		}
-		header, _, total, err := LayoutSafetensors(tensors, meta)
+		header, _, total, err := LayoutSafetensors(tensors, meta, SafetensorsPackageAlign)
 		if err != nil {
 			t.Fatalf("a parsed header does not lay out: %v", err)
 		}

@@ -22,7 +22,7 @@ import (
 // tensors and metadata, each tensor's data filled with its Data (or zeros).
 func fileOf(t testing.TB, tensors []STensor, metadata []MetaEntry) ([]byte, []int64) {
 	t.Helper()
-	header, offsets, size, err := LayoutSafetensors(tensors, metadata)
+	header, offsets, size, err := LayoutSafetensors(tensors, metadata, transfer.Alignment)
 	require.NoError(t, err)
 	b := make([]byte, size)
 	copy(b, header)
@@ -32,39 +32,61 @@ func fileOf(t testing.TB, tensors []STensor, metadata []MetaEntry) ([]byte, []in
 	return b, offsets
 }
 
-func TestLayoutSafetensorsWritesWhatPythonWrote(t *testing.T) {
+func TestLayoutSafetensorsWritesWhatTheSafetensorsPackageWrites(t *testing.T) {
 	tensors := []STensor{
 		{Name: "b", DType: "I8", Shape: []int64{2}, Size: 2},
 		{Name: "a", DType: "F64", Shape: []int64{2}, Size: 16},
 		{Name: "é😀\"\\\n\x01\x7f\u2028<&>", DType: "F32", Shape: []int64{}, Size: 4},
 		{Name: "z", DType: "F32", Shape: []int64{0, 3}, Size: 0},
+		{Name: "y", DType: "I32", Shape: []int64{1}, Size: 4},
 	}
 	meta := []MetaEntry{{"z", "1"}, {"a", "x\ty"}}
-	header, offsets, size, err := LayoutSafetensors(tensors, meta)
+	header, offsets, size, err := LayoutSafetensors(tensors, meta, transfer.Alignment)
 	require.NoError(t, err)
-	// What json.dumps(header, separators=(",", ":")) wrote for the same
-	// tensors in pyfastensor/safetensors.py: largest element first, then by
-	// name; metadata in the caller's order; ASCII with \u escapes.
+	// What safetensors.torch.save writes for the same tensors (0.8): by the
+	// package's dtype order (F64, then F32 before I32 though both are 32
+	// bits, then I8), then by name, byte-wise; metadata in the caller's
+	// order; serde_json's escapes (control characters only), UTF-8 as it is.
 	want := `{"__metadata__":{"z":"1","a":"x\ty"},"a":{"dtype":"F64","shape":[2],"data_offsets":[0,16]},` +
 		`"z":{"dtype":"F32","shape":[0,3],"data_offsets":[16,16]},` +
-		`"\u00e9\ud83d\ude00\"\\\n\u0001\u007f\u2028<&>":{"dtype":"F32","shape":[],"data_offsets":[16,20]},` +
-		`"b":{"dtype":"I8","shape":[2],"data_offsets":[20,22]}}`
+		"\"é😀\\\"\\\\\\n\\u0001\x7f\u2028<&>\"" + `:{"dtype":"F32","shape":[],"data_offsets":[16,20]},` +
+		`"y":{"dtype":"I32","shape":[1],"data_offsets":[20,24]},` +
+		`"b":{"dtype":"I8","shape":[2],"data_offsets":[24,26]}}`
 	require.Len(t, header, transfer.Alignment)
 	assert.Equal(t, uint64(transfer.Alignment-8), binary.LittleEndian.Uint64(header))
 	assert.Equal(t, want, string(header[8:8+len(want)]))
 	assert.Equal(t, strings.Repeat(" ", transfer.Alignment-8-len(want)), string(header[8+len(want):]))
 	a := int64(transfer.Alignment)
-	assert.Equal(t, []int64{a + 20, a, a + 16, a + 16}, offsets)
-	assert.Equal(t, a+22, size)
+	assert.Equal(t, []int64{a + 24, a, a + 16, a + 16, a + 20}, offsets)
+	assert.Equal(t, a+26, size)
 
-	// No metadata: no key; empty metadata: an empty object, as Python wrote
-	// for metadata=None and metadata={}.
-	header, _, _, err = LayoutSafetensors(nil, nil)
+	// The package's own alignment: the JSON padded to a multiple of 8 bytes.
+	header, offsets, size, err = LayoutSafetensors(tensors, meta, SafetensorsPackageAlign)
+	require.NoError(t, err)
+	assert.Zero(t, len(header)%8)
+	assert.Less(t, len(header), 8+len(want)+8)
+	assert.Equal(t, string(header[8:8+len(want)]), want)
+	assert.Equal(t, int64(len(header)), offsets[1])
+	assert.Equal(t, int64(len(header))+26, size)
+
+	// No metadata: no key; empty metadata: an empty object.
+	header, _, _, err = LayoutSafetensors(nil, nil, transfer.Alignment)
 	require.NoError(t, err)
 	assert.Equal(t, "{}", strings.TrimRight(string(header[8:]), " "))
-	header, _, _, err = LayoutSafetensors(nil, []MetaEntry{})
+	header, _, _, err = LayoutSafetensors(nil, []MetaEntry{}, transfer.Alignment)
 	require.NoError(t, err)
 	assert.Equal(t, `{"__metadata__":{}}`, strings.TrimRight(string(header[8:]), " "))
+
+	_, _, _, err = LayoutSafetensors(nil, nil, 12)
+	require.ErrorIs(t, err, gds.ErrInvalid)
+}
+
+func TestSafetensorsFileAlignIsThePagesOnlyForLargeTensors(t *testing.T) {
+	small := []STensor{{Name: "a", DType: "U8", Shape: []int64{transfer.DirectThreshold - 1}, Size: transfer.DirectThreshold - 1}}
+	assert.Equal(t, int64(SafetensorsPackageAlign), SafetensorsFileAlign(small))
+	assert.Equal(t, int64(SafetensorsPackageAlign), SafetensorsFileAlign(nil))
+	large := append(small, STensor{Name: "b", DType: "U8", Shape: []int64{transfer.DirectThreshold}, Size: transfer.DirectThreshold})
+	assert.Equal(t, int64(transfer.Alignment), SafetensorsFileAlign(large))
 }
 
 func TestLayoutSafetensorsAlignsTheDataRegion(t *testing.T) {
@@ -73,7 +95,7 @@ func TestLayoutSafetensorsAlignsTheDataRegion(t *testing.T) {
 		for i := range n {
 			tensors = append(tensors, STensor{Name: strings.Repeat("x", i), DType: "F16", Shape: []int64{3}, Size: 6})
 		}
-		header, offsets, size, err := LayoutSafetensors(tensors, nil)
+		header, offsets, size, err := LayoutSafetensors(tensors, nil, transfer.Alignment)
 		require.NoError(t, err)
 		assert.Zero(t, len(header)%transfer.Alignment, "%d tensors", n)
 		assert.Equal(t, int64(len(header)+6*n), size)
@@ -101,7 +123,7 @@ func TestLayoutSafetensorsRefusesInvalidTensors(t *testing.T) {
 		"metadata twice":     {nil, []MetaEntry{{"k", "1"}, {"k", "2"}}, `key "k" appears twice`},
 		"metadata not UTF-8": {nil, []MetaEntry{{"k", "\xc3"}}, "not UTF-8"},
 	} {
-		_, _, _, err := LayoutSafetensors(c.tensors, c.meta)
+		_, _, _, err := LayoutSafetensors(c.tensors, c.meta, transfer.Alignment)
 		require.ErrorIs(t, err, gds.ErrInvalid, name)
 		assert.Contains(t, err.Error(), c.says, name)
 	}
@@ -281,7 +303,7 @@ func TestParseSafetensorsHeaderReadsEveryDTypeOfTheFormat(t *testing.T) {
 	h, err := ParseSafetensorsHeader("x.safetensors", b, int64(len(b)))
 	require.NoError(t, err)
 	assert.Equal(t, []string{"scale", "q6", "q"}, []string{h.Tensors[0].Name, h.Tensors[1].Name, h.Tensors[2].Name})
-	_, _, _, err = LayoutSafetensors([]STensor{{Name: "q", DType: "F4", Shape: []int64{3}, Size: 2}}, nil)
+	_, _, _, err = LayoutSafetensors([]STensor{{Name: "q", DType: "F4", Shape: []int64{3}, Size: 2}}, nil, transfer.Alignment)
 	require.ErrorIs(t, err, gds.ErrInvalid)
 	assert.Contains(t, err.Error(), "do not match shape [3] of F4")
 }
@@ -361,7 +383,9 @@ func TestOpenSafetensorsRefusesDamagedFiles(t *testing.T) {
 	_, err := SaveSafetensors(path, []STensor{{Name: "w", DType: "F32", Shape: []int64{4}, Size: 16, Data: make([]byte, 16)}},
 		nil, WriteOptions{NotDurable: true})
 	require.NoError(t, err)
-	require.NoError(t, os.Truncate(path, int64(transfer.Alignment)+10))
+	st, err := os.Stat(path)
+	require.NoError(t, err)
+	require.NoError(t, os.Truncate(path, st.Size()-6)) // 10 of the tensor's 16 bytes left
 	_, err = OpenSafetensors(path)
 	require.ErrorIs(t, err, ErrCorrupt)
 	assert.Contains(t, err.Error(), "truncated")

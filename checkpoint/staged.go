@@ -76,6 +76,7 @@ func BeginStaged(path string, recs []Record, staged []bool, sizes []int64, o Wri
 		return nil, err
 	}
 	s.l = plan(placed)
+	s.l.noCRC = o.NoCRC
 	w, err := transfer.Create(path, s.l.total, !o.NotDurable, o.FS, o.transferOptions())
 	if err != nil {
 		s.unmap()
@@ -133,7 +134,7 @@ func (s *Staged) WriteParts(parts []Part) error {
 		}
 		next[i] = at + int64(len(p.Data))
 		if len(p.Data) > 0 {
-			exts = append(exts, transfer.Extent{Off: r.dataOff + p.Off, Data: p.Data, Sum: true})
+			exts = append(exts, transfer.Extent{Off: r.dataOff + p.Off, Data: p.Data, Sum: !s.l.noCRC})
 			owner = append(owner, i)
 		}
 	}

@@ -141,7 +141,7 @@ func BeginStagedSafetensors(path string, tensors []STensor, metadata []MetaEntry
 	if len(staged) != len(tensors) {
 		return nil, fmt.Errorf("%w: safetensors: %d staged flags for %d tensors", gds.ErrInvalid, len(staged), len(tensors))
 	}
-	header, offsets, size, err := LayoutSafetensors(tensors, metadata)
+	header, offsets, size, err := LayoutSafetensors(tensors, metadata, SafetensorsFileAlign(tensors))
 	if err != nil {
 		return nil, err
 	}

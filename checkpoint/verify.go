@@ -95,8 +95,8 @@ func (a *Archive) verifyGranules(reqs []ReadRequest, progress func(int64)) ([]Re
 			rest = append(rest, r)
 			continue
 		}
-		if got := a.whole.CRC(e.DataOff, e.Size); got != e.CRC {
-			return nil, corrupt(a.Path, e.Name, e.DataOff, "CRC-32 of the data is %08x, the central directory says %08x", got, e.CRC)
+		if err := a.checkCRC(r.Index, a.whole.CRC(e.DataOff, e.Size)); err != nil {
+			return nil, err
 		}
 		if progress != nil {
 			progress(e.Size)

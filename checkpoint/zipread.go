@@ -28,6 +28,15 @@ type Entry struct {
 	Memory string `json:"memory,omitempty"`
 }
 
+// Unchecked reports whether the record carries no CRC-32 to check its
+// bytes against: its field is 0 though it has bytes. torch writes 0 where
+// it computed none: torch.serialization.set_crc32_options(False), and
+// records written metadata-only (torch.serialization.skip_data()), whose
+// bytes a program fills in later; so does our writer under the first. The
+// CRC-32 of real data is 0 once in 2^32, so a record of ours that happens to
+// sum to 0 goes unchecked at that rate.
+func (e *Entry) Unchecked() bool { return e.CRC == 0 && e.Size > 0 }
+
 // Archive is a parsed, validated zip archive.
 type Archive struct {
 	Path    string  `json:"path"`
@@ -35,9 +44,10 @@ type Archive struct {
 	Entries []Entry `json:"entries"`
 	// Ours is true when the file carries our central directory checksum.
 	Ours bool `json:"ours"`
-	// NoCRC is true when no record carries a CRC-32: every record with data
-	// says 0, as torch writes with torch.serialization.set_crc32_options(False).
-	// Reads cannot verify such a file.
+	// NoCRC is true when no record carries a CRC-32 (every record with data
+	// is Unchecked), as torch writes with
+	// torch.serialization.set_crc32_options(False). Reads cannot verify
+	// such a file; in others, the records that carry one are checked.
 	NoCRC bool `json:"no_crc"`
 
 	// Prefix is the directory of the first record, with its slash
@@ -329,12 +339,12 @@ func (p *parser) parseFrom(e *ends) (*Archive, error) {
 	if err != nil {
 		return nil, err
 	}
-	a.NoCRC = !a.Ours
+	a.NoCRC = true
 	withData := false
-	for _, e := range a.Entries {
-		if e.Size > 0 {
+	for i := range a.Entries {
+		if e := &a.Entries[i]; e.Size > 0 {
 			withData = true
-			a.NoCRC = a.NoCRC && e.CRC == 0
+			a.NoCRC = a.NoCRC && e.Unchecked()
 		}
 	}
 	a.NoCRC = a.NoCRC && withData

@@ -29,6 +29,10 @@ type WriteOptions struct {
 	// FS is the filesystem the commit goes through; nil means the real
 	// one (tests inject faults and crashes here).
 	FS transfer.FS
+	// NoCRC writes 0 in every record's CRC-32 field and sums nothing, as
+	// torch.save does under torch.serialization.set_crc32_options(False):
+	// a load then has nothing to check (Entry.Unchecked).
+	NoCRC bool
 }
 
 func (o WriteOptions) transferOptions() transfer.Options {
@@ -55,6 +59,7 @@ func Save(path string, recs []Record, o WriteOptions) (st Stats, err error) {
 		return st, err
 	}
 	l := plan(recs)
+	l.noCRC = o.NoCRC
 	w, err := transfer.Create(path, l.total, !o.NotDurable, o.FS, o.transferOptions())
 	if err != nil {
 		return st, fmt.Errorf("checkpoint: save %s: %w", path, err)
@@ -115,7 +120,7 @@ func write(w *transfer.Writer, l *layout, written []bool) error {
 			doneAt = append(doneAt, i)
 			inExtent[i] = true
 		} else if recs[i].size() >= transfer.ExtentMin {
-			exts = append(exts, transfer.Extent{Off: recs[i].dataOff, Data: recs[i].Data, Sum: true})
+			exts = append(exts, transfer.Extent{Off: recs[i].dataOff, Data: recs[i].Data, Sum: !l.noCRC})
 			largeAt = append(largeAt, i)
 			inExtent[i] = true
 		}
@@ -134,6 +139,11 @@ func write(w *transfer.Writer, l *layout, written []bool) error {
 	}
 	for k, i := range largeAt {
 		recs[i].crc = res[k].CRC
+	}
+	if l.noCRC {
+		for i := range recs {
+			recs[i].crc = 0
+		}
 	}
 	var last []transfer.Extent
 	described := append(largeAt, doneAt...)
@@ -166,6 +176,7 @@ type span struct {
 type run struct {
 	off, n int64
 	spans  []span
+	noCRC  bool // the layout's: sum nothing, write 0
 }
 
 // runs groups everything before the central directory that is not an
@@ -185,7 +196,7 @@ func runs(l *layout, inExtent []bool) []run {
 		full := cur != nil && cur.n+n > transfer.RunMax &&
 			(s.kind == 'd' && off%transfer.Alignment == 0 || s.kind == 'h' && cur.n+n > 2*transfer.RunMax)
 		if cur == nil || cur.off+cur.n != off || full {
-			out = append(out, run{off: off})
+			out = append(out, run{off: off, noCRC: l.noCRC})
 			cur = &out[len(out)-1]
 		}
 		cur.n += n
@@ -213,7 +224,9 @@ func (r run) compose(recs []placed, buf []byte) int64 {
 			at += copy(buf[at:], localHeader(p.Name, p.hdrOff, p.size(), p.pad))
 		case 'd':
 			n := copy(buf[at:], p.Data)
-			p.crc = transfer.Checksum(buf[at : at+n])
+			if !r.noCRC {
+				p.crc = transfer.Checksum(buf[at : at+n])
+			}
 			at += n
 			data += p.size()
 		case 'x':

@@ -45,6 +45,10 @@ type ioOptions struct {
 	// default true) checks every byte read against its checksum.
 	Durable bool `json:"durable"`
 	Verify  bool `json:"verify"`
+	// CRC32 (saves of torch's format; default true) sums each record and
+	// writes its CRC-32; false writes 0, as torch.save does under
+	// torch.serialization.set_crc32_options(False).
+	CRC32 bool `json:"crc32"`
 }
 
 // parseOptions reads an options argument (NULL: the defaults).
@@ -57,7 +61,7 @@ func parseOptions(s *C.char) (ioOptions, error) {
 
 // decodeOptions reads options from their JSON text ("": the defaults).
 func decodeOptions(text string) (ioOptions, error) {
-	o := ioOptions{Durable: true, Verify: true}
+	o := ioOptions{Durable: true, Verify: true, CRC32: true}
 	if text == "" {
 		return o, nil
 	}
@@ -131,6 +135,7 @@ func (o ioOptions) write(progress *C.int64_t) (checkpoint.WriteOptions, error) {
 	ch, err := o.chooser()
 	return checkpoint.WriteOptions{
 		NotDurable: !o.Durable,
+		NoCRC:      !o.CRC32,
 		Chooser:    ch,
 		Engine:     o.engine(),
 		Workers:    o.Workers,

@@ -156,3 +156,57 @@ func pft_safetensors_close(h C.uint64_t, errOut **C.char) C.int {
 		return f.Close()
 	})
 }
+
+// safetensorsLayout is what pft_safetensors_layout returns: the header
+// (base64, as encoding/json writes bytes), each tensor's offset in the
+// caller's order, and the size in all.
+type safetensorsLayout struct {
+	Header  []byte  `json:"header"`
+	Offsets []int64 `json:"offsets"`
+	Size    int64   `json:"size"`
+}
+
+// pft_safetensors_layout lays out, without writing anything, the
+// safetensors bytes of the tensors and metadata of spec (as for
+// pft_safetensors_save) with the safetensors package's own alignment:
+// what safetensors.torch.save returns, for the caller to fill in memory.
+// out: {"header": base64, "offsets": [...], "size": n}.
+//
+//export pft_safetensors_layout
+func pft_safetensors_layout(spec *C.char, out **C.char, errOut **C.char) C.int {
+	return call(errOut, func() error {
+		var s safetensorsSpec
+		if err := parseJSON(spec, &s); err != nil {
+			return err
+		}
+		header, offsets, size, err := checkpoint.LayoutSafetensors(s.Tensors, s.Metadata, checkpoint.SafetensorsPackageAlign)
+		if err != nil {
+			return err
+		}
+		return putJSON(out, safetensorsLayout{Header: header, Offsets: offsets, Size: size})
+	})
+}
+
+// pft_safetensors_parse parses and validates the safetensors bytes at
+// data (n bytes, read during the call only; name is what errors call
+// them) as checkpoint.ParseSafetensorsHeader does a file's. out: the
+// header as JSON, as pft_safetensors_open gives it, offsets from the
+// start of data.
+//
+//export pft_safetensors_parse
+func pft_safetensors_parse(name *C.char, data unsafe.Pointer, n C.int64_t, out **C.char, errOut **C.char) C.int {
+	return call(errOut, func() error {
+		if n < 0 {
+			return fmt.Errorf("%w: safetensors: %d bytes", gds.ErrInvalid, int64(n))
+		}
+		p, err := memory(data, C.size_t(n))
+		if err != nil {
+			return err
+		}
+		h, err := checkpoint.ParseSafetensorsHeader(C.GoString(name), p, int64(n))
+		if err != nil {
+			return err
+		}
+		return putJSON(out, h)
+	})
+}

@@ -48,17 +48,21 @@ __all__ = [
     "open",
     "save",
     "offload",
+    "route",
+    "routed",
 ]
 
 # Checkpoint and offload import torch, so they load on first use: importing
 # pyfastensor stays cheap (no torch, no Go runtime).
 _LAZY = {"save": ".checkpoint", "load": ".checkpoint", "open": ".checkpoint",
-         "async_save": ".checkpoint", "empty_cache": "._buffers", "Offload": ".offload", "OffloadSummary": ".offload"}
+         "async_save": ".checkpoint", "empty_cache": "._buffers", "Offload": ".offload", "OffloadSummary": ".offload",
+         "route": ".routing", "routed": ".routing"}
 
 # Modules reached as attributes, imported on first use: offload (callable:
 # pyfastensor.offload(...)), safetensors (save_file / load_file), dcp (Writer /
 # Reader, imports torch.distributed), data (ChunkDataset), plan (no torch),
-# lightning (CheckpointIO, imports Lightning), engines and dictionary.
+# lightning (CheckpointIO, imports Lightning), engines and dictionary. route() (routing) imports torch
+# when called, not before.
 _SUBPACKAGES = frozenset({"offload", "safetensors", "dcp", "data", "plan", "lightning", "engines", "dictionary"})
 
 

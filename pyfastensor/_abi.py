@@ -84,6 +84,8 @@ PROTOTYPES: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
     "pft_safetensors_stage_begin": ("int", (("char*", "path"), ("char*", "spec"), ("int64_t", "n"), ("void**", "addrs"), ("int*", "staged"), ("char*", "options"), ("uint64_t*", "handle"), ("char**", "errOut"),)),
     "pft_safetensors_open": ("int", (("char*", "path"), ("uint64_t*", "handle"), ("char**", "out"), ("char**", "errOut"),)),
     "pft_safetensors_close": ("int", (("uint64_t", "h"), ("char**", "errOut"),)),
+    "pft_safetensors_layout": ("int", (("char*", "spec"), ("char**", "out"), ("char**", "errOut"),)),
+    "pft_safetensors_parse": ("int", (("char*", "name"), ("void*", "data"), ("int64_t", "n"), ("char**", "out"), ("char**", "errOut"),)),
     "pft_ckpt_stage_begin": ("int", (("char*", "path"), ("char*", "prefix"), ("char*", "pkl"), ("int64_t", "pklLen"), ("char*", "byteorder"), ("char*", "serial"), ("int64_t", "n"), ("char*", "keys"), ("void**", "addrs"), ("int64_t*", "sizes"), ("int*", "staged"), ("char*", "options"), ("uint64_t*", "handle"), ("char**", "errOut"),)),
     "pft_ckpt_stage_write": ("int", (("uint64_t", "h"), ("int64_t", "n"), ("int64_t*", "indices"), ("int64_t*", "offsets"), ("void**", "addrs"), ("int64_t*", "sizes"), ("char**", "errOut"),)),
     "pft_ckpt_stage_commit": ("int", (("uint64_t", "h"), ("char**", "out"), ("char**", "errOut"),)),

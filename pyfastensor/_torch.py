@@ -19,6 +19,7 @@ differs across that range, and how it is met:
 ``torch.utils.serialization.config``   2.7 and later; before, ``torch.load`` never maps a
                                        file unless asked (:func:`default_load_mmap` is False)
 ``serialization._serialization_tls``   2.5 and later (``skip_data``); before, never skipped
+``get_crc32_options``                  2.5 and later; before, every record has its CRC-32
 unsigned dtypes (``torch.uint16``...)  saved by ``torch.save`` from 2.6 on; before, its
                                        storage map lacks them (``KeyError``):
                                        :func:`unsaved_dtypes` names them for a clear error
@@ -61,6 +62,7 @@ from typing import Any
 import torch
 import torch._utils
 import torch.serialization
+import torch.utils.data._utils.worker
 from torch import _weights_only_unpickler
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
@@ -69,12 +71,12 @@ from .errors import UnsupportedError
 
 __all__ = [
     "DCP_HIDES_METADATA_ERRORS", "DCP_PASSES_RANK", "FLOOR", "VERSION", "StorageRef", "TorchDispatchMode",
-    "allowed_globals", "current_autograd_node",
+    "allowed_globals", "crc32_on_save", "current_autograd_node", "dataloader_worker_loop",
     "default_load_mmap", "fake_mode_active", "load_records", "new_dtypes",
     "new_shared_storage", "privateuse1_backend_name", "queue_backward_callback", "rebuild_tensor_v2", "require",
     "restore_location", "set_tensor_metadata", "skip_data", "storage_slice",
-    "storage_use_count", "tensor_metadata", "tree_flatten", "unsaved_dtypes", "validate_device",
-    "weights_only_unpickler",
+    "storage_use_count", "tensor_metadata", "torch_load", "torch_save", "tree_flatten", "unsaved_dtypes",
+    "validate_device", "weights_only_unpickler",
 ]
 
 #: The oldest torch pyfastensor supports: the floor of ``pyproject.toml``'s ``torch>=``.
@@ -122,6 +124,15 @@ def require(feature: str, version: tuple[int, int]) -> None:
 
 
 # ---------------------------------------------------------------------- serialization
+
+#: torch's own ``torch.save`` and ``torch.load``, as ``torch.serialization`` defines them. Every
+#: hand-off of pyfastensor's to torch calls these, never the name ``torch.save`` looked up when
+#: it runs: :func:`pyfastensor.route` (or a program's own ``torch.load = pyfastensor.load``) makes
+#: that name pyfastensor's, and calling it would recurse.
+#: A wrapper put there before pyfastensor loaded is unwrapped (``__wrapped__``) to torch's function.
+torch_save: Callable[..., None] = inspect.unwrap(torch.serialization.save)
+torch_load: Callable[..., Any] = inspect.unwrap(torch.serialization.load)
+
 
 class _RaisesUnpicklingError:
     """torch 2.4's weights-only unpickler, raising ``pickle.UnpicklingError`` as later ones do."""
@@ -184,6 +195,13 @@ def validate_device(location: str, backend: str) -> torch.device:
     """``torch.load``'s check of a saved device location (``"cuda:3"``) against the devices
     present, with torch's message when the index is out of range."""
     return torch.serialization._validate_device(location, backend)
+
+
+def crc32_on_save() -> bool:
+    """Whether ``torch.save`` computes each record's CRC-32: ``torch.serialization.get_crc32_options()``
+    (torch 2.5 and later; ``set_crc32_options(False)`` writes 0 instead), always before."""
+    get = getattr(torch.serialization, "get_crc32_options", None)
+    return True if get is None else bool(get())
 
 
 def skip_data() -> bool:
@@ -283,6 +301,14 @@ def new_shared_storage(nbytes: int) -> torch.UntypedStorage:
     """A CPU storage of ``nbytes`` bytes in shared memory, as torch makes one to send to
     another process."""
     return torch.UntypedStorage._new_shared(nbytes)
+
+
+# ---------------------------------------------------------------------- DataLoader
+
+#: The function a DataLoader's worker process runs (``torch.utils.data._utils.worker._worker_loop``),
+#: torch's own. The DataLoader looks it up by that name each time it starts workers, and a spawned
+#: worker imports it by name: :func:`pyfastensor.route` binds a routing one there.
+dataloader_worker_loop: Callable[..., Any] = torch.utils.data._utils.worker._worker_loop
 
 
 # ---------------------------------------------------------------------- autograd

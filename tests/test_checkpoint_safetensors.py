@@ -141,13 +141,13 @@ def test_load_reads_the_file_whose_header_it_parsed_while_a_save_replaces_it(tmp
     old = tensors()
     new = {"other": torch.arange(10.0), "big": torch.full((300_000,), 3.0)}
     pyfastensor.safetensors.save_file(old, path)
-    real = pyfastensor.safetensors.read_raw
+    real = pyfastensor.safetensors._files.read_raw
 
     def replace_then(*args, **kwargs):
         pyfastensor.safetensors.save_file(new, path)  # a rename, mid-load
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(pyfastensor.safetensors, "read_raw", replace_then)
+    monkeypatch.setattr(pyfastensor.safetensors._files, "read_raw", replace_then)
     got = pyfastensor.safetensors.load_file(path)
     assert_same({k: got[k] for k in old}, old)  # not the new file's bytes at the old offsets
     assert got.keys() == old.keys()

@@ -7,6 +7,7 @@ until the call returns.
 
 from __future__ import annotations
 
+import base64
 import ctypes
 import json
 import os
@@ -87,16 +88,17 @@ def joined_keys(keys: Sequence[str]) -> bytes:
 
 def write_archive(
     path: str, archive: TorchArchive, *, durable: bool, engine: str | None,
-    counter: ctypes.c_int64 | None = None,
+    counter: ctypes.c_int64 | None = None, crc32: bool = True,
 ) -> dict[str, Any]:
     """Write ``archive`` as torch.save's zip at ``path``, its records under ``archive.prefix``
-    (see checkpoint/torchzip.go); return stats.
+    (see checkpoint/torchzip.go); return stats. ``crc32=False`` writes every CRC-32 as 0.
 
     Raises:
         ValueError: a key holds a newline.
     """
     return _lib.call_json(
-        "pft_ckpt_save_torch", _lib.cstr(path), *archive.call_args(), _lib.options(engine, durable=durable),
+        "pft_ckpt_save_torch", _lib.cstr(path), *archive.call_args(),
+        _lib.options(engine, durable=durable, crc32=crc32),
         ctypes.byref(counter) if counter is not None else None)
 
 
@@ -151,6 +153,22 @@ def safetensors_spec(tensors: Sequence[STensor], metadata: dict[str, str] | None
         "metadata": None if metadata is None else [{"key": k, "value": v} for k, v in metadata.items()],
     }
     return json.dumps(spec).encode(), (ctypes.c_void_p * len(tensors))(*[t.addr or None for t in tensors])
+
+
+def layout_safetensors(tensors: Sequence[STensor], metadata: dict[str, str] | None) -> tuple[bytes, list[int], int]:
+    """The header, each tensor's offset and the total size of the safetensors bytes of
+    ``tensors`` and ``metadata``, laid out by the Go core as the safetensors package lays them
+    out in memory (``pft_safetensors_layout``); the tensors' addresses are not read."""
+    spec, _ = safetensors_spec(tensors, metadata)
+    out = _lib.call_json("pft_safetensors_layout", spec)
+    return base64.b64decode(out["header"]), out["offsets"], out["size"]
+
+
+def parse_safetensors(name: str, data: Any, nbytes: int) -> dict[str, Any]:
+    """The validated header of the ``nbytes`` safetensors bytes at address ``data``, as
+    :class:`SafetensorsFile` describes a file's (offsets from ``data``); ``name`` is what an
+    error calls them (``pft_safetensors_parse``)."""
+    return _lib.call_json("pft_safetensors_parse", _lib.cstr(name), data, nbytes)
 
 
 class SafetensorsFile(_lib.Handle):

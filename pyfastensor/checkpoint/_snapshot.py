@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from .. import _device, config
+from .. import _device, _torch, config
 from . import _from_device
 from ._skeleton import Skeleton
 from ._staged import StagedSave
@@ -158,7 +158,7 @@ def _in_waves(b: _device.Backend, buf: torch.Tensor, device: list[tuple[str, tor
     archive, owners, _ = torch_archive(Skeleton(skel.data, every), staged=on_device)
     assert not owners
     snap.staged = StagedSave(snap.path, archive, [k in on_device for k in archive.keys],
-                             durable=snap.durable, engine=snap.engine)
+                             durable=snap.durable, engine=snap.engine, crc32=_torch.crc32_on_save())
     drain = snap.drain = _from_device.Drain(b, snap.staged, buf, config.PINNED_RING_SLOTS)
     for i, key in enumerate(archive.keys):
         if key in on_device:

@@ -37,12 +37,14 @@ class StagedSave(_lib.Handle):
             (its address is ignored); the others are written from their memory at commit.
         durable: fsync the file and its directory at commit. Default ``True``.
         engine: one I/O engine for every record; default: chosen by size.
+        crc32: sum each record and write its CRC-32; ``False`` writes 0 (torch's
+            ``set_crc32_options(False)``). Default ``True``.
     """
 
     _close_fn = "pft_ckpt_stage_abort"
 
     def __init__(self, path: str, archive: TorchArchive, staged: Sequence[bool], *,
-                 durable: bool = True, engine: str | None = None) -> None:
+                 durable: bool = True, engine: str | None = None, crc32: bool = True) -> None:
         super().__init__()
         self.path = path
         n = len(archive.keys)
@@ -52,7 +54,8 @@ class StagedSave(_lib.Handle):
         handle = _lib.u64()
         _lib.call(
             "pft_ckpt_stage_begin", _lib.cstr(path), *archive.call_args(),
-            (ctypes.c_int * n)(*[int(st) for st in staged]), _lib.options(engine, durable=durable),
+            (ctypes.c_int * n)(*[int(st) for st in staged]),
+            _lib.options(engine, durable=durable, crc32=crc32),
             ctypes.byref(handle),
         )
         self._handle = handle.value

@@ -139,8 +139,8 @@ def load(
     pickle_load_args.setdefault("encoding", "utf-8")
 
     def to_torch(src: FileLike) -> Any:
-        return torch.load(src, map_location, pickle_module, weights_only=weights_only,
-                          mmap=mmap, **torch_args)
+        return _torch.torch_load(src, map_location, pickle_module, weights_only=weights_only,
+                                 mmap=mmap, **torch_args)
 
     if mmap is None:
         mmap = _torch.default_load_mmap()
@@ -152,8 +152,8 @@ def load(
             return to_torch(f)
         return _load_path(path, to_torch, map_location, pickle_module, weights_only,
                           verify, engine, progress, pickle_load_args, mmap=mmap)
-    if mmap:
-        return to_torch(f)  # torch's ValueError: mmap needs a path
+    if mmap or not all(callable(getattr(f, m, None)) for m in ("read", "seek", "tell")):
+        return to_torch(f)  # torch's errors: mmap needs a path; a file-like must be seekable
     start = f.tell()
     magic = f.read(4)
     f.seek(start)
@@ -164,7 +164,7 @@ def load(
     with tempfile.TemporaryDirectory(prefix="pyfastensor-") as d:
         spooled = os.path.join(d, "spooled.pt")
         with open(spooled, "wb") as out:
-            shutil.copyfileobj(f, out, 16 << 20)
+            _spool(f, out)
         f.seek(start)
 
         def from_buffer(_: FileLike) -> Any:
@@ -177,6 +177,19 @@ def load(
             raise CorruptFileError(str(e).replace(spooled, _named(f))) from None
 
 
+def _spool(f: IO[bytes], out: IO[bytes]) -> None:
+    """Copy the rest of ``f`` to ``out``, through ``f.readinto`` where it has one (as torch reads a
+    file-like: into a buffer of the reader's, no bytes object per read)."""
+    readinto = getattr(f, "readinto", None)
+    if not callable(readinto):
+        shutil.copyfileobj(f, out, 16 << 20)
+        return
+    buf = bytearray(16 << 20)
+    view = memoryview(buf)
+    while n := readinto(view):
+        out.write(view[:n])
+
+
 def _named(f: IO[bytes]) -> str:
     """What names a file-like in a message: its ``name``, or its type."""
     name = getattr(f, "name", None)
@@ -184,10 +197,21 @@ def _named(f: IO[bytes]) -> str:
 
 
 def _resolve_weights_only(weights_only: bool | None, pickle_module: Any) -> bool:
-    if os.getenv("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "0").lower() in _TRUE:
+    """``weights_only`` as torch.load decides it: the argument, else whether ``pickle_module`` is
+    None; ``TORCH_FORCE_WEIGHTS_ONLY_LOAD`` forces True, ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD``
+    forces False where the argument was not given (with torch's warning); both set is an error."""
+    force = os.getenv("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "0").lower() in _TRUE
+    force_no = os.getenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "0").lower() in _TRUE
+    if force and force_no:
+        raise RuntimeError("Only one of `TORCH_FORCE_WEIGHTS_ONLY_LOAD` or `TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD` "
+                           "should be set, but both were set.")
+    if force:
         return True
     if weights_only is None:
-        if os.getenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "0").lower() in _TRUE:
+        if force_no:
+            warnings.warn("Environment variable TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD detected, since the "
+                          "`weights_only` argument was not explicitly passed to `torch.load`, forcing "
+                          "weights_only=False.", UserWarning, stacklevel=3)
             return False
         return pickle_module is None
     return bool(weights_only)
@@ -252,6 +276,10 @@ def _load_archive(
         zf = PreloadedZip(archive, storages=not mmap)
         overall = None
         pending = None
+        # A file mapped shared is one the program may write through: its records' CRC-32s can
+        # be stale by its own doing. A mismatch then warns and loads, as torch loads; anywhere
+        # else it raises (the message says how to take the bytes as they are).
+        shared = mmap and _shared_mapping()
         try:
             if mmap:
                 zf.read_small(verify=verify)
@@ -288,7 +316,7 @@ def _load_archive(
 
         def filled() -> None:
             if not mmap:
-                _wait(pending, archive)
+                _wait(pending, archive, shared=shared)
 
         try:
             obj = _NOT_LOADED
@@ -300,18 +328,18 @@ def _load_archive(
                     obj = _NOT_LOADED
             if obj is _NOT_LOADED:
                 if not (to_cpu and zf.cpu_only()):
-                    _wait(pending, archive)
+                    _wait(pending, archive, shared=shared)
                 obj = unpickle(zf, map_location, module, overall_storage=overall,
                                weights_only=weights_only, before_general=filled, **pickle_load_args)
         except pickle.UnpicklingError as e:
-            _wait(pending, archive)  # a damaged record explains more than the pickle
+            _wait(pending, archive, shared=shared)  # a damaged record explains more than the pickle
             if not weights_only:
                 raise
             raise refused(path, e) from None
         except BaseException:
-            _wait(pending, archive)
+            _wait(pending, archive, shared=shared)
             raise
-        _wait(pending, archive)
+        _wait(pending, archive, shared=shared)
         return obj
 
 
@@ -327,10 +355,14 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
+def _shared_mapping() -> bool:
+    """Whether ``torch.load(..., mmap=True)`` maps files shared (``set_default_mmap_options``)."""
+    return torch.serialization.get_default_mmap_options() == MAP_SHARED
+
+
 def _map(path: str, size: int) -> torch.UntypedStorage:
     """The whole file as one CPU storage, mapped as ``torch.load(..., mmap=True)`` maps it."""
-    shared = torch.serialization.get_default_mmap_options() == MAP_SHARED
-    return torch.UntypedStorage.from_file(path, shared, size)
+    return torch.UntypedStorage.from_file(path, _shared_mapping(), size)
 
 
 def _to_cpu(map_location: MapLocation) -> bool:
@@ -343,12 +375,20 @@ def _to_cpu(map_location: MapLocation) -> bool:
         return False
 
 
-def _wait(pending: _progress.Pending[None], archive: Archive) -> None:
-    """Wait for the storages' read; a corrupt record's error gains the tensors' key paths."""
+def _wait(pending: _progress.Pending[None], archive: Archive, *, shared: bool = False) -> None:
+    """Wait for the storages' read (or a mapped load's check); a corrupt record's error gains the
+    tensors' key paths. ``shared``: the load maps the file shared, and a record that does not
+    match its CRC-32 (all a mapped load's check looks at) warns instead, as the program may have
+    changed the file in place through such a mapping."""
     try:
         pending.wait()
     except CorruptFileError as e:
-        raise CorruptFileError(_with_keys(str(e), archive)) from None
+        message = _with_keys(str(e), archive)
+        if not shared:
+            raise CorruptFileError(message) from None
+        warnings.warn(f"{message}. Loaded as the file holds it now, as torch.load does: it is mapped shared "
+                      "(torch.serialization.set_default_mmap_options(MAP_SHARED)), and a program may have "
+                      "changed it in place through such a mapping", UserWarning, stacklevel=4)
 
 
 def _with_keys(message: str, archive: Archive) -> str:

@@ -101,16 +101,18 @@ def save(
     if isinstance(f, (str, os.PathLike)):
         _in_flight.settle(_in_flight.key(os.fspath(f)))  # an async_save to f, earlier, commits first
     if not _use_new_zipfile_serialization or _skip_data():
-        torch.save(obj, f, pickle_module, pickle_protocol,
-                   _use_new_zipfile_serialization=_use_new_zipfile_serialization,
-                   _disable_byteorder_record=_disable_byteorder_record)
+        _torch.torch_save(obj, f, pickle_module, pickle_protocol,
+                          _use_new_zipfile_serialization=_use_new_zipfile_serialization,
+                          _disable_byteorder_record=_disable_byteorder_record)
         return
     if isinstance(f, (str, os.PathLike)):
         _save_path(obj, os.fspath(f), pickle_module, pickle_protocol,
                    _disable_byteorder_record, durable, engine, progress)
         return
-    if not callable(getattr(f, "write", None)):
-        raise AttributeError(f"f must be a path or have a callable 'write', got {type(f).__name__}")
+    write = f.write  # AttributeError for an object without one, as torch.save raises
+    if not callable(write):
+        raise TypeError(f"f must be a path or a file-like object with a callable 'write'; {type(f).__name__}'s "
+                        f"'write' is a {type(write).__name__}")
     with tempfile.TemporaryDirectory(prefix="pyfastensor-") as d:
         tmp = os.path.join(d, "archive.pt")
         _save_path(obj, tmp, pickle_module, pickle_protocol,
@@ -146,9 +148,10 @@ def write_skeleton(
                            engine=engine, progress=progress)
         return
     archive, keep, total = torch_archive(skel, disable_byteorder=disable_byteorder)
+    crc32 = _torch.crc32_on_save()
     _progress.run(
         lambda counter: write_archive(path, archive, durable=durable, engine=engine,
-                                      counter=counter),
+                                      counter=counter, crc32=crc32),
         total, f"save {os.path.basename(path)}", progress,
     )
     keep.clear()  # the native call has returned: the memory may go
@@ -166,7 +169,8 @@ def _write_from_device(
     archive, keep, total = torch_archive(skel, disable_byteorder=disable_byteorder, staged=device)
     bar = _progress.Manual(total, f"save {os.path.basename(path)}", progress)
     try:
-        staged = StagedSave(path, archive, [k in device for k in archive.keys], durable=durable, engine=engine)
+        staged = StagedSave(path, archive, [k in device for k in archive.keys], durable=durable, engine=engine,
+                            crc32=_torch.crc32_on_save())
         _from_device.drain_into(b, staged, ((i, _from_device.bytes_of(skel.storages[key]))
                                             for i, key in enumerate(archive.keys) if key in device), bar.add)
     finally:
