@@ -21,11 +21,12 @@ from collections.abc import Sequence
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     """Add every benchmark's subcommand to ``sub`` (imports no torch)."""
-    from . import checkpoint, data_nodes, dcp, gpu, offload, plan, trace
+    from . import checkpoint, data_nodes, dcp, gpu, offload, plan, trace, trainer
     from . import data as data_bench
     from . import dict as dict_bench
 
     checkpoint.add_parser(sub)
+    trainer.add_parser(sub)
     gpu.add_parser(sub)
     dcp.add_parser(sub)
     offload.add_parser(sub)

@@ -19,7 +19,7 @@ differs across that range, and how it is met:
 ``torch.utils.serialization.config``   2.7 and later; before, ``torch.load`` never maps a
                                        file unless asked (:func:`default_load_mmap` is False)
 ``serialization._serialization_tls``   2.5 and later (``skip_data``); before, never skipped
-``get_crc32_options``                  2.5 and later; before, every record has its CRC-32
+``get_crc32_options``                  2.6 and later; before, every record has its CRC-32
 unsigned dtypes (``torch.uint16``...)  saved by ``torch.save`` from 2.6 on; before, its
                                        storage map lacks them (``KeyError``):
                                        :func:`unsaved_dtypes` names them for a clear error
@@ -45,7 +45,9 @@ named once: the weights-only unpickler and its allow-list, the restore
 location and device check of ``torch.load``, ``_rebuild_tensor_v2`` (which
 pickles by name, so it must be torch's own object), tensor metadata,
 storage reference counts, the current autograd node, the dispatch mode and
-pytree used by the trace recorder, and shared-memory storages.
+pytree used by the trace recorder, shared-memory storages, torch's own ``save`` and ``load``
+(hand-offs call them, never the name a program may have rebound) and the DataLoader's worker loop
+(``torch.utils.data._utils.worker._worker_loop``, which :func:`pyfastensor.route` rebinds).
 """
 
 from __future__ import annotations
@@ -199,7 +201,7 @@ def validate_device(location: str, backend: str) -> torch.device:
 
 def crc32_on_save() -> bool:
     """Whether ``torch.save`` computes each record's CRC-32: ``torch.serialization.get_crc32_options()``
-    (torch 2.5 and later; ``set_crc32_options(False)`` writes 0 instead), always before."""
+    (torch 2.6 and later; ``set_crc32_options(False)`` writes 0 instead), always before."""
     get = getattr(torch.serialization, "get_crc32_options", None)
     return True if get is None else bool(get())
 

@@ -283,7 +283,8 @@ class Payload:
 def test_weights_only_refuses_code(tmp_path):
     Payload.marker = str(tmp_path / "pwned")
     torch.save({"w": torch.ones(2), "evil": Payload()}, tmp_path / "evil.pt")
-    with pytest.raises(pickle.UnpicklingError, match="weights_only=False"):
+    # torch's own message for the refusal (it names what was refused), after the file's name
+    with pytest.raises(pickle.UnpicklingError, match=r"evil\.pt: Weights only load failed(.|\n)*posix"):
         pyfastensor.load(tmp_path / "evil.pt")
     assert not os.path.exists(Payload.marker)
     pyfastensor.save({"w": torch.ones(2), "evil": Payload()}, tmp_path / "evil2.pt")

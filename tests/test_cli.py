@@ -23,7 +23,7 @@ import pyfastensor
 from pyfastensor.cli import build_parser
 
 SUBCOMMANDS = ("info", "demo", "bench", "ckpt", "data", "dict")
-BENCHMARKS = ("checkpoint", "dcp", "offload", "plan", "data", "data-nodes", "dict", "trace", "gpu")
+BENCHMARKS = ("checkpoint", "dcp", "offload", "plan", "data", "data-nodes", "dict", "trace", "gpu", "trainer")
 
 
 def _subcommands(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:

@@ -262,3 +262,27 @@ def test_queue_backward_callback_runs_at_the_end_of_backward_only_inside_it():
     assert order == ["hook", "end"]
     with pytest.raises(RuntimeError):
         _torch.queue_backward_callback(lambda: None)
+
+
+def test_torch_save_and_load_are_torchs_own_functions():
+    assert _torch.torch_save.__module__ == "torch.serialization" and _torch.torch_save.__name__ == "save"
+    assert _torch.torch_load.__module__ == "torch.serialization" and _torch.torch_load.__name__ == "load"
+
+
+def test_crc32_on_save_follows_torchs_option_from_2_6():
+    if not hasattr(torch.serialization, "set_crc32_options"):
+        assert _torch.crc32_on_save()
+        return
+    torch.serialization.set_crc32_options(False)
+    try:
+        assert not _torch.crc32_on_save()
+    finally:
+        torch.serialization.set_crc32_options(True)
+    assert _torch.crc32_on_save()
+
+
+def test_the_dataloader_worker_loop_is_torchs_and_looked_up_by_name():
+    import torch.utils.data._utils.worker as worker
+
+    assert _torch.dataloader_worker_loop is worker._worker_loop
+    assert _torch.dataloader_worker_loop.__qualname__ == "_worker_loop"

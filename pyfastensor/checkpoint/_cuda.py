@@ -239,7 +239,7 @@ def load(
             except pickle.UnpicklingError as e:
                 if not weights_only:
                     raise
-                raise refused(path, e) from None
+                raise refused(path, e, to_torch) from None
         except CorruptFileError as e:
             paths = key_paths(archive, str(e))
             if not paths:

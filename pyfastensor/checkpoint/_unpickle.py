@@ -82,14 +82,25 @@ class _FastModule:
     Unpickler = FastUnpickler
 
 
-def refused(path: str, e: pickle.UnpicklingError) -> pickle.UnpicklingError:
-    """The error of a weights-only load of ``path`` whose pickle the restricted unpickler refused."""
-    return pickle.UnpicklingError(
-        f"Weights only load of {path} failed: the file needs something the restricted "
-        "unpickler does not allow, and nothing from the file was executed. If you trust "
-        "the file's source, load it with weights_only=False, or allow the global with "
-        f"torch.serialization.add_safe_globals([...]).\n\n{e}"
-    )
+def refused(path: str, e: pickle.UnpicklingError,
+            to_torch: Callable[[str], Any] | None = None) -> pickle.UnpicklingError:
+    """The error of a weights-only load of ``path`` whose pickle the restricted unpickler refused,
+    naming the file: torch's own message for the refusal where ``to_torch`` (torch.load of the
+    file, weights-only: it executes nothing from it) gives one, else ours with ``e``'s."""
+    message = None
+    if to_torch is not None:
+        try:
+            to_torch(path)
+        except pickle.UnpicklingError as theirs:
+            message = str(theirs)
+        except Exception:  # noqa: BLE001 - torch failed otherwise: ours says what was refused
+            pass
+    if message is None:
+        message = ("Weights only load failed: the file needs something the restricted unpickler does not "
+                   "allow, and nothing from the file was executed. If you trust the file's source, load it "
+                   "with weights_only=False, or allow the global with "
+                   f"torch.serialization.add_safe_globals([...]).\n\n{e}")
+    return pickle.UnpicklingError(f"{path}: {message}")
 
 
 def unpickle(zip_file: Any, map_location: Any, pickle_module: Any, *, weights_only: bool,

@@ -175,6 +175,8 @@ def load(
                               verify, engine, progress, pickle_load_args)
         except CorruptFileError as e:  # name what the caller gave, not the spooled copy
             raise CorruptFileError(str(e).replace(spooled, _named(f))) from None
+        except pickle.UnpicklingError as e:
+            raise pickle.UnpicklingError(str(e).replace(spooled, _named(f))) from None
 
 
 def _spool(f: IO[bytes], out: IO[bytes]) -> None:
@@ -335,7 +337,7 @@ def _load_archive(
             _wait(pending, archive, shared=shared)  # a damaged record explains more than the pickle
             if not weights_only:
                 raise
-            raise refused(path, e) from None
+            raise refused(path, e, to_torch) from None
         except BaseException:
             _wait(pending, archive, shared=shared)
             raise
