@@ -55,6 +55,7 @@ test-fuzz:
 	$(call fuzz,FuzzParseIndex,loader)
 	$(call fuzz,FuzzFetch,loader/dist)
 	$(call fuzz,FuzzParseTrace,offload)
+	$(call fuzz,FuzzPlanMix,offload)
 
 # Two pytest workers (pytest-xdist): the suite's tests wait on children, disks and
 # sockets as much as they compute, so two of them share even a two-core machine

@@ -35,6 +35,8 @@ def _ours_safetensors(path: Path) -> bool:
     return (8 + n) % 4096 == 0
 
 
+@pytest.mark.skipif(_torch.VERSION < (2, 6), reason="transformers resumes a Trainer's optimizer only on torch 2.6 "
+                    "and later (its check_torch_load_is_safe refuses torch.load before: CVE-2025-32434)")
 def test_a_trainer_killed_and_resumed_routed_ends_with_the_uninterrupted_runs_weights(tmp_path):
     whole, broken = tmp_path / "whole", tmp_path / "broken"
     done = _run(whole, "--routed")
