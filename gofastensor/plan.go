@@ -258,3 +258,24 @@ func pft_plan_bound(trace, hardware *C.char, out **C.char, errOut **C.char) C.in
 		return putJSON(out, map[string]int64{"bound_ns": offload.BoundNs(t, hw)})
 	})
 }
+
+// pft_plan_mix decides, for a profiled step (JSON, offload.MixInput), each
+// saved tensor's action: kept, moved to a tier, or recomputed in backward
+// (offload.PlanMix). out: the plan as JSON (offload.MixPlan), with the
+// whole frontier. A budget below any mix is an error naming the smallest
+// feasible one.
+//
+//export pft_plan_mix
+func pft_plan_mix(input *C.char, out **C.char, errOut **C.char) C.int {
+	return call(errOut, func() error {
+		var in offload.MixInput
+		if err := parseJSON(input, &in); err != nil {
+			return err
+		}
+		p, err := offload.PlanMix(&in)
+		if err != nil {
+			return err
+		}
+		return putJSON(out, p)
+	})
+}

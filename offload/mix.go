@@ -70,7 +70,7 @@ type MixInput struct {
 	Tensors   []MixTensor        `json:"tensors"`
 	ComputeNs []int64            `json:"compute_ns"` // after each event
 	Backward  int                `json:"backward"`   // the first backward event
-	HookNs    int64              `json:"hook_ns"`    // each moved or recomputed tensor's own cost
+	HookNs    int64              `json:"hook_ns"`    // each moved tensor's own cost (its hooks' work)
 	Tiers     map[string]MixLink `json:"tiers"`      // "host", "ssd": the tiers that may be used
 	Budget    int64              `json:"budget"`     // resident peak allowed; 0: none (the whole frontier)
 }
@@ -373,7 +373,7 @@ func (m *mixModel) simulate(actions []int) mixSim {
 	}
 	hooks := int64(0)
 	for _, a := range actions {
-		if a != actKeep {
+		if a >= actTier {
 			hooks += in.HookNs
 		}
 	}
@@ -487,7 +487,7 @@ func (m *mixModel) options(actions []int, sim mixSim, out []mixOption) []mixOpti
 			}
 		}
 		if t.RecomputeNs >= 0 {
-			out = append(out, mixOption{i, actRecompute, float64(t.RecomputeNs+in.HookNs) / b})
+			out = append(out, mixOption{i, actRecompute, float64(t.RecomputeNs) / b})
 		}
 	}
 	return out

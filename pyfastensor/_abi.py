@@ -76,6 +76,7 @@ PROTOTYPES: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
     "pft_plan_simulate": ("int", (("char*", "trace"), ("char*", "hardware"), ("char*", "policy"), ("char**", "out"), ("char**", "errOut"),)),
     "pft_plan_make": ("int", (("char*", "trace"), ("char*", "hardware"), ("char**", "out"), ("char**", "errOut"),)),
     "pft_plan_bound": ("int", (("char*", "trace"), ("char*", "hardware"), ("char**", "out"), ("char**", "errOut"),)),
+    "pft_plan_mix": ("int", (("char*", "input"), ("char**", "out"), ("char**", "errOut"),)),
     "pft_ckpt_ring_start": ("int", (("uint64_t", "h"), ("int64_t", "nslots"), ("void**", "slotAddrs"), ("int64_t", "slotBytes"), ("int64_t", "nfills"), ("int64_t*", "fillSlots"), ("int64_t", "nparts"), ("int64_t*", "fills"), ("int64_t*", "recs"), ("int64_t*", "offs"), ("int64_t*", "lens"), ("int64_t*", "ats"), ("char*", "options"), ("int64_t*", "progress"), ("uint64_t*", "handle"), ("char**", "errOut"),)),
     "pft_raw_ring_start": ("int", (("char*", "path"), ("int64_t", "nslots"), ("void**", "slotAddrs"), ("int64_t", "slotBytes"), ("int64_t", "nfills"), ("int64_t*", "fillSlots"), ("int64_t", "nparts"), ("int64_t*", "fills"), ("int64_t*", "offs"), ("int64_t*", "lens"), ("int64_t*", "ats"), ("char*", "options"), ("int64_t*", "progress"), ("uint64_t*", "handle"), ("char**", "errOut"),)),
     "pft_ring_next": ("int", (("uint64_t", "h"), ("int64_t", "release"), ("int64_t*", "out"), ("char**", "errOut"),)),

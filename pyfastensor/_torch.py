@@ -67,7 +67,7 @@ import torch.serialization
 import torch.utils.data._utils.worker
 from torch import _weights_only_unpickler
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from .errors import UnsupportedError
 
@@ -77,7 +77,7 @@ __all__ = [
     "default_load_mmap", "fake_mode_active", "load_records", "new_dtypes",
     "new_shared_storage", "privateuse1_backend_name", "queue_backward_callback", "rebuild_tensor_v2", "require",
     "restore_location", "set_tensor_metadata", "skip_data", "storage_slice",
-    "storage_use_count", "tensor_metadata", "torch_load", "torch_save", "tree_flatten", "unsaved_dtypes",
+    "storage_use_count", "tensor_metadata", "torch_load", "torch_save", "tree_flatten", "tree_unflatten", "unsaved_dtypes",
     "validate_device", "weights_only_unpickler",
 ]
 

@@ -74,6 +74,8 @@ def inputs(name: str, batch: int = 32) -> tuple[nn.Module, Callable[[int], tuple
 
 def loss_of(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     out = model(x)
+    if y.dtype == torch.long and out.dim() == 3:  # a sequence model's logits
+        return nn.functional.cross_entropy(out.flatten(0, 1).float(), y.flatten())
     if y.dtype == torch.long:
         return nn.functional.cross_entropy(out, y)
     return nn.functional.mse_loss(out, y)
@@ -86,6 +88,7 @@ def train(model: nn.Module, batch_of: Callable, steps: int,
     ``forward_ctx``: autocast); return every step's gradients, then the final weights."""
     model = copy.deepcopy(model)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    torch.manual_seed(1234)  # dropout draws the same in every run
     grads = []
     for i in range(steps):
         x, y = batch_of(i)
@@ -114,3 +117,39 @@ def open_handles() -> int:
 
     gc.collect()
     return _lib.handle_count()
+
+
+class TinyGPT(nn.Module):
+    """A GPT-like model with what recomputation must get right: token embeddings tied to the
+    output head, dropout (random draws), LayerNorm, GELU, an in-place ReLU, a residual stream."""
+
+    def __init__(self, vocab: int = 128, d: int = 64, layers: int = 2) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d)
+        self.blocks = nn.ModuleList(nn.ModuleDict({
+            "ln": nn.LayerNorm(d), "up": nn.Linear(d, 4 * d), "act": nn.GELU(), "down": nn.Linear(4 * d, d),
+            "drop": nn.Dropout(0.1), "gate": nn.Linear(d, d), "relu": nn.ReLU(inplace=True)}) for _ in range(layers))
+        self.ln = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids)
+        for b in self.blocks:
+            h = b["down"](b["act"](b["up"](b["ln"](x))))
+            x = x + b["drop"](h) + b["relu"](b["gate"](x))
+        return self.head(self.ln(x))
+
+
+def gpt_inputs(batch: int = 8, seq: int = 32) -> tuple[nn.Module, Callable[[int], tuple[torch.Tensor, torch.Tensor]]]:
+    """A fresh TinyGPT (seeded) and a function giving step i's tokens and targets."""
+    torch.manual_seed(0)
+    model = TinyGPT()
+
+    def batch_of(i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        g = torch.Generator().manual_seed(100 + i)
+        ids = torch.randint(0, 128, (batch, seq), generator=g)
+        return ids, torch.randint(0, 128, (batch, seq), generator=g)
+
+    return model, batch_of
+

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 TIERS = ("ssd", "host", "auto")
-POLICIES = ("all", "scheduled", "planned", "none")
+POLICIES = ("all", "auto", "scheduled", "planned", "none")
 DICTIONARIES = ("wr", "w", "r")
 #: The dictionary's use, by ``dictionary=`` value (the store's name for it).
 DICTIONARY_USE = {"wr": "write_read", "w": "write", "r": "read"}
@@ -43,13 +43,13 @@ def check(*, tier: str, policy: str, dictionary: str, on_full: str, budget: int 
         raise ValueError(f"on_full {on_full!r}: expected 'warn' or 'raise'")
     if budget is not None and budget < 0:
         raise ValueError(f"budget {budget!r}: expected None or a number of bytes >= 0")
-    if policy in ("scheduled", "planned") and budget is None:
+    if policy in ("scheduled", "planned", "auto") and budget is None:
         raise ValueError(f"policy={policy!r} needs budget= (bytes of saved tensors that may stay resident)")
     if policy == "planned" and tier == "host":
         raise ValueError("policy='planned' takes tier='ssd' (SSD only) or tier='auto' (G10's tiering: the SSD, "
                          "and host memory while the SSD is busy), not 'host'")
-    if policy == "planned" and compression:
-        raise ValueError("policy='planned' migrates saved tensors as they are: compression must be None")
+    if policy in ("planned", "auto") and compression:
+        raise ValueError(f"policy={policy!r} moves saved tensors as they are: compression must be None")
     if host_bytes is not None and (host_bytes < 0 or policy != "planned" or tier != "auto"):
         raise ValueError(f"host_bytes {host_bytes!r}: a number of bytes >= 0, for policy='planned' with "
                          "tier='auto' only")

@@ -53,9 +53,34 @@ class Policy:
     def __init__(self, compression: frozenset[str] = frozenset()) -> None:
         self.compression = compression  # the codecs compression= allows
 
+    def begin_step(self) -> None:
+        """A step begins (the context is entered), after the last one's plan was learnt."""
+
     def profiles(self) -> bool:
         """Whether the step about to start is the profiling step (recorded to make the plan)."""
         return False
+
+    def op_recorder(self, registered: set[int]) -> Any:
+        """The op recorder (:class:`~._graph.GraphRecorder`) to run through the step about to
+        start, or None: only ``"auto"``'s profiling step has one."""
+        return None
+
+    def recipe(self, entry: Entry, t: torch.Tensor) -> Any:
+        """The recipe (:class:`~._graph.Recipe`) to make ``entry`` again in backward instead of
+        keeping or storing it, or None."""
+        return None
+
+    def source_entry(self, index: int) -> bool:
+        """Whether entry ``index`` is a source of a recipe bound later in the step."""
+        return False
+
+    def source_kept(self, seq: int) -> bool:
+        """Whether the small saved tensor of pack call ``seq`` is a source of a recipe."""
+        return False
+
+    def predicted(self) -> tuple[float, int]:
+        """The plan's predicted step (seconds) and resident peak (bytes); zeros without one."""
+        return 0.0, 0
 
     def check(self) -> None:
         """Raise what keeps the mode from running another step (an infeasible plan)."""
@@ -242,6 +267,10 @@ def for_mode(policy: str, *, compression: frozenset[str], budget: int | None, ho
     if policy == "all":
         return OffloadAll(compression)
     assert budget is not None
+    if policy == "auto":
+        from ._auto import Auto
+
+        return Auto(budget, tier, verbose)
     if policy == "scheduled":
         return Scheduled(compression, budget, verbose)
     return Planned(budget, host_bytes, tier, verbose)

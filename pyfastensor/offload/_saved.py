@@ -166,8 +166,8 @@ class Entry:
     """One saved storage: resident, or stored in a slot (see the module docstring)."""
 
     __slots__ = ("__weakref__", "device", "enc", "held", "hosted", "index", "kept", "meter", "nbytes", "payload_nbytes",
-                 "pool", "prefetched", "reclaim", "relu", "resident", "roots", "seen", "staging", "stashed", "storage_ref",
-                 "waiting", "decode_seconds")
+                 "pool", "prefetched", "reclaim", "recompute", "relu", "resident", "roots", "seen", "staging", "stashed",
+                 "storage_ref", "waiting", "decode_seconds")
 
     def __init__(self, index: int, nbytes: int, device: torch.device, meter: Meter,
                  storage_ref: Any, relu: bool, pool: BufferPool) -> None:
@@ -200,6 +200,9 @@ class Entry:
         self.waiting = 0
         self.kept: torch.Tensor | None = None
         self.decode_seconds = 0.0  # the last decode's time (the profiling step records it)
+        # policy="auto": the recipe bound to this step's sources (:class:`._recompute.Bound`); the
+        # storage is neither kept nor stored but made again by restore().
+        self.recompute: Any = None
 
     def handle_done(self, root: torch.Tensor | None) -> None:
         """A handle unpacked for the first time (``root``: what it got) or died unpacked (None).
@@ -302,6 +305,16 @@ class Entry:
         """The entry's bytes as a 1-D tensor (uint8 or the encoded dtype) in memory."""
         root = self.root()
         if root is not None:
+            return root
+        if self.recompute is not None:
+            started = time.perf_counter()
+            root = self.recompute.run(self.device)
+            self.decode_seconds = time.perf_counter() - started
+            if root.numel() != self.nbytes:
+                raise RuntimeError(f"pyfastensor.offload: a recomputed saved tensor has {root.numel()} bytes, "
+                                   f"the one saved had {self.nbytes}: the step is not the profiled one")
+            self.meter.track(root)
+            self.roots.append(weakref.ref(root))
             return root
         held, enc = self.held, self.enc
         if self.hosted is not None and enc is not None and self.staging is not None:

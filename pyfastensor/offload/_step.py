@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import weakref
 from typing import Any
 
@@ -9,7 +10,7 @@ from ._recast import Casts
 from ._saved import Entry
 
 #: The saved tensors a step counts, by what became of them.
-COUNTS = ("saved", "offloaded", "staged", "resident", "skipped", "dedup", "recast")
+COUNTS = ("saved", "offloaded", "staged", "resident", "skipped", "dedup", "recast", "recomputed")
 
 
 class Step:
@@ -29,6 +30,11 @@ class Step:
         pack_seconds, unpack_seconds: time spent in the hooks.
         stash_hits, stash_bytes: unpacks served from the forward stash, and their bytes.
         casts: which saved casts of parameters are made again in backward (:class:`Casts`).
+        sources: ``policy="auto"``: entries later recipes read, by pack index, with their saved
+            tensors' versions (held until those recipes are bound).
+        kept_sources: ``policy="auto"``: small saved tensors later recipes read, by pack call number.
+        recompute_bytes: bytes of the storages made again instead of kept or stored.
+        started: when the step began (``time.perf_counter``).
     """
 
     def __init__(self) -> None:
@@ -45,3 +51,9 @@ class Step:
         self.stash_hits = 0
         self.stash_bytes = 0
         self.casts = Casts()
+        self.sources: dict[int, tuple[Any, Any]] = {}
+        self.kept_sources: dict[int, Any] = {}
+        self.recompute_bytes = 0
+        self.recompute_seconds = 0.0
+        self.started = time.perf_counter()
+        self.ended: float | None = None

@@ -29,12 +29,13 @@ from ._order import PlannedPrefetcher, Prefetcher
 from ._pool import BufferPool
 from ._profile import Recorder
 from ._recast import Recast
+from ._recompute import Bound, Unbound
 from ._report import summarize
 from ._saved import Entry, Meter, Saved
 from ._stash import Stash
 from ._step import Step
 from ._store import SpillStore
-from ._version import Kept
+from ._version import Kept, Version
 from ._writes import Writes
 from .summary import OffloadSummary
 
@@ -251,6 +252,7 @@ class Offload:
         self._writes = Writes(on_full, self._meter)
         self._pool = BufferPool()  # read-back buffers, reused across steps
         self._stash = Stash(stash_bytes, budget, self._meter)  # the forward stash (tier="host", CUDA)
+        self._graph: Any = None  # the op recorder of "auto"'s profiling step, while it runs
         self._order: list[int] | None = None  # unpack order of the profiling step
         self._order_count = 0  # stored entries in the profiling step
         self._summary = OffloadSummary()
@@ -276,6 +278,7 @@ class Offload:
         if self._active:
             raise RuntimeError("pyfastensor.offload is not reentrant: exit the context before entering it again")
         self._learn_from_last_step()
+        self._policy.begin_step()
         if self._policy.uses_store and (self._store is None or self._store.closed):
             self._store, self._account = _sharing.join(self, tier=self.tier, spill_dir=self.spill_dir,
                                                        engine=self.engine, dictionary=self.dictionary)
@@ -293,6 +296,9 @@ class Offload:
                 self._watch = ModuleWatch()
                 self._unwatch = weakref.finalize(self, self._watch.remove)
             self._watch.start(self._registered)
+        self._graph = self._policy.op_recorder(self._registered)  # "auto"'s profiling step records its ops
+        if self._graph is not None:
+            self._graph.__enter__()
         self._hooks = torch.autograd.graph.saved_tensors_hooks(*_never_compiled(self._pack, self._unpack))
         self._hooks.__enter__()
         self._active = True
@@ -302,10 +308,14 @@ class Offload:
                  tb: TracebackType | None) -> None:
         hooks, self._hooks = self._hooks, None  # no cycle through the bound hooks
         hooks.__exit__(exc_type, exc, tb)
+        graph, self._graph = self._graph, None
+        if graph is not None:
+            graph.__exit__(exc_type, exc, tb)
         self._stash.clear()
         if self._watch is not None:
             self._watch.stop()
         self._active = False
+        self._step.ended = time.perf_counter()
         if self._recorder is not None:
             self._recorder.end = time.perf_counter()
         store = self._store
@@ -412,12 +422,20 @@ class Offload:
     def _pack(self, t: torch.Tensor) -> Any:
         start = time.perf_counter()
         step = self._step
+        graph = self._graph
+        if graph is not None:
+            graph.paused += 1  # the hooks' own ops are not the model's
         try:
             self._writes.drain(self._store)
+            seq = step.counts["saved"]
             step.counts["saved"] += 1
             if (not supported(t) or t.numel() * t.element_size() < self.min_size
                     or is_parameter(t, self._registered)):
                 step.counts["skipped"] += 1
+                if graph is not None:
+                    graph.packed(None, seq, t)
+                if self._policy.source_kept(seq):
+                    step.kept_sources[seq] = t
                 return Kept(t)
             if self.recast and (again := step.casts.recast_of(t)) is not None:
                 step.counts["recast"] += 1
@@ -435,6 +453,10 @@ class Offload:
                     step.live[key] = entry
                     if self._recorder is not None and entry.held is not None:
                         self._recorder.packed(entry.index, entry.held.slot, t, entry.nbytes, entry.relu, start)
+                    if graph is not None:
+                        graph.packed(entry.index, seq, t)
+                    if self._policy.source_entry(entry.index):
+                        step.sources[entry.index] = (entry, Version(t))
                     self._reach(self._policy.at_pack(entry.index))
             return Saved(entry, t)
         finally:
@@ -442,12 +464,25 @@ class Offload:
             step.pack_seconds += spent
             if self._recorder is not None:
                 self._recorder.pack_done(spent)
+            if graph is not None:
+                graph.paused -= 1
 
     def _unpack(self, h: Any) -> torch.Tensor:
         if isinstance(h, Kept):
             return h.unpack()
         if isinstance(h, Recast):
             return h.restore()
+        graph = self._graph
+        if graph is None:
+            return self._unpack_saved(h)
+        graph.paused += 1
+        try:
+            graph.unpacking(h.entry.index)
+            return self._unpack_saved(h)
+        finally:
+            graph.paused -= 1
+
+    def _unpack_saved(self, h: Saved) -> torch.Tensor:
         h.version.check()
         if h.tensor is not None:
             entry = h.entry
@@ -477,7 +512,10 @@ class Offload:
             with self._lock:
                 if not entry.seen:  # the backward node that starts a plan's op may be unpacking
                     self._reach(self._policy.at_unpack(entry.index))
+                recomputed = entry.recompute is not None and not entry.roots
                 root = entry.restore()
+                if recomputed:
+                    self._step.recompute_seconds += entry.decode_seconds
                 out = h.view_of(root)
                 h.first_unpack(root)
                 if rec is not None and held is not None and not held.store.closed:
@@ -504,6 +542,16 @@ class Offload:
                       is_relu_output(t), self._pool)
         step.entries.append(weakref.ref(entry))
         raw = torch.empty(0, dtype=torch.uint8, device=t.device).set_(storage)
+        recipe = self._policy.recipe(entry, t)
+        if recipe is not None:
+            try:
+                entry.recompute = Bound(recipe, step.sources, step.kept_sources, self._policy.params, self._registered)
+            except Unbound:
+                pass  # not the profiled graph after all: stored below, as it is
+            else:
+                step.counts["recomputed"] += 1
+                step.recompute_bytes += nbytes
+                return entry
         codec = self._policy.codec(entry, t)
         if codec is None:
             return self._keep(entry, raw)
@@ -610,9 +658,12 @@ class Offload:
 
     def _make_summary(self, store: SpillStore | None) -> OffloadSummary:
         pinned = self._pinned_pool()
-        return summarize(step_number=self.step, step=self._step, full_disk_events=self._writes.full, store=store,
-                         account=self._account, base=self._base, dictionary=self.dictionary, meter=self._meter,
-                         pool=self._pool, pinned=pinned, pinned_base=self._pinned_base)
+        out = summarize(step_number=self.step, step=self._step, full_disk_events=self._writes.full, store=store,
+                        account=self._account, base=self._base, dictionary=self.dictionary, meter=self._meter,
+                        pool=self._pool, pinned=pinned, pinned_base=self._pinned_base)
+        out.step_seconds = (self._step.ended or time.perf_counter()) - self._step.started
+        out.predicted_step_seconds, out.predicted_peak_bytes = self._policy.predicted()
+        return out
 
     def plan(self) -> str | None:
         """The scheduler's decision, printable, or None before it is made.

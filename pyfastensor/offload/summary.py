@@ -32,6 +32,13 @@ class OffloadSummary:
             copies of the weights) not stored but cast again in backward
             (``recast=True``).
         recast_bytes: their bytes: neither copied out nor back.
+        recomputed_tensors: storages ``policy="auto"`` kept as their recipe and made again in
+            backward (neither kept nor stored).
+        recompute_bytes: their bytes.
+        recompute_seconds: the time backward spent making them again.
+        step_seconds: the step's wall time, from entering the context to leaving it.
+        predicted_step_seconds: ``policy="auto"``: the plan's predicted step time (0 before the plan).
+        predicted_peak_bytes: ``policy="auto"``: the plan's predicted resident peak.
         bytes_offloaded: bytes written per tier (after compression); under
             ``"host"`` also the bytes kept in pinned host buffers.
         raw_bytes_offloaded: the same tensors' bytes before compression.
@@ -75,6 +82,12 @@ class OffloadSummary:
     deduplicated: int = 0
     recast_tensors: int = 0
     recast_bytes: int = 0
+    recomputed_tensors: int = 0
+    recompute_bytes: int = 0
+    recompute_seconds: float = 0.0
+    step_seconds: float = 0.0
+    predicted_step_seconds: float = 0.0
+    predicted_peak_bytes: int = 0
     bytes_offloaded: dict[str, int] = field(default_factory=dict)
     raw_bytes_offloaded: int = 0
     bytes_read: int = 0
@@ -101,7 +114,9 @@ class OffloadSummary:
             + (f"staged {self.staged_tensors}, " if self.staged_tensors else "")
             + f"resident {self.resident_tensors}, "
             f"skipped {self.skipped_tensors}, deduplicated {self.deduplicated}"
-            + (f", recast {self.recast_tensors} ({self.recast_bytes / mib:.1f} MiB)" if self.recast_tensors else ""),
+            + (f", recast {self.recast_tensors} ({self.recast_bytes / mib:.1f} MiB)" if self.recast_tensors else "")
+            + (f", recomputed {self.recomputed_tensors} ({self.recompute_bytes / mib:.1f} MiB, "
+               f"{self.recompute_seconds * 1e3:.1f} ms)" if self.recomputed_tensors else ""),
             f"  written {written} (raw {self.raw_bytes_offloaded / mib:.1f} MiB), read {self.bytes_read / mib:.1f} MiB",
             f"  resident peak {self.resident_peak_bytes / mib:.1f} MiB (read buffers kept: "
             f"{self.read_buffer_bytes / mib:.1f} MiB, pinned {self.pinned_bytes / mib:.1f} MiB), stall {self.stall_seconds * 1e3:.1f} ms, "
@@ -109,6 +124,10 @@ class OffloadSummary:
             f"prefetch hits {self.prefetch_hits}, stash hits {self.stash_hits} "
             f"({self.stash_bytes / mib:.1f} MiB)",
         ]
+        if self.predicted_step_seconds:
+            lines.append(f"  step {self.step_seconds * 1e3:.1f} ms (predicted {self.predicted_step_seconds * 1e3:.1f} ms), "
+                         f"resident peak {self.resident_peak_bytes / mib:.1f} MiB (predicted "
+                         f"{self.predicted_peak_bytes / mib:.1f} MiB)")
         if self.compression:
             lines.append("  compression " + ", ".join(f"{c} {r:.2f}x" for c, r in self.compression.items()))
         if self.full_disk_events:

@@ -1,0 +1,234 @@
+"""``policy="auto"``: keep, move or recompute each saved tensor, within a budget, from measured costs.
+
+Three phases, one per step until the plan is made:
+
+1. a **warm-up** step offloads every eligible tensor as ``"all"`` does (the
+   first step's one-time costs stay out of the profile);
+2. the **profiling** step does the same while :class:`~._graph.GraphRecorder`
+   records every aten op of forward and backward with its time, and the
+   hooks mark each saved storage's pack and first unpack; the store's
+   :class:`~._profile.Recorder` measures its write and read bandwidths;
+3. the plan: each saved storage (an entry) becomes a tensor of the Go
+   planner's input (:func:`make`): its bytes, pack and first use on the
+   timeline of measured compute, whether the store can take it, and its
+   recipe's forward time, sources and temporaries. The planner
+   (``offload/mix.go``) returns, for the budget, each entry's action:
+   ``keep``, the store's tier (``host`` or ``ssd``), or ``recompute``; and
+   the whole frontier of predicted step time against resident peak.
+
+Later steps carry the plan out by pack index; each entry's size and the
+autograd node that made a recomputed tensor are checked against the
+profile first (:meth:`Auto.matches`): a step whose saved tensors differ is
+not given the plan (its tensors are stored, as ``"all"`` would) and the
+next step profiles again.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import warnings
+from typing import Any
+
+import torch
+
+from .. import _lib
+from ..errors import InvalidArgumentError
+from ._graph import GraphRecorder, Recipe, maker_of
+from ._policy import Policy
+from ._profile import Recorder
+from ._saved import Entry
+
+#: Bandwidth assumed for a direction the profiling step did not time (bytes/s).
+UNMEASURED_BPS = 1e9
+
+
+class Auto(Policy):
+    """``policy="auto"``: the mix planner's decision per saved storage.
+
+    Args:
+        budget: bytes of saved tensors that may be resident at once (as ``resident_peak_bytes``
+            counts them).
+        tier: the store's tier, the one moved tensors go to (``"host"`` or ``"ssd"``).
+        verbose: print the plan when it is made.
+    """
+
+    def __init__(self, budget: int, tier: str, verbose: bool) -> None:
+        super().__init__()
+        self.budget, self.tier, self.verbose = budget, tier, verbose
+        self.steps = 0  # steps begun
+        self.profile_at = 1  # the step that profiles
+        self.graph: GraphRecorder | None = None
+        self.actions: dict[int, str] | None = None  # entry index -> keep, recompute, or the tier
+        self.recipes: dict[int, Recipe] = {}
+        self.expect: dict[int, tuple[int, str]] = {}  # entry index -> (bytes, maker) in the profile
+        self.sources: dict[int, int] = {}  # entry index -> recipes of the plan that read it
+        self.kept_sources: set[int] = set()  # pack call numbers of small saved tensors a recipe reads
+        self.params: dict[int, Any] = {}  # parameters' storages -> weak references, from the profile
+        self.error: str | None = None
+        self.diverged: str | None = None  # why the last step did not follow the plan
+
+    # ------------------------------------------------------------------ phases
+
+    def begin_step(self) -> None:
+        """A step begins (the context is entered)."""
+        if self.diverged is not None and self.actions is not None:  # the graph changed: profile again
+            self.actions, self.profile_at, self.diverged = None, self.steps, None
+        self.steps += 1
+
+    def profiles(self) -> bool:
+        return self.actions is None and self.steps - 1 == self.profile_at
+
+    def check(self) -> None:
+        if self.error is not None:
+            raise InvalidArgumentError(self.error)
+
+    def op_recorder(self, registered: set[int]) -> GraphRecorder | None:
+        self.graph = GraphRecorder(registered) if self.profiles() else None
+        return self.graph
+
+    def learn(self, rec: Recorder, *, tier: str, device: torch.device | None) -> None:
+        graph, self.graph = self.graph, None
+        if graph is None:
+            return
+        started = time.perf_counter()
+        mix, entries, recipes = make(graph, rec, self.budget or 1, tier)
+        try:
+            plan = plan_mix(mix)
+        except InvalidArgumentError as e:
+            self.error = str(e)
+            raise
+        self.actions = {entries[d["tensor"]]: d["action"] for d in plan["decisions"]}
+        self.recipes = {i: r for i, r in recipes.items() if self.actions.get(i) == "recompute"}
+        self.expect = {i: (mix["tensors"][k]["bytes"], graph.makers.get(i, "-")) for k, i in enumerate(entries)}
+        self.sources = {}
+        self.kept_sources = set()
+        for r in self.recipes.values():
+            for lf in r.leaves.values():
+                if lf.kind == "entry":
+                    self.sources[lf.key] = self.sources.get(lf.key, 0) + 1
+                elif lf.kind == "kept":
+                    self.kept_sources.add(lf.key)
+        self.params = graph.params
+        plan["planning_seconds"] = time.perf_counter() - started
+        plan["profile_step_ns"] = mix["_step_ns"]
+        plan["text"] = describe(plan, mix, self.budget)
+        self.result = plan
+        if self.verbose:
+            print(plan["text"], end="")
+
+    # ------------------------------------------------------------------ decisions
+
+    def matches(self, entry: Entry, t: torch.Tensor) -> bool:
+        """Whether ``entry`` (saved tensor ``t``) is the one the plan was made for."""
+        want = self.expect.get(entry.index)
+        why = None
+        if want is None:
+            why = f"the step saved more tensors than the profiled one ({entry.index + 1} or more)"
+        elif entry.nbytes != want[0]:
+            why = f"saved tensor {entry.index} has {entry.nbytes} bytes, the profiled step's had {want[0]}"
+        elif self.actions is not None and self.actions.get(entry.index) == "recompute" and maker_of(t) != want[1]:
+            why = f"saved tensor {entry.index} was made by {maker_of(t)}, the profiled one by {want[1]}"
+        if why is None:
+            return True
+        self.diverged = why
+        warnings.warn(f"pyfastensor.offload(policy='auto'): this step is not the profiled one ({why}): its saved "
+                      "tensors are stored as they are, and the next step profiles again", UserWarning, stacklevel=4)
+        return False
+
+    def _action(self, entry: Entry, t: torch.Tensor) -> str | None:
+        """What the plan does with ``entry``: keep, recompute, or the tier; None without a plan, or
+        for a step that is not the profiled one (its tensors are stored as they are)."""
+        if self.actions is None or self.diverged is not None or not self.matches(entry, t):
+            return None
+        return self.actions.get(entry.index)
+
+    def recipe(self, entry: Entry, t: torch.Tensor) -> Recipe | None:
+        return self.recipes.get(entry.index) if self._action(entry, t) == "recompute" else None
+
+    def codec(self, entry: Entry, t: torch.Tensor) -> str | None:
+        return None if self._action(entry, t) == "keep" else "raw"
+
+    def source_entry(self, index: int) -> bool:
+        return self.actions is not None and index in self.sources
+
+    def source_kept(self, seq: int) -> bool:
+        return self.actions is not None and seq in self.kept_sources
+
+    def predicted(self) -> tuple[float, int]:
+        """The plan's predicted step (seconds) and resident peak (bytes); zeros before it."""
+        if self.result is None:
+            return 0.0, 0
+        return self.result["step_ns"] / 1e9, int(self.result["peak_bytes"])
+
+
+def plan_mix(mix: dict[str, Any]) -> dict[str, Any]:
+    """The Go planner's plan for ``mix`` (``offload.MixInput``).
+
+    Raises:
+        InvalidArgumentError: the budget is below any mix; the message names the smallest feasible one.
+    """
+    return _lib.call_json("pft_plan_mix", json.dumps({k: v for k, v in mix.items() if not k.startswith("_")}).encode())
+
+
+def make(graph: GraphRecorder, rec: Recorder, budget: int,
+         tier: str) -> tuple[dict[str, Any], list[int], dict[int, Recipe]]:
+    """The planner's input (``offload.MixInput``) from the profiling step, the entry index of each of
+    its tensors, and the entries' recipes."""
+    graph.finish()
+    events = graph.events
+    backward = next((k for k, (kind, _) in enumerate(events) if kind == "unpack"), len(events))
+    packs = {e: k for k, (kind, e) in enumerate(events) if kind == "pack" and k < backward}
+    uses = {e: k for k, (kind, e) in enumerate(events) if kind == "unpack"}
+    compute = [sum(graph.ops[o].ns for o in graph.ops_after[k + 1]) for k in range(len(events))]
+    entries = sorted(packs)
+    position = {e: k for k, e in enumerate(entries)}
+    recipes: dict[int, Recipe] = {}
+    tensors = []
+    for e in entries:
+        r = graph.recipe(e)
+        if r is not None and all(s in position for s in r.sources):
+            recipes[e] = r
+        size = rec.tensors.get(e, {}).get("size") or graph.values[graph.entry_value[e]].nbytes
+        tensors.append({
+            "bytes": size, "pack": packs[e], "uses": [uses[e]] if e in uses else [], "move": e in rec.tensors,
+            "recompute_ns": r.ns if e in recipes else -1,
+            "sources": [position[s] for s in r.sources] if e in recipes else [],
+            "temp_bytes": r.temp_bytes if e in recipes else 0,
+        })
+    stored = [t for t in rec.tensors.values() if t.get("write_ns") and t.get("size")]
+    written = sum(t["write_ns"] for t in stored)
+    read = sum(t["read_ns"] for t in stored if t.get("read_ns"))
+    nbytes = sum(t["size"] for t in stored)
+    write_bps = nbytes / written * 1e9 if written else UNMEASURED_BPS
+    read_bps = sum(t["size"] for t in stored if t.get("read_ns")) / read * 1e9 if read else write_bps
+    # A moved tensor's hooks: its pack as measured, and as much again for its unpack (whose time in
+    # the profiling step also holds the waits for reads, which the planner models itself).
+    hook_ns = int(2 * rec.forward_pack_time / max(len(rec.tensors), 1) * 1e9)
+    before = sum(graph.ops[o].ns for o in graph.ops_after[0])
+    mix = {
+        "tensors": tensors, "compute_ns": compute, "backward": backward, "hook_ns": hook_ns,
+        "tiers": {tier: {"write_bps": write_bps, "read_bps": read_bps}}, "budget": budget,
+        "_step_ns": before + sum(compute),
+    }
+    return mix, entries, recipes
+
+
+def describe(plan: dict[str, Any], mix: dict[str, Any], budget: int | None) -> str:
+    """The plan as text: per action, tensors and bytes; the predicted step and peak against keeping
+    everything; the smallest feasible budget."""
+    frontier = plan["frontier"]
+    base = frontier[0]
+    lines = [f"pyfastensor.offload policy='auto': budget {_mib(budget or 0)}; smallest feasible "
+             f"{_mib(plan['min_budget'])}",
+             f"  predicted step {plan['step_ns'] / 1e6:.2f} ms (keeping everything: {base['step_ns'] / 1e6:.2f} ms), "
+             f"resident peak {_mib(plan['peak_bytes'])} (keeping everything: {_mib(base['peak_bytes'])})"]
+    for action in ("keep", "recompute", "host", "ssd"):
+        c = plan["classes"].get(action)
+        if c:
+            lines.append(f"  {action:<10} {c['tensors']:>5} tensors {_mib(c['bytes']):>12}")
+    return "\n".join(lines) + "\n"
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB"

@@ -1,0 +1,245 @@
+"""policy="auto": each saved tensor kept, moved or recomputed within a budget; recomputation exact."""
+
+from __future__ import annotations
+
+import re
+import warnings
+
+import pytest
+import torch
+from offload_models import assert_same_grads, gpt_inputs, inputs, loss_of, train
+from torch.utils.checkpoint import checkpoint
+
+import pyfastensor
+import pyfastensor.offload._auto as auto
+
+STEPS = 5  # a warm-up step, the profiling step, three steps under the plan
+
+
+@pytest.fixture
+def recompute_all(monkeypatch):
+    """The planner's plan, with every tensor that has a recipe recomputed: what recomputation
+    must get right, whatever this machine's timings make the planner choose."""
+    real = auto.plan_mix
+
+    def plan(mix):
+        p = real(mix)
+        for d, t in zip(p["decisions"], mix["tensors"], strict=True):
+            if t["recompute_ns"] >= 0:
+                d["action"] = "recompute"
+        return p
+
+    monkeypatch.setattr(auto, "plan_mix", plan)
+
+
+def _off(tmp_path, model, budget, **kw):
+    # No module=: train() trains a copy; the parameters are told apart as the forward runs them.
+    return pyfastensor.offload(policy="auto", budget=budget, tier="ssd", spill_dir=str(tmp_path), min_size=4 << 10,
+                               **kw)
+
+
+def _frontier(tmp_path, model, batch_of, forward_ctx=None):
+    """The plan's frontier for ``model``: a run with a budget no mix needs."""
+    off = _off(tmp_path, model, 1 << 40)
+    train(model, batch_of, 3, lambda: off, forward_ctx)
+    details = off.plan_details
+    off.close()
+    return details
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn", "gpt", "gpt-bf16", "blocks"])
+def test_gradients_are_bit_identical_with_every_recipe_recomputed(tmp_path, name, recompute_all):
+    """Dropout (random draws kept, never drawn again), in-place ReLUs, tied weights, bf16 autocast
+    (its casts replayed as recorded), attention: the same gradients and weights, bit for bit."""
+    forward_ctx = None
+    if name.startswith("gpt"):
+        model, batch_of = gpt_inputs()
+        if name == "gpt-bf16":
+            def forward_ctx():
+                return torch.autocast("cpu", dtype=torch.bfloat16)
+    else:
+        model, batch_of = inputs(name)
+    want = train(model, batch_of, STEPS, None, forward_ctx)
+    off = _off(tmp_path, model, 1 << 40)
+    got = train(model, batch_of, STEPS, lambda: off, forward_ctx)
+    s = off.summary()
+    off.close()
+    assert_same_grads(want, got)
+    assert s.recomputed_tensors > 0 and s.recompute_bytes > 0, str(s)
+
+
+@pytest.fixture
+def one_profile(monkeypatch):
+    """Every plan made from the first profile taken (its measured times), whatever the budget:
+    the plans of several budgets then differ by the budget alone, as one run's would."""
+    real, first = auto.make, {}
+
+    def make(graph, rec, budget, tier):
+        mix, entries, recipes = real(graph, rec, budget, tier)
+        first.setdefault("times", ([t["recompute_ns"] for t in mix["tensors"]], mix["compute_ns"], mix["tiers"],
+                                   mix["hook_ns"]))
+        times = first["times"]
+        for t, ns in zip(mix["tensors"], times[0], strict=True):
+            t["recompute_ns"] = ns
+        mix["compute_ns"], mix["tiers"], mix["hook_ns"] = times[1], times[2], times[3]
+        return mix, entries, recipes
+
+    monkeypatch.setattr(auto, "make", make)
+
+
+def test_the_plan_keeps_its_budget_and_the_peak_never_rises_as_the_budget_drops(tmp_path, one_profile):
+    model, batch_of = inputs("blocks")
+    want = train(model, batch_of, STEPS)
+    frontier = _frontier(tmp_path, model, batch_of)
+    top, low = frontier["frontier"][0]["peak_bytes"], frontier["min_budget"]
+    assert low < top
+    peaks, predicted = [], []
+    for budget in (top, (2 * top + low) // 3, (top + 2 * low) // 3, low):
+        off = _off(tmp_path, model, budget)
+        got = train(model, batch_of, STEPS, lambda off=off: off)
+        s = off.summary()
+        off.close()
+        assert_same_grads(want, got)
+        assert s.resident_peak_bytes <= budget, f"budget {budget}: {s}"
+        assert s.predicted_peak_bytes <= budget
+        peaks.append(s.resident_peak_bytes)
+        predicted.append(s.predicted_peak_bytes)
+    assert predicted == sorted(predicted, reverse=True), predicted
+    assert peaks == sorted(peaks, reverse=True), peaks
+
+
+@pytest.mark.parametrize("budget", [0, 1])
+def test_a_budget_below_any_mix_is_refused_naming_the_smallest(tmp_path, budget):
+    model, batch_of = inputs("mlp")
+    off = _off(tmp_path, model, budget)
+    with pytest.raises(pyfastensor.InvalidArgumentError, match=r"smallest feasible budget is (\d+) bytes") as e:
+        train(model, batch_of, STEPS, lambda: off)
+    smallest = int(re.search(r"smallest feasible budget is (\d+) bytes", str(e.value)).group(1))
+    with pytest.raises(pyfastensor.InvalidArgumentError):  # and again at every entry
+        with off:
+            pass
+    off.close()
+    ok = _off(tmp_path, model, smallest)
+    train(model, batch_of, STEPS, lambda: ok)
+    assert ok.summary().resident_peak_bytes <= smallest
+    ok.close()
+
+
+def test_a_step_that_is_not_the_profiled_one_is_stored_and_profiled_again(tmp_path, recompute_all):
+    model, batch_of = inputs("mlp")
+
+    def batches(i):  # from step 3 on, another batch size: other tensors at the same pack indices
+        x, y = batch_of(i)
+        return (x[:16], y[:16]) if i >= 3 else (x, y)
+
+    want = train(model, batches, 7)
+    off = _off(tmp_path, model, 1 << 40)
+    with pytest.warns(UserWarning, match="not the profiled one"):
+        got = train(model, batches, 7, lambda: off)
+    assert_same_grads(want, got)
+    assert off.summary().recomputed_tensors > 0, "profiled again and planned for the new shapes"
+    off.close()
+
+
+def test_a_parameter_changed_before_backward_is_refused(tmp_path, recompute_all):
+    model, batch_of = inputs("mlp")
+    off = _off(tmp_path, model, 1 << 40)
+    for i in range(3):
+        with off:
+            loss_of(model, *batch_of(i)).backward()
+    x, y = batch_of(3)
+    with off:
+        loss = loss_of(model, x, y)
+        with torch.no_grad():
+            model.net[0].weight.add_(1.0)
+        with pytest.raises(RuntimeError, match="changed in place between the forward and this backward"):
+            loss.backward()
+    off.close()
+
+
+def test_plan_and_summary_say_what_is_predicted_beside_what_is_measured(tmp_path):
+    model, batch_of = inputs("blocks")
+    frontier = _frontier(tmp_path, model, batch_of)
+    budget = (frontier["frontier"][0]["peak_bytes"] + frontier["min_budget"]) // 2
+    off = _off(tmp_path, model, budget)
+    train(model, batch_of, STEPS, lambda: off)
+    text, details, s = off.plan(), off.plan_details, off.summary()
+    off.close()
+    assert "predicted step" in text and "smallest feasible" in text
+    assert details["peak_bytes"] <= budget
+    classes = details["classes"]
+    assert sum(c["tensors"] for c in classes.values()) == len(details["decisions"])
+    assert s.predicted_step_seconds > 0 and s.step_seconds > 0
+    assert s.predicted_peak_bytes == details["peak_bytes"]
+    assert "predicted" in str(s)
+
+
+def test_a_users_own_checkpointing_composes(tmp_path, recompute_all):
+    model, batch_of = inputs("blocks")
+    blocks = list(model)
+
+    class Checkpointed(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = torch.nn.ModuleList(blocks)
+
+        def forward(self, x):
+            x = checkpoint(self.blocks[0], x, use_reentrant=False)
+            return self.blocks[1](x)
+
+    wrapped = Checkpointed()
+    want = train(wrapped, batch_of, STEPS)
+    off = _off(tmp_path, wrapped, 1 << 40)
+    got = train(wrapped, batch_of, STEPS, lambda: off)
+    off.close()
+    assert_same_grads(want, got)
+
+
+def test_a_retained_graph_backpropagates_twice(tmp_path, recompute_all):
+    model, batch_of = gpt_inputs()
+    off = _off(tmp_path, model, 1 << 40)
+    train(model, batch_of, 3, lambda: off)
+    ids, targets = batch_of(7)
+    ref = [p.detach().clone() for p in model.parameters()]
+    del ref
+    torch.manual_seed(5)
+    loss = loss_of(model, ids, targets)
+    loss.backward(retain_graph=True)
+    loss.backward()
+    want = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    torch.manual_seed(5)
+    with off:
+        loss = loss_of(model, ids, targets)
+        loss.backward(retain_graph=True)
+        loss.backward()
+    assert off.summary().recomputed_tensors > 0
+    for a, p in zip(want, model.parameters(), strict=True):
+        assert torch.equal(a, p.grad)
+    off.close()
+
+
+def test_options_refused_with_auto():
+    with pytest.raises(ValueError, match="needs budget="):
+        pyfastensor.offload(policy="auto")
+    with pytest.raises(ValueError, match="compression must be None"):
+        pyfastensor.offload(policy="auto", budget=1 << 20, compression="fp16")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        pyfastensor.offload(policy="auto", budget=1 << 20).close()
+
+
+def test_a_plan_made_on_one_model_is_not_applied_to_anothers_parameters(tmp_path, recompute_all):
+    """The recipes read parameters: those of the modules the step runs, never the profiled model's
+    when another model of the same shapes runs instead."""
+    model, batch_of = inputs("mlp")
+    off = _off(tmp_path, model, 1 << 40)
+    train(model, batch_of, 3, lambda: off)  # profiled and planned on a copy of model
+    other, _ = inputs("mlp")
+    with torch.no_grad():
+        for p in other.parameters():
+            p.mul_(-1)
+    want = train(other, batch_of, 2)
+    got = train(other, batch_of, 2, lambda: off)
+    off.close()
+    assert_same_grads(want, got)
