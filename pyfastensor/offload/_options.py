@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 TIERS = ("ssd", "host", "auto")
 POLICIES = ("all", "auto", "scheduled", "planned", "none")
 DICTIONARIES = ("wr", "w", "r")
@@ -57,3 +59,23 @@ def check(*, tier: str, policy: str, dictionary: str, on_full: str, budget: int 
         raise ValueError(f"min_size {min_size!r}: expected a number of bytes >= 0")
     if stash_bytes is not None and stash_bytes < 0:
         raise ValueError(f"stash_bytes {stash_bytes!r}: expected None or a number of bytes >= 0")
+
+
+def policy_for(policy: str, *, compression: frozenset[str], budget: int | None, host_bytes: int | None, tier: str,
+               verbose: bool) -> Any:
+    """The policy object (:mod:`._policy`, :mod:`._auto`) of ``policy=`` (checked already by
+    :func:`check`: a budget where the mode needs one)."""
+    from ._policy import OffloadAll, OffloadNone, Planned, Scheduled
+
+    if policy == "none":
+        return OffloadNone()
+    if policy == "all":
+        return OffloadAll(compression)
+    assert budget is not None
+    if policy == "auto":
+        from ._auto import Auto
+
+        return Auto(budget, tier, verbose)
+    if policy == "scheduled":
+        return Scheduled(compression, budget, verbose)
+    return Planned(budget, host_bytes, tier, verbose)

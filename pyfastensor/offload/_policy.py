@@ -15,6 +15,10 @@ made (:func:`for_mode`); the offload object asks it, never the mode's name.
 - ``"planned"`` (:class:`Planned`): the profiling step offloads as
   ``"all"`` does and records; G10's plan then places each tensor (stay,
   SSD, host) and sets the point at which its prefetch starts.
+- ``"auto"`` (:class:`~._auto.Auto`, a module of its own): keep, move or
+  recompute each saved tensor within a budget.
+
+:func:`~._options.policy_for` makes the object of a ``policy=`` value.
 """
 
 from __future__ import annotations
@@ -257,20 +261,3 @@ class Planned(Policy):
 
     def at_backward(self) -> int | None:
         return None if self.placement is None else self.placement.start_pos
-
-
-def for_mode(policy: str, *, compression: frozenset[str], budget: int | None, host_bytes: int | None, tier: str,
-             verbose: bool) -> Policy:
-    """The policy object of ``policy=`` (checked already: a budget where the mode needs one)."""
-    if policy == "none":
-        return OffloadNone()
-    if policy == "all":
-        return OffloadAll(compression)
-    assert budget is not None
-    if policy == "auto":
-        from ._auto import Auto
-
-        return Auto(budget, tier, verbose)
-    if policy == "scheduled":
-        return Scheduled(compression, budget, verbose)
-    return Planned(budget, host_bytes, tier, verbose)

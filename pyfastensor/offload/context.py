@@ -23,7 +23,7 @@ from .. import config
 from .._device import PinnedPool
 from .._torch import StorageRef
 from ..errors import NoSpaceError
-from . import _options, _policy, _sharing, _staging, codecs
+from . import _options, _sharing, _staging, codecs
 from ._filter import ModuleWatch, is_parameter, is_relu_output, storages_of, supported
 from ._order import PlannedPrefetcher, Prefetcher
 from ._pool import BufferPool
@@ -228,7 +228,7 @@ class Offload:
         self.compression = _options.compression(compression)
         self.module, self.engine, self.verbose = module, engine, verbose
         self.host_bytes, self.stash_bytes, self.recast = host_bytes, stash_bytes, recast
-        self._policy = _policy.for_mode(policy, compression=self.compression, budget=budget, host_bytes=host_bytes,
+        self._policy = _options.policy_for(policy, compression=self.compression, budget=budget, host_bytes=host_bytes,
                                         tier=tier, verbose=verbose)
         self._staging: _staging.Staging | None = None  # planned's host tier; None: the device's (tests set a fake)
         # Accelerator tensors' copies through pinned memory; None: this object's own (made on first
