@@ -466,6 +466,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--min-size", type=int, default=256 << 10, help="bytes below which tensors stay (default 256K)")
     p.add_argument("--no-batch-search", action="store_true", help="skip the largest-batch search")
     p.add_argument("--device", default="cpu", help="where the models train: cpu (default) or cuda")
+    p.add_argument("--pareto", action="store_true",
+                   help="step time against memory: no offload, checkpointing, selective checkpointing, "
+                        "torch.compile's memory budget, save_on_cpu, TRL (CUDA), and policy='auto' at budgets "
+                        "along its frontier (benchmarks/pareto.py; --device cuda: the GPT model and a Llama-like one)")
+    p.add_argument("--rounds", type=int, default=5, help="--pareto: paired rounds (default 5)")
+    p.add_argument("--plot", default="bench-out/pareto.png", help="--pareto: the PNG of the front "
+                   "(default bench-out/pareto.png)")
+    p.add_argument("--no-plot", action="store_true", help="--pareto: do not draw the plot")
     p.add_argument("--workload", choices=("gpt", "train"), default=None,
                    help="gpt: the GPT-like model against no offload, checkpointing, save_on_cpu, TRL and the "
                         "PCIe bound (CUDA only; the default with --device cuda); train: the MLP and CNN tables "
@@ -473,6 +481,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_offload(args: argparse.Namespace) -> int:
+    if args.pareto:
+        from . import harness, pareto
+
+        with temp_dir(args.dir, "pareto") as d:
+            result = pareto.run(d, device=args.device, quick=args.quick, rounds=args.rounds)
+        return harness.finish(result, args, pareto.format_report, pareto.plot)
     workload = args.workload or ("gpt" if args.device.startswith("cuda") else "train")
     with temp_dir(args.dir, "offload") as d:
         if workload == "gpt":

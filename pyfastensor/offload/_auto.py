@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import time
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -35,6 +36,7 @@ import torch
 from .. import _lib
 from ..errors import InvalidArgumentError
 from ._graph import GraphRecorder, Recipe, maker_of
+from ._order import PlannedPrefetcher, Prefetcher
 from ._policy import Policy
 from ._profile import Recorder
 from ._saved import Entry
@@ -65,6 +67,9 @@ class Auto(Policy):
         self.sources: dict[int, int] = {}  # entry index -> recipes of the plan that read it
         self.kept_sources: set[int] = set()  # pack call numbers of small saved tensors a recipe reads
         self.params: dict[int, Any] = {}  # parameters' storages -> weak references, from the profile
+        self.pack_event: dict[int, int] = {}
+        self.use_event: dict[int, int] = {}
+        self.due: list[tuple[int, int]] = []  # (event, entry index) of the moved entries' reads
         self.error: str | None = None
         self.diverged: str | None = None  # why the last step did not follow the plan
 
@@ -99,6 +104,12 @@ class Auto(Policy):
             self.error = str(e)
             raise
         self.actions = {entries[d["tensor"]]: d["action"] for d in plan["decisions"]}
+        # The plan's events at run time: each entry's pack, its first unpack, and the moved ones'
+        # reads, issued when the step reaches them (within the budget), as the plan has them.
+        events = mix["_events"]
+        self.pack_event = {e: events["pack"][e] for e in entries}
+        self.use_event = dict(events["use"])
+        self.due = [(d["prefetch_at"], entries[d["tensor"]]) for d in plan["decisions"] if d["prefetch_at"] >= 0]
         self.recipes = {i: r for i, r in recipes.items() if self.actions.get(i) == "recompute"}
         self.expect = {i: (mix["tensors"][k]["bytes"], graph.makers.get(i, "-")) for k, i in enumerate(entries)}
         self.sources = {}
@@ -155,6 +166,21 @@ class Auto(Policy):
     def source_kept(self, seq: int) -> bool:
         return self.actions is not None and seq in self.kept_sources
 
+    def prefetchers(self, order: list[int] | None, window: int,
+                    resident: Callable[[], int]) -> tuple[Prefetcher | None, PlannedPrefetcher | None]:
+        if self.actions is None:
+            return super().prefetchers(order, window, resident)
+        return None, PlannedPrefetcher(self.due, self.budget, resident)
+
+    def at_pack(self, index: int) -> int | None:
+        return self.pack_event.get(index) if self.actions is not None else None
+
+    def at_unpack(self, index: int) -> int | None:
+        return self.use_event.get(index) if self.actions is not None else None
+
+    def needs_hooks(self) -> bool:
+        return self.actions is None or any(a != "keep" for a in self.actions.values())
+
     def predicted(self) -> tuple[float, int]:
         """The plan's predicted step (seconds) and resident peak (bytes); zeros before it."""
         if self.result is None:
@@ -209,7 +235,7 @@ def make(graph: GraphRecorder, rec: Recorder, budget: int,
     mix = {
         "tensors": tensors, "compute_ns": compute, "backward": backward, "hook_ns": hook_ns,
         "tiers": {tier: {"write_bps": write_bps, "read_bps": read_bps}}, "budget": budget,
-        "_step_ns": before + sum(compute),
+        "_step_ns": before + sum(compute), "_events": {"pack": packs, "use": uses},
     }
     return mix, entries, recipes
 

@@ -136,6 +136,7 @@ class GraphRecorder(TorchDispatchMode):
         self.kept_of_storage: dict[int, int] = {}
         self.unpacked: set[int] = set()
         self.makers: dict[int, str] = {}  # entry index -> the autograd node that made its tensor
+        self.call_ns = _call_ns()  # what calling one op from Python costs, beyond its kernel
 
     # ------------------------------------------------------------------ identity
 
@@ -294,7 +295,8 @@ class GraphRecorder(TorchDispatchMode):
         temp = {self.values[v].storage: self.values[v].nbytes for o in ops for v in o.outs
                 if v >= 0 and self.values[v].storage not in held}
         sources = sorted({lf.key for lf in leaves.values() if lf.kind == "entry"})
-        return Recipe(ops, leaves, target, sum(o.ns for o in ops), sum(temp.values()), sources)
+        ns = sum(o.ns for o in ops) + len(ops) * self.call_ns
+        return Recipe(ops, leaves, target, ns, sum(temp.values()), sources)
 
     def _leaf(self, val: Value, entry: int) -> Leaf | None:
         """``val`` as a recipe's source for ``entry``: a view of an earlier entry's storage, of a
@@ -312,6 +314,21 @@ class GraphRecorder(TorchDispatchMode):
             if p is not None and self._storage(p.untyped_storage()) == val.storage:
                 return Leaf("param", val.address, *view)
         return None
+
+
+def _call_ns(calls: int = 200) -> int:
+    """The host time of calling one small aten op from Python (a recipe's replay pays it per op,
+    beside the kernel times the recorder measured), the median of a few batches."""
+    a = torch.zeros(1)
+    add = torch.ops.aten.add.Tensor
+    times = []
+    with torch.no_grad():
+        for _ in range(5):
+            t = time.perf_counter_ns()
+            for _ in range(calls):
+                add(a, a)
+            times.append((time.perf_counter_ns() - t) // calls)
+    return sorted(times)[len(times) // 2]
 
 
 def maker_of(t: torch.Tensor) -> str:

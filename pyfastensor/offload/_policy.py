@@ -82,6 +82,11 @@ class Policy:
         """Whether the small saved tensor of pack call ``seq`` is a source of a recipe."""
         return False
 
+    def needs_hooks(self) -> bool:
+        """Whether the step about to start needs the saved-tensor hooks at all (``"auto"``'s plan
+        that keeps every saved tensor does not: the step then runs as without offload)."""
+        return True
+
     def predicted(self) -> tuple[float, int]:
         """The plan's predicted step (seconds) and resident peak (bytes); zeros without one."""
         return 0.0, 0

@@ -67,6 +67,8 @@ class Bound:
                 entry, version = self.entries[lf.key]
                 _check(version, f"saved tensor {lf.key}")
                 base = entry.restore()
+                if entry.waiting > 0:  # made (or read) before its own use: kept for it, not made twice
+                    entry.kept = base
             elif lf.kind == "kept":
                 base, version = self.kept[lf.key]
                 _check(version, "a small saved tensor")

@@ -9,6 +9,7 @@ and full disks (:mod:`._writes`) and the summary (:mod:`._report`).
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import time
@@ -299,7 +300,8 @@ class Offload:
         self._graph = self._policy.op_recorder(self._registered)  # "auto"'s profiling step records its ops
         if self._graph is not None:
             self._graph.__enter__()
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(*_never_compiled(self._pack, self._unpack))
+        self._hooks = (torch.autograd.graph.saved_tensors_hooks(*_never_compiled(self._pack, self._unpack))
+                       if self._policy.needs_hooks() else contextlib.nullcontext())
         self._hooks.__enter__()
         self._active = True
         return self

@@ -1,0 +1,358 @@
+"""``python -m benchmarks offload --pareto``: step time against memory, every way of fitting a step.
+
+One GPT-like model (the blocks of :func:`benchmarks.offload_cuda.gpt`:
+LayerNorm, causal SDPA attention, a GELU MLP), forward and backward, one
+row per way of handling what autograd saves:
+
+- ``none``: nothing; ``checkpoint``: ``torch.utils.checkpoint`` per block
+  (non-reentrant); ``sac``: selective checkpointing per block
+  (``create_selective_checkpoint_contexts``), matmuls and attention saved,
+  every other op (pointwise, norms) recomputed;
+- ``compile@B``: ``torch.compile`` of the whole model with
+  ``torch._functorch.config.activation_memory_budget = B``, for B in 0.8,
+  0.5 and 0.2 (where torch.compile runs);
+- ``save_on_cpu``: ``torch.autograd.graph.save_on_cpu(pin_memory=...)``;
+  ``trl`` and ``trl+checkpoint``: TRL's ``OffloadActivations()``, alone and
+  around per-block checkpointing (CUDA tensors only: it leaves CPU ones);
+- ``auto@F``: pyfastensor's ``offload(policy="auto", budget=B)``, B a
+  share F of the way from its frontier's smallest feasible budget to the
+  saved tensors' peak without offload, with the step the plan predicts
+  beside the one measured.
+
+**Peak** is the step's extra memory: on CUDA ``max_memory_allocated``
+over the step less what was allocated before it; on CPU the process's
+resident set's high-water mark over the step (reset through
+``/proc/self/clear_refs``) less the resident set before it, in a process
+of its own whose allocator returns large blocks to the system at once
+(``MALLOC_MMAP_THRESHOLD_``), so what is freed leaves the count.
+
+Rows are timed in paired rounds (every row one step a round, in turn
+first) after their warm-up (pyfastensor's: a warm-up step, the profiling
+step and a step under the plan). Each ``auto`` row is compared with the
+fastest peer whose peak is no higher, step for step (the paired ratio of
+the rounds, with its spread), and its measured step with its predicted
+one. A PNG plots every row's step against its peak.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from . import harness
+from .offload_cuda import GPT_FULL, gpt, trl_offload
+
+#: The CPU model (fp32), its --quick one, and the GPU's second shape (Llama-like widths).
+CPU_MODEL = {"layers": 4, "d": 256, "heads": 4, "batch": 8, "seq": 256}
+CPU_QUICK = {"layers": 2, "d": 128, "heads": 4, "batch": 4, "seq": 128}
+LLAMA_LIKE = {"layers": 4, "d": 4096, "heads": 32, "batch": 1, "seq": 4096}
+PEERS = ("none", "checkpoint", "sac", "compile@0.8", "compile@0.5", "compile@0.2", "save_on_cpu", "trl",
+         "trl+checkpoint")
+#: The auto rows' budgets: shares of the way from the smallest feasible to the peak without offload.
+SHARES = (1.0, 0.75, 0.5, 0.25, 0.0)
+
+#: Targets: ours against the fastest peer that fits, and the prediction (CPU; CUDA).
+PEER_RATIO = {"cpu": 1.05, "cuda": 1.03}
+PREDICTION = {"cpu": 0.15, "cuda": 0.10}
+
+_MMAP_THRESHOLD = "65536"
+
+
+class Memory:
+    """The step's extra memory (see the module docstring)."""
+
+    def __init__(self, device: str) -> None:
+        self.cuda = device.startswith("cuda")
+
+    def start(self) -> None:
+        import torch
+
+        if self.cuda:
+            torch.cuda.synchronize()
+            self.base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+        else:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5\n")  # the high-water mark starts again from now
+            self.base = _status("VmRSS")
+
+    def extra(self) -> int:
+        import torch
+
+        if self.cuda:
+            torch.cuda.synchronize()
+            return torch.cuda.max_memory_allocated() - self.base
+        return _status("VmHWM") - self.base
+
+
+def _status(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def _sac_policy() -> Any:
+    """Selective checkpointing's policy: save matmuls and attention, recompute the rest."""
+    import torch
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    save = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default}
+    for name in ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+                 "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu"):
+        op = getattr(torch.ops.aten, name, None)
+        if op is not None:
+            save.add(op.default)
+
+    def policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
+        return CheckpointPolicy.MUST_SAVE if op in save else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return policy
+
+
+class Row:
+    """One way of running the step: its model (compiled, for ``compile@B``), its context, how
+    blocks run."""
+
+    def __init__(self, name: str, model: Any, device: str, directory: str, min_size: int,
+                 budget: int | None = None) -> None:
+        import torch
+        from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
+
+        self.name, self.model, self.device, self.offload = name, model, device, None
+        self.ctx: Callable[[], Any] = contextlib.nullcontext
+        self.run_blocks: Callable[[Any], Any] = self._plain
+        cuda = device.startswith("cuda")
+        if name in ("checkpoint", "trl+checkpoint"):
+            self.run_blocks = lambda x: self._each(x, lambda b, h: checkpoint(b, h, use_reentrant=False))
+        elif name == "sac":
+            ctx_fn = functools.partial(create_selective_checkpoint_contexts, _sac_policy())
+            self.run_blocks = lambda x: self._each(
+                x, lambda b, h: checkpoint(b, h, use_reentrant=False, context_fn=ctx_fn))
+        elif name.startswith("compile@"):
+            import torch._dynamo
+            import torch._functorch.config as fconfig
+
+            torch._dynamo.reset()
+            fconfig.activation_memory_budget = float(name.split("@")[1])
+            compiled = torch.compile(model)
+            self.run_blocks = lambda x: compiled(x)
+        if name == "save_on_cpu":
+            self.ctx = lambda: torch.autograd.graph.save_on_cpu(pin_memory=cuda)
+        elif name.startswith("trl"):
+            if not cuda:
+                raise _Missing("TRL's OffloadActivations moves CUDA tensors only (a CPU tensor stays)")
+            ctx = trl_offload()
+            if ctx is None:
+                raise _Missing("TRL is not installed")
+            self.ctx = lambda: ctx
+        elif name.startswith("auto@"):
+            from pyfastensor.offload import Offload
+
+            self.offload = Offload(policy="auto", budget=budget, tier="host" if cuda else "ssd",
+                                   spill_dir=directory, min_size=min_size, module=model)
+            self.ctx = lambda: self.offload
+
+    def _plain(self, x: Any) -> Any:
+        return self.model(x)
+
+    def _each(self, x: Any, run: Callable[[Any, Any], Any]) -> Any:
+        for b in self.model.blocks:
+            x = run(b, x)
+        return self.model.ln(x)
+
+    def step(self, x: Any, memory: Memory) -> tuple[float, int]:
+        """One forward and backward: seconds and extra peak bytes."""
+        import torch
+
+        for p in self.model.parameters():
+            p.grad = None
+        cuda = self.device.startswith("cuda")
+        memory.start()
+        t = time.perf_counter()
+        with self.ctx(), (torch.autocast("cuda", dtype=torch.bfloat16) if cuda else contextlib.nullcontext()):
+            self.run_blocks(x).float().pow(2).mean().backward()
+        if cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter() - t, memory.extra()
+
+    def close(self) -> None:
+        if self.offload is not None:
+            self.offload.close()
+
+
+class _Missing(Exception):
+    """A row that cannot run here, and why."""
+
+
+def measure(shape: dict[str, int], device: str, directory: str, *, rounds: int, min_size: int,
+            progress: Callable[[str], None]) -> dict[str, Any]:
+    """Every row's steps and peaks over ``rounds`` paired rounds (in this process)."""
+    import torch
+
+    torch.manual_seed(0)
+    model = gpt(**shape).to(device)
+    x = torch.randn(shape["batch"], shape["seq"], shape["d"], device=device)
+    memory = Memory(device)
+    rows: dict[str, Row] = {}
+    missing: dict[str, str] = {}
+    warm: dict[str, list[float]] = {}
+    for name in PEERS:
+        progress(f"pareto {shape}: {name}")
+        try:
+            row = Row(name, model, device, directory, min_size)
+            warm[name] = [row.step(x, memory)[0] for _ in range(2)]
+            rows[name] = row
+        except _Missing as e:
+            missing[name] = str(e)
+        except Exception as e:  # noqa: BLE001 - reported in its row; the others still run
+            missing[name] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+    # The frontier: a plan for a budget no mix needs, then the rows' budgets along it.
+    probe = Row("auto@probe", model, device, directory, min_size, budget=1 << 50)
+    for _ in range(3):
+        probe.step(x, memory)
+    plan = probe.offload.plan_details
+    top, low = plan["frontier"][0]["peak_bytes"], plan["min_budget"]
+    probe.close()
+    budgets = {f"auto@{s:g}": int(low + s * (top - low)) for s in SHARES}
+    for name, budget in budgets.items():
+        progress(f"pareto {shape}: {name} (budget {budget / 2**20:.1f} MiB)")
+        row = Row(name, model, device, directory, min_size, budget=budget)
+        warm[name] = [row.step(x, memory)[0] for _ in range(3)]
+        rows[name] = row
+    steps: dict[str, list[float]] = {n: [] for n in rows}
+    peaks: dict[str, list[int]] = {n: [] for n in rows}
+    for r in range(rounds):
+        progress(f"pareto {shape}: round {r + 1}/{rounds}")
+        for name in harness.round_order(list(rows), r):
+            s, p = rows[name].step(x, memory)
+            steps[name].append(s)
+            peaks[name].append(p)
+    out: dict[str, Any] = {"model": shape, "device": device, "rounds": rounds, "frontier": plan["frontier"],
+                           "min_budget": low, "rows": {}, "missing": missing}
+    for name, row in rows.items():
+        rec: dict[str, Any] = {"steps_s": steps[name], "peaks_bytes": peaks[name],
+                               "step_s": statistics.median(steps[name]), "peak_bytes": max(peaks[name])}
+        if row.offload is not None:
+            s = row.offload.summary()
+            details = row.offload.plan_details
+            rec.update(budget=budgets[name], predicted_step_s=s.predicted_step_seconds,
+                       predicted_peak_bytes=s.predicted_peak_bytes, resident_peak_bytes=s.resident_peak_bytes,
+                       classes=details["classes"] if details else {}, planning_s=details.get("planning_seconds"),
+                       profile_step_s=details.get("profile_step_ns", 0) / 1e9)
+        out["rows"][name] = rec
+        row.close()
+    return out
+
+
+def run(directory: str, *, device: str = "cpu", quick: bool = False, rounds: int = 5, min_size: int = 64 << 10,
+        progress: Callable[[str], None] = harness.progress) -> dict[str, Any]:
+    """The Pareto table of the device's model(s); on CPU measured in a child process (see the module
+    docstring)."""
+    shapes = [CPU_QUICK if quick else CPU_MODEL] if device == "cpu" else [GPT_FULL, LLAMA_LIKE]
+    results = []
+    for shape in shapes:
+        if device == "cpu":
+            env = dict(harness.child_env(), MALLOC_MMAP_THRESHOLD_=_MMAP_THRESHOLD)
+            arg = json.dumps({"shape": shape, "device": device, "directory": directory, "rounds": rounds,
+                              "min_size": min_size})
+            done = subprocess.run([sys.executable, "-m", "benchmarks.pareto", arg], env=env, capture_output=True,
+                                  text=True)
+            sys.stderr.write(done.stderr)
+            if done.returncode != 0:
+                raise RuntimeError(f"the Pareto child failed:\n{done.stderr[-3000:]}")
+            results.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        else:
+            results.append(measure(shape, device, directory, rounds=rounds, min_size=min_size, progress=progress))
+    for r in results:
+        r["targets"] = evaluate(r)
+    return {"device": device, "models": results}
+
+
+def evaluate(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each auto row against the fastest peer whose peak is no higher, and its prediction."""
+    device = "cuda" if result["device"].startswith("cuda") else "cpu"
+    rows = result["rows"]
+    peers = {n: r for n, r in rows.items() if not n.startswith("auto@")}
+    out = []
+    for name, r in rows.items():
+        if not name.startswith("auto@"):
+            continue
+        fits = [(p["step_s"], n) for n, p in peers.items() if p["peak_bytes"] <= r["peak_bytes"]]
+        if fits:
+            peer = min(fits)[1]
+            ratios = harness.paired_ratios(rows[peer]["steps_s"], r["steps_s"])
+            med = statistics.median(ratios)
+            out.append({"target": f"{name} no slower than {PEER_RATIO[device]}x the fastest peer that fits "
+                                  f"({peer})", "ratios": ratios, "median": med, "met": med <= PEER_RATIO[device]})
+        else:
+            out.append({"target": f"{name} against the peers that fit", "ratios": [], "median": None, "met": None,
+                        "why": "no peer row's peak is as low"})
+        err = abs(r["predicted_step_s"] - r["step_s"]) / r["step_s"]
+        out.append({"target": f"{name} prediction within {PREDICTION[device]:.0%} of the measured step",
+                    "ratios": [r["predicted_step_s"] / s for s in r["steps_s"]], "median": err,
+                    "met": err <= PREDICTION[device]})
+    return out
+
+
+def format_report(result: dict[str, Any]) -> str:
+    lines = []
+    for m in result["models"]:
+        lines += ["", f"Pareto: gpt {m['model']} on {m['device']}, {m['rounds']} paired rounds; "
+                      f"auto's smallest feasible budget {m['min_budget'] / 2**20:.1f} MiB",
+                  f"{'row':<16}{'step ms':>9}{'spread':>16}{'peak MiB':>10}{'budget MiB':>12}{'predicted ms':>14}"]
+        order = sorted(m["rows"].items(), key=lambda kv: kv[1]["peak_bytes"], reverse=True)
+        for name, r in order:
+            spread = harness.spread_text([s * 1e3 for s in r["steps_s"]], ".1f")
+            budget = f"{r['budget'] / 2**20:.1f}" if "budget" in r else "-"
+            pred = f"{r['predicted_step_s'] * 1e3:.1f}" if "predicted_step_s" in r else "-"
+            lines.append(f"{name:<16}{r['step_s'] * 1e3:>9.1f}{spread:>16}{r['peak_bytes'] / 2**20:>10.1f}"
+                         f"{budget:>12}{pred:>14}")
+        for name, why in m["missing"].items():
+            lines.append(f"{name:<16}  not run: {why}")
+        lines += ["", "targets:", *harness.target_lines(m["targets"])]
+    return "\n".join(lines)
+
+
+def plot(result: dict[str, Any], path: str) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = result["models"]
+    fig, axes = plt.subplots(1, len(models), figsize=(7 * len(models), 5), squeeze=False)
+    for ax, m in zip(axes[0], models, strict=True):
+        ours = sorted((r["peak_bytes"] / 2**20, r["step_s"] * 1e3) for n, r in m["rows"].items() if n.startswith("auto@"))
+        ax.plot([p for p, _ in ours], [s for _, s in ours], "o-", label="pyfastensor auto", color="tab:blue")
+        for n, r in m["rows"].items():
+            if not n.startswith("auto@"):
+                ax.plot(r["peak_bytes"] / 2**20, r["step_s"] * 1e3, "s", label=n)
+        ax.set_xlabel("extra peak (MiB)")
+        ax.set_ylabel("step (ms)")
+        ax.set_title(f"gpt {m['model']['layers']}x{m['model']['d']} on {m['device']}")
+        ax.legend(fontsize=7)
+    return harness.save_figure(fig, path)
+
+
+def _child() -> None:
+    from ._child import reply_channel
+
+    reply = reply_channel()
+    a = json.loads(sys.argv[1])
+    r = measure(a["shape"], a["device"], a["directory"], rounds=a["rounds"], min_size=a["min_size"],
+                progress=harness.progress)
+    reply.write(json.dumps(r) + "\n")
+
+
+if __name__ == "__main__":
+    _child()
