@@ -163,13 +163,23 @@ func (in *MixInput) Validate() error {
 	return nil
 }
 
-// The simulation works on action codes: keep, recompute, then one per
-// tier (in sorted name order), and on event lists made once per input.
+// The simulation works on action codes: keep, recompute, then two per
+// tier (in sorted name order): moved and prefetched, moved and read when
+// needed; and on event lists made once per input.
 const (
 	actKeep      = 0
 	actRecompute = 1
 	actTier      = 2 // the first tier's code
 )
+
+// MixOnDemand ends the action of a tensor moved to a tier and read back
+// only when needed ("host-on-demand"): no prefetch, whose read would hold
+// it beside the tensors still in use, at the cost of waiting for the read.
+const MixOnDemand = "-on-demand"
+
+// tierOf returns the tier index of a moved action's code, and whether it
+// is read on demand.
+func tierOf(code int) (int, bool) { return (code - actTier) / 2, (code-actTier)%2 == 1 }
 
 // mixModel is an input prepared for many simulations: its tiers by code,
 // its events' start times and packs, and scratch memory reused by every
@@ -258,7 +268,11 @@ func (m *mixModel) actionName(code int) string {
 	case actRecompute:
 		return MixRecompute
 	}
-	return m.tiers[code-actTier]
+	k, demand := tierOf(code)
+	if demand {
+		return m.tiers[k] + MixOnDemand
+	}
+	return m.tiers[k]
 }
 
 // mixSim is a simulation's result.
@@ -293,13 +307,14 @@ func (m *mixModel) plan(actions []int) {
 	m.order = m.order[:0]
 	for i, a := range actions {
 		m.prefetch[i] = -1
-		if a >= actTier && m.need[i] >= 0 {
+		if _, demand := tierOf(a); a >= actTier && !demand && m.need[i] >= 0 {
 			m.order = append(m.order, i)
 		}
 	}
 	slices.SortStableFunc(m.order, func(a, b int) int { return m.need[a] - m.need[b] })
 	for _, i := range m.order {
-		read := linkNs(in.Tensors[i].Bytes, m.links[actions[i]-actTier].ReadBps)
+		k, _ := tierOf(actions[i])
+		read := linkNs(in.Tensors[i].Bytes, m.links[k].ReadBps)
 		e := m.need[i]
 		for e > in.Backward && m.start[m.need[i]]-m.start[e] < read {
 			e--
@@ -336,7 +351,7 @@ func (m *mixModel) simulate(actions []int) mixSim {
 	// read issues tensor i's read: after its own write (whose source memory
 	// is then free) and the reads before it on the link.
 	read := func(i int) {
-		k := actions[i] - actTier
+		k, _ := tierOf(actions[i])
 		s := max(t, m.readFree[k], m.writeEnd[i])
 		if m.writing[i] {
 			m.writing[i] = false
@@ -394,7 +409,7 @@ func (m *mixModel) simulate(actions []int) mixSim {
 				m.materialized[i] = true
 			case actRecompute:
 			default:
-				k := a - actTier
+				k, _ := tierOf(a)
 				s := max(t, m.linkFree[k])
 				m.writeEnd[i] = s + linkNs(tn.Bytes, m.links[k].WriteBps)
 				m.linkFree[k] = m.writeEnd[i]
@@ -483,7 +498,9 @@ func (m *mixModel) options(actions []int, sim mixSim, out []mixOption) []mixOpti
 			window := float64(m.start[need] - m.start[t.Pack+1])
 			for k, l := range m.links {
 				w, r := float64(linkNs(t.Bytes, l.WriteBps)), float64(linkNs(t.Bytes, l.ReadBps))
-				out = append(out, mixOption{i, actTier + k, (math.Max(0, w+r-window) + float64(in.HookNs)) / b})
+				hook := float64(in.HookNs)
+				out = append(out, mixOption{i, actTier + 2*k, (math.Max(0, w+r-window) + hook) / b},
+					mixOption{i, actTier + 2*k + 1, (math.Max(0, w-window) + r + hook) / b})
 			}
 		}
 		if t.RecomputeNs >= 0 {
@@ -516,20 +533,23 @@ func (m *mixModel) sequence() ([]MixPoint, [][2]int) {
 			}
 			return opts[a].tensor < opts[b].tensor
 		})
-		best, bestScore := -1, math.Inf(1)
+		// Time per byte of peak it removes; a change that removes none comes after every change
+		// that does (by its time per byte of the tensor: it may let a later change lower the peak).
+		best, bestLowers, bestScore := -1, false, math.Inf(1)
 		var bestSim mixSim
 		for k := 0; k < len(opts) && k < mixCandidates; k++ {
 			o := opts[k]
 			actions[o.tensor] = o.action
 			s := m.simulate(actions)
 			actions[o.tensor] = actKeep
-			// Time per byte of peak it removes (or of the tensor, where the peak stays).
+			lowers := s.peak < sim.peak
 			freed := float64(m.in.Tensors[o.tensor].Bytes)
-			if s.peak < sim.peak {
+			if lowers {
 				freed = float64(sim.peak - s.peak)
 			}
-			if score := float64(s.stepNs-sim.stepNs) / freed; score < bestScore {
-				best, bestScore, bestSim = k, score, s
+			score := float64(s.stepNs-sim.stepNs) / freed
+			if (lowers && !bestLowers) || (lowers == bestLowers && score < bestScore) {
+				best, bestLowers, bestScore, bestSim = k, lowers, score, s
 			}
 		}
 		o := opts[best]

@@ -43,6 +43,11 @@ from ._saved import Entry
 
 #: Bandwidth assumed for a direction the profiling step did not time (bytes/s).
 UNMEASURED_BPS = 1e9
+#: The step under the plan whose measured time calibrates the profile's compute times (the
+#: first steps still pay one-time costs: buffers and pinned pools sized), and how far its
+#: prediction may be off before the plan is made again from the scaled profile.
+CALIBRATION_STEP = 2
+CALIBRATION_TOLERANCE = 0.05
 
 
 class Auto(Policy):
@@ -72,6 +77,9 @@ class Auto(Policy):
         self.due: list[tuple[int, int]] = []  # (event, entry index) of the moved entries' reads
         self.error: str | None = None
         self.diverged: str | None = None  # why the last step did not follow the plan
+        self._planned: Any = None  # (mix, entries, recipes, graph): the profile the plan is made from
+        self.hook_ns: int | None = None  # a moved tensor's pack and unpack, from the warm-up step
+        self._calibration = 0  # steps under the plan until the calibrating one
 
     # ------------------------------------------------------------------ phases
 
@@ -97,7 +105,14 @@ class Auto(Policy):
         if graph is None:
             return
         started = time.perf_counter()
-        mix, entries, recipes = make(graph, rec, self.budget or 1, tier)
+        mix, entries, recipes = make(graph, rec, self.budget or 1, tier, self.hook_ns)
+        self._planned = (mix, entries, recipes, graph)
+        self._calibration = CALIBRATION_STEP
+        self._adopt(started)
+
+    def _adopt(self, started: float) -> None:
+        """Plan over the profile kept in ``self._planned`` and take the plan for the next steps."""
+        mix, entries, recipes, graph = self._planned
         try:
             plan = plan_mix(mix)
         except InvalidArgumentError as e:
@@ -123,10 +138,40 @@ class Auto(Policy):
         self.params = graph.params
         plan["planning_seconds"] = time.perf_counter() - started
         plan["profile_step_ns"] = mix["_step_ns"]
+        plan["calibration"] = mix.get("_scale", 1.0)
+        plan["record_seconds"] = graph.record_ns / 1e9  # the recorder's own time in the profiling step
         plan["text"] = describe(plan, mix, self.budget)
         self.result = plan
         if self.verbose:
             print(plan["text"], end="")
+
+    def stepped(self, summary: Any) -> None:
+        """A step ended (its summary). The warm-up step's packs give a moved tensor's hook cost
+        (the profiling step's also pay for the recording). Then: the planner's times are the profiling step's
+        ops, each timed alone; the steps under the plan are the truth. Once, on the
+        :data:`CALIBRATION_STEP`-th of them (the first ones still pay one-time costs), every
+        compute time of the profile is scaled by that step's measured time over its predicted
+        one, where they differ by more than :data:`CALIBRATION_TOLERANCE`, and the plan made
+        again from the scaled profile."""
+        if self.steps == 1 and summary.offloaded_tensors:  # the warm-up step: packs as a moved tensor's
+            self.hook_ns = int(2 * summary.pack_seconds / summary.offloaded_tensors * 1e9)
+        if self.actions is None or self.diverged is not None or self._calibration <= 0 or self.result is None:
+            return
+        seconds = summary.step_seconds
+        self._calibration -= 1
+        if self._calibration:
+            return
+        ratio = seconds / max(self.result["step_ns"] / 1e9, 1e-9)
+        if abs(ratio - 1) <= CALIBRATION_TOLERANCE:
+            return
+        mix = self._planned[0]
+        mix["_scale"] = mix.get("_scale", 1.0) * ratio
+        mix["compute_ns"] = [round(ns * ratio) for ns in mix["compute_ns"]]
+        mix["hook_ns"] = round(mix["hook_ns"] * ratio)
+        for t in mix["tensors"]:
+            if t["recompute_ns"] >= 0:
+                t["recompute_ns"] = round(t["recompute_ns"] * ratio)
+        self._adopt(time.perf_counter())
 
     # ------------------------------------------------------------------ decisions
 
@@ -197,10 +242,11 @@ def plan_mix(mix: dict[str, Any]) -> dict[str, Any]:
     return _lib.call_json("pft_plan_mix", json.dumps({k: v for k, v in mix.items() if not k.startswith("_")}).encode())
 
 
-def make(graph: GraphRecorder, rec: Recorder, budget: int,
-         tier: str) -> tuple[dict[str, Any], list[int], dict[int, Recipe]]:
+def make(graph: GraphRecorder, rec: Recorder, budget: int, tier: str,
+         hook_ns: int | None = None) -> tuple[dict[str, Any], list[int], dict[int, Recipe]]:
     """The planner's input (``offload.MixInput``) from the profiling step, the entry index of each of
-    its tensors, and the entries' recipes."""
+    its tensors, and the entries' recipes; ``hook_ns``: a moved tensor's hooks (None: from the
+    profiling step's packs)."""
     graph.finish()
     events = graph.events
     backward = next((k for k, (kind, _) in enumerate(events) if kind == "unpack"), len(events))
@@ -217,7 +263,8 @@ def make(graph: GraphRecorder, rec: Recorder, budget: int,
             recipes[e] = r
         size = rec.tensors.get(e, {}).get("size") or graph.values[graph.entry_value[e]].nbytes
         tensors.append({
-            "bytes": size, "pack": packs[e], "uses": [uses[e]] if e in uses else [], "move": e in rec.tensors,
+            "bytes": size, "pack": packs[e], "move": e in rec.tensors,
+            "uses": sorted({uses[e], graph.last_use.get(e, uses[e])}) if e in uses else [],
             "recompute_ns": r.ns if e in recipes else -1,
             "sources": [position[s] for s in r.sources] if e in recipes else [],
             "temp_bytes": r.temp_bytes if e in recipes else 0,
@@ -230,7 +277,8 @@ def make(graph: GraphRecorder, rec: Recorder, budget: int,
     read_bps = sum(t["size"] for t in stored if t.get("read_ns")) / read * 1e9 if read else write_bps
     # A moved tensor's hooks: its pack as measured, and as much again for its unpack (whose time in
     # the profiling step also holds the waits for reads, which the planner models itself).
-    hook_ns = int(2 * rec.forward_pack_time / max(len(rec.tensors), 1) * 1e9)
+    if hook_ns is None:
+        hook_ns = int(2 * rec.forward_pack_time / max(len(rec.tensors), 1) * 1e9)
     before = sum(graph.ops[o].ns for o in graph.ops_after[0])
     mix = {
         "tensors": tensors, "compute_ns": compute, "backward": backward, "hook_ns": hook_ns,
@@ -249,10 +297,9 @@ def describe(plan: dict[str, Any], mix: dict[str, Any], budget: int | None) -> s
              f"{_mib(plan['min_budget'])}",
              f"  predicted step {plan['step_ns'] / 1e6:.2f} ms (keeping everything: {base['step_ns'] / 1e6:.2f} ms), "
              f"resident peak {_mib(plan['peak_bytes'])} (keeping everything: {_mib(base['peak_bytes'])})"]
-    for action in ("keep", "recompute", "host", "ssd"):
-        c = plan["classes"].get(action)
-        if c:
-            lines.append(f"  {action:<10} {c['tensors']:>5} tensors {_mib(c['bytes']):>12}")
+    order = {"keep": 0, "recompute": 1}
+    for action, c in sorted(plan["classes"].items(), key=lambda kv: (order.get(kv[0], 2), kv[0])):
+        lines.append(f"  {action:<18} {c['tensors']:>5} tensors {_mib(c['bytes']):>12}")
     return "\n".join(lines) + "\n"
 
 

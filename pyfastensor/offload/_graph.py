@@ -74,6 +74,7 @@ class Op:
     replayable: bool
     ns: int = 0
     timing: Any = None  # CUDA events, read into ns at the end
+    cuda: bool = False  # timed on a CUDA device (by events)
 
 
 @dataclass(frozen=True)
@@ -135,8 +136,10 @@ class GraphRecorder(TorchDispatchMode):
         self.entry_of_storage: dict[int, int] = {}
         self.kept_of_storage: dict[int, int] = {}
         self.unpacked: set[int] = set()
+        self.last_use: dict[int, int] = {}  # entry index -> the event of its last unpack
         self.makers: dict[int, str] = {}  # entry index -> the autograd node that made its tensor
         self.call_ns = _call_ns()  # what calling one op from Python costs, beyond its kernel
+        self.record_ns = 0  # the time the recorder's own bookkeeping took (beside the ops')
 
     # ------------------------------------------------------------------ identity
 
@@ -177,6 +180,13 @@ class GraphRecorder(TorchDispatchMode):
         kwargs = kwargs or {}
         if self.paused:
             return func(*args, **kwargs)
+        entered = time.perf_counter_ns()
+        try:
+            return self._record(func, args, kwargs)
+        finally:
+            self.record_ns += time.perf_counter_ns() - entered
+
+    def _record(self, func: Any, args: tuple, kwargs: dict) -> Any:
         flat, spec = tree_flatten((args, kwargs))
         replayable = not _random(func) and not _mutates(func)
         refs: list[Any] = []
@@ -196,8 +206,10 @@ class GraphRecorder(TorchDispatchMode):
                 replayable = False
                 refs.append(None)
         timing = _Timing.start(flat)
+        called = time.perf_counter_ns()
         out = func(*args, **kwargs)
-        op = Op(func, (spec, refs), [], replayable)
+        self.record_ns -= time.perf_counter_ns() - called  # the op's own time is not the recorder's
+        op = Op(func, (spec, refs), [], replayable, cuda=timing.device is not None)
         op.timing = timing.stop()
         index = len(self.ops)
         self.ops.append(op)
@@ -235,12 +247,15 @@ class GraphRecorder(TorchDispatchMode):
         self.ops_after.append([])
 
     def unpacking(self, entry: int) -> None:
-        """An entry's first unpack in this step."""
+        """An unpack of an entry: its first is an event; a later one (another handle of the
+        storage, a node saved twice) marks the entry used until the event reached now."""
         if entry in self.unpacked:
+            self.last_use[entry] = len(self.events) - 1
             return
         self.unpacked.add(entry)
         self.events.append(("unpack", entry))
         self.ops_after.append([])
+        self.last_use[entry] = len(self.events) - 1
 
     def finish(self) -> None:
         """Read the CUDA events' times (the step is over: they have completed)."""

@@ -82,6 +82,9 @@ class Policy:
         """Whether the small saved tensor of pack call ``seq`` is a source of a recipe."""
         return False
 
+    def stepped(self, summary: Any) -> None:
+        """A step ended without an error; ``summary`` is its :class:`~.summary.OffloadSummary`."""
+
     def needs_hooks(self) -> bool:
         """Whether the step about to start needs the saved-tensor hooks at all (``"auto"``'s plan
         that keeps every saved tensor does not: the step then runs as without offload)."""

@@ -31,11 +31,12 @@ class Bound:
     __slots__ = ("entries", "kept", "params", "recipe")
 
     def __init__(self, recipe: Recipe, entries: dict[int, tuple[Any, Version]], kept: dict[int, torch.Tensor],
-                 params: dict[int, weakref.ref[torch.Tensor]], registered: set[int]) -> None:
+                 params: dict[int, weakref.ref[torch.Tensor]], registered: set[int], saved: torch.Tensor) -> None:
         self.recipe = recipe
         self.entries: dict[int, tuple[Any, Version]] = {}
         self.kept: dict[int, tuple[torch.Tensor, Version]] = {}
         self.params: dict[int, tuple[torch.Tensor, int]] = {}
+        used: set[int] | None = None  # the parameters autograd says made the saved tensor
         for lf in recipe.leaves.values():
             if lf.kind == "entry":
                 got = entries.get(lf.key)
@@ -50,8 +51,16 @@ class Bound:
             else:
                 ref = params.get(lf.key)
                 p = ref() if ref is not None else None
-                # The parameter must be one this step's modules hold (not one they no longer use).
-                if p is None or (registered and lf.key not in registered):
+                # The parameter must be one this step used (not one its modules no longer hold):
+                # one that requires grad is found in the saved tensor's autograd graph; another
+                # (a frozen one, a buffer) among the storages of the modules the step runs.
+                if p is not None and p.requires_grad:
+                    if used is None:
+                        used = _leaves_of(saved, 4 * len(recipe.ops) + 4)
+                    ok = lf.key in used
+                else:
+                    ok = p is not None and (not registered or lf.key in registered)
+                if not ok:
                     raise Unbound("a source parameter is not one of this step's")
                 self.params[lf.key] = (p, p._version)
 
@@ -84,6 +93,28 @@ class Bound:
         out = replay(self.recipe, leaves)
         storage = out.untyped_storage()
         return torch.empty(0, dtype=torch.uint8, device=device).set_(storage, 0, (storage.nbytes(),), (1,))
+
+
+def _leaves_of(t: torch.Tensor, depth: int) -> set[int]:
+    """The storages of the leaves that require grad within ``depth`` autograd nodes of ``t``."""
+    base = t if t._base is None else t._base
+    out: set[int] = set()
+    frontier = [base.grad_fn]
+    seen: set[int] = set()
+    for _ in range(depth):
+        nxt = []
+        for fn in frontier:
+            if fn is None or id(fn) in seen:
+                continue
+            seen.add(id(fn))
+            leaf = getattr(fn, "variable", None)  # AccumulateGrad's
+            if leaf is not None:
+                out.add(leaf.untyped_storage().data_ptr())
+            nxt += [f for f, _ in fn.next_functions]
+        frontier = nxt
+        if not frontier:
+            break
+    return out
 
 
 def _check(version: Version, what: str) -> None:

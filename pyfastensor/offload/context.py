@@ -339,6 +339,8 @@ class Offload:
         finally:
             self._summary = self._make_summary(store)
             self.step += 1
+        if exc_type is None:
+            self._policy.stepped(self._summary)
 
     def close(self) -> None:
         """Stop using the store; close it (spill file or host memory, native
@@ -547,7 +549,8 @@ class Offload:
         recipe = self._policy.recipe(entry, t)
         if recipe is not None:
             try:
-                entry.recompute = Bound(recipe, step.sources, step.kept_sources, self._policy.params, self._registered)
+                entry.recompute = Bound(recipe, step.sources, step.kept_sources, self._policy.params, self._registered,
+                                        t)
             except Unbound:
                 pass  # not the profiled graph after all: stored below, as it is
             else:
