@@ -94,3 +94,36 @@ def test_gpt_workload_needs_cuda():
                          capture_output=True, text=True, cwd=ROOT)
     assert out.returncode != 0
     assert "offload --workload gpt trains on a GPU: add --device cuda" in out.stderr
+
+
+def test_pareto_compares_each_auto_row_with_the_fastest_peer_that_fits_and_its_prediction():
+    from benchmarks import pareto
+
+    def row(ms, mib, **kw):
+        return {"steps_s": [ms / 1e3, ms / 1e3 * 1.02], "peaks_bytes": [mib << 20], "step_s": ms / 1e3,
+                "peak_bytes": mib << 20, **kw}
+
+    result = {"model": pareto.CPU_QUICK, "device": "cpu", "rounds": 2, "min_budget": 8 << 20,
+              "plan_48_layers_s": 0.2, "missing": {"trl": "TRL's OffloadActivations moves CUDA tensors only"},
+              "rows": {"none": row(100, 100), "checkpoint": row(140, 40), "sac": row(120, 80),
+                       "auto@1": row(101, 100, budget=100 << 20, predicted_step_s=0.102, warmup_s=[0.2, 0.15]),
+                       "auto@0.5": row(115, 60, budget=60 << 20, predicted_step_s=0.14, warmup_s=[0.2, 0.2],
+                                       planning_s=0.01),
+                       "auto@0": row(150, 30, budget=30 << 20, predicted_step_s=0.15, warmup_s=[0.2, 0.25])}}
+    targets = {t["target"].split(" (")[0]: t for t in pareto.evaluate(result)}
+    peer = targets["auto@1 no slower than 1.05x the fastest peer that fits"]
+    assert peer["met"] and peer["median"] == pytest.approx(1.01)  # none fits 100 MiB
+    mid = targets["auto@0.5 no slower than 1.05x the fastest peer that fits"]
+    assert "(checkpoint)" in mid["target"] and mid["median"] == pytest.approx(115 / 140)  # sac's 80 MiB does not fit
+    assert targets["auto@0 against the peers that fit"]["met"] is None
+    assert not targets["auto@0.5 prediction within 15% of the measured step"]["met"]  # 140 against 115
+    assert targets["profiling step plus planning at most 2x one step"]["met"]
+    text = pareto.format_report({"device": "cpu", "models": [dict(result, targets=list(targets.values()))]})
+    for name in ("auto@0.5", "checkpoint", "not run: TRL's", "NOT MET", "budget MiB"):
+        assert name in text
+
+
+def test_pareto_is_an_option_of_the_offload_benchmark():
+    out = subprocess.run([sys.executable, "-m", "benchmarks", "offload", "--help"],
+                         capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    assert "--pareto" in out and "--rounds" in out and "torch.compile" in out

@@ -14,8 +14,10 @@
 #       after the repository; the preinstalled torch is left as it is), record the versions and
 #       nvidia-smi in $OUT, check the imports the run needs, run tests/gpu/run.sh
 #       "$OUT/gpu-run.log", then, while the overall budget allows (T_ALL seconds from the start,
-#       default 420), `python -m benchmarks gpu --no-offload --rounds 5` for more checkpoint
-#       rounds ($OUT/cold-load.json). It goes on past failures; its exit status is run.sh's.
+#       default 420), the Pareto front of offload's policy="auto" against checkpointing,
+#       selective checkpointing, torch.compile's memory budget and TRL
+#       (`python -m benchmarks offload --pareto --device cuda --rounds 3`: $OUT/pareto.json,
+#       $OUT/pareto.log). It goes on past failures; its exit status is run.sh's.
 #       Everything it prints is also in $OUT/offline-run.log.
 #
 # Environment: PYTHON (default python), T_ALL (run: seconds, default 420), T_EXTRA_MIN (run: the
@@ -119,7 +121,7 @@ The run tool call (the GPU machine; about 7 minutes, T_ALL=420 s of work under a
   command:   bash tests/gpu/offline.sh run $rel
   timeout_s: 480
   carry:     ["$rel", "$LIB"]
-Then read \$OUT's files: offline-run.log, gpu-run.log, versions.txt, nvidia-smi.txt, cold-load.json.
+Then read \$OUT's files: offline-run.log, gpu-run.log, versions.txt, nvidia-smi.txt, pareto.log, pareto.json.
 EOF
 }
 
@@ -233,13 +235,14 @@ PYEOF
 
   left=$((t_all - (SECONDS - start)))
   if ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
-    log "no CUDA device: no extra checkpoint rounds"
+    log "no CUDA device: no Pareto front"
   elif (( left < ${T_EXTRA_MIN:-60} )); then
-    log "${left} s left of T_ALL=${t_all}: no extra checkpoint rounds"
+    log "${left} s left of T_ALL=${t_all}: no Pareto front"
   else
-    log "python -m benchmarks gpu --no-offload --rounds 5 (at most ${left} s)"
-    timeout -k 10 "$left" "$PY" -m benchmarks gpu --no-offload --rounds 5 --json "$OUT/cold-load.json" || rc=$?
-    log "extra rounds: exit status $rc$( ((rc == 124 || rc == 137)) && echo ' (out of time)')"
+    log "python -m benchmarks offload --pareto --device cuda --rounds 3 (at most ${left} s)"
+    timeout -k 10 "$left" "$PY" -m benchmarks offload --pareto --device cuda --rounds 3 --json "$OUT/pareto.json" \
+      --no-plot 2>&1 | tee "$OUT/pareto.log" || rc=${PIPESTATUS[0]}
+    log "Pareto front: exit status $rc$( ((rc == 124 || rc == 137)) && echo ' (out of time)')"
   fi
   log "done in $((SECONDS - start)) s; exit status $status (run.sh's)"
   return "$status"
