@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import re
 import warnings
 
@@ -283,3 +284,44 @@ def test_cuda_tensors_through_the_host_tier_under_the_plan(tmp_path, monkeypatch
     assert_same_grads(want, got)
     assert s.recomputed_tensors > 0 and s.offloaded_tensors > 0, str(s)
     assert s.pinned_allocations == 0, "the pinned pool was sized before the plan's steps"
+
+
+def test_blocks_compiled_one_by_one_compose(tmp_path, recompute_all):
+    """torch.compile per block: what a compiled block saves is kept or moved (its kernels are not
+    aten ops to replay), what the eager code between blocks saves may be recomputed."""
+    model, batch_of = inputs("blocks")
+    want = train(model, batch_of, STEPS)
+    compiled = copy.deepcopy(model)
+    compiled[0].compile(backend="aot_eager")  # the first block compiled, the second eager
+    got_want = train(compiled, batch_of, STEPS)
+    off = _off(tmp_path, compiled, 1 << 40)
+    got = train(compiled, batch_of, STEPS, lambda: off)
+    s = off.summary()
+    off.close()
+    assert_same_grads(got_want, got)
+    assert_same_grads(want, got_want)
+    assert s.recomputed_tensors > 0, "the eager block's tensors are recomputed"
+
+
+def test_a_source_changed_in_place_before_backward_is_refused(tmp_path, recompute_all):
+    """A tensor a recipe reads, changed in place between forward and backward: the recompute
+    would read other bytes, so backward raises, naming the change."""
+    torch.manual_seed(0)
+    lin1, lin2 = torch.nn.Linear(64, 256), torch.nn.Linear(256, 64)
+
+    def forward(x):
+        h = lin1(x)  # saved by gelu; recomputable from x
+        return lin2(torch.nn.functional.gelu(h)), h
+
+    off = _off(tmp_path, None, 1 << 40)
+    for i in range(3):
+        with off:
+            out, _ = forward(torch.randn(128, 64))
+            out.sum().backward()
+    with off:
+        out, h = forward(torch.randn(128, 64))
+        with torch.no_grad():
+            h.add_(1.0)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation|changed in place"):
+            out.sum().backward()
+    off.close()
