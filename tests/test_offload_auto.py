@@ -314,7 +314,7 @@ def test_a_source_changed_in_place_before_backward_is_refused(tmp_path, recomput
         return lin2(torch.nn.functional.gelu(h)), h
 
     off = _off(tmp_path, None, 1 << 40)
-    for i in range(3):
+    for _ in range(3):
         with off:
             out, _ = forward(torch.randn(128, 64))
             out.sum().backward()
