@@ -471,6 +471,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "torch.compile's memory budget, save_on_cpu, TRL (CUDA), and policy='auto' at budgets "
                         "along its frontier (benchmarks/pareto.py; --device cuda: the GPT model and a Llama-like one)")
     p.add_argument("--rounds", type=int, default=5, help="--pareto: paired rounds (default 5)")
+    p.add_argument("--peers", default=None, help="--pareto: comma list of the peers' rows to run (default all: "
+                   "none, checkpoint, sac, compile@0.8, compile@0.5, compile@0.2, save_on_cpu, trl, "
+                   "trl+checkpoint); auto's rows always run")
     p.add_argument("--plot", default="bench-out/pareto.png", help="--pareto: the PNG of the front "
                    "(default bench-out/pareto.png)")
     p.add_argument("--no-plot", action="store_true", help="--pareto: do not draw the plot")
@@ -485,7 +488,11 @@ def _cmd_offload(args: argparse.Namespace) -> int:
         from . import harness, pareto
 
         with temp_dir(args.dir, "pareto") as d:
-            result = pareto.run(d, device=args.device, quick=args.quick, rounds=args.rounds)
+            peers = tuple(p.strip() for p in args.peers.split(",") if p.strip()) if args.peers else pareto.PEERS
+            unknown = [p for p in peers if p not in pareto.PEERS]
+            if unknown:
+                raise SystemExit(f"unknown --peers {', '.join(unknown)}: expected some of {', '.join(pareto.PEERS)}")
+            result = pareto.run(d, device=args.device, quick=args.quick, rounds=args.rounds, peers=peers)
         return harness.finish(result, args, pareto.format_report, pareto.plot)
     workload = args.workload or ("gpt" if args.device.startswith("cuda") else "train")
     with temp_dir(args.dir, "offload") as d:

@@ -26,6 +26,12 @@ resident set's high-water mark over the step (reset through
 of its own whose allocator returns large blocks to the system at once
 (``MALLOC_MMAP_THRESHOLD_``), so what is freed leaves the count.
 
+On CUDA a last table, the long context: the benchmark's GPT at 16,384
+tokens with GPU memory capped below per-block checkpointing's need
+(``set_per_process_memory_fraction``), where no offload and checkpointing
+run out of memory; TRL around checkpointing and ``auto`` at its smallest
+feasible budget, each timed or out of memory.
+
 Rows are timed in paired rounds (every row one step a round, in turn
 first) after their warm-up (pyfastensor's: a warm-up step, the profiling
 step and a step under the plan). Each ``auto`` row is compared with the
@@ -195,7 +201,7 @@ class _Missing(Exception):
 
 
 def measure(shape: dict[str, int], device: str, directory: str, *, rounds: int, min_size: int,
-            progress: Callable[[str], None]) -> dict[str, Any]:
+            progress: Callable[[str], None], peers: tuple[str, ...] = PEERS) -> dict[str, Any]:
     """Every row's steps and peaks over ``rounds`` paired rounds (in this process)."""
     import torch
 
@@ -206,7 +212,7 @@ def measure(shape: dict[str, int], device: str, directory: str, *, rounds: int, 
     rows: dict[str, Row] = {}
     missing: dict[str, str] = {}
     warm: dict[str, list[float]] = {}
-    for name in PEERS:
+    for name in peers:
         progress(f"pareto {shape}: {name}")
         try:
             row = Row(name, model, device, directory, min_size)
@@ -292,17 +298,73 @@ def plan_time_48(shape: dict[str, int], device: str, directory: str, min_size: i
     return time.perf_counter() - t
 
 
+#: The long-context row's model: the benchmark's GPT at 16,384 tokens (CUDA only).
+LONG_CONTEXT = dict(GPT_FULL, batch=1, seq=16384)
+#: Its cap: this share of per-block checkpointing's extra peak, above what is allocated before a step.
+LONG_CONTEXT_CAP = 0.8
+
+
+def long_context(directory: str, *, rounds: int, min_size: int, progress: Callable[[str], None]) -> dict[str, Any]:
+    """A step that neither no offload nor per-block checkpointing fits: GPU memory capped
+    (``torch.cuda.set_per_process_memory_fraction``) at :data:`LONG_CONTEXT_CAP` of
+    checkpointing's extra peak above what is allocated before a step; then no offload,
+    checkpointing, TRL around checkpointing and ``auto`` at its smallest feasible budget, each
+    either timed or out of memory."""
+    import torch
+
+    shape = LONG_CONTEXT
+    torch.manual_seed(0)
+    model = gpt(**shape).cuda()
+    x = torch.randn(shape["batch"], shape["seq"], shape["d"], device="cuda")
+    memory = Memory("cuda")
+    ck = Row("checkpoint", model, "cuda", directory, min_size)
+    ck_peak = max(ck.step(x, memory)[1] for _ in range(2))
+    probe = Row("auto@probe", model, "cuda", directory, min_size, budget=1 << 50)
+    for _ in range(3):
+        probe.step(x, memory)
+    low = probe.offload.plan_details["min_budget"]
+    probe.close()
+    torch.cuda.empty_cache()
+    total = torch.cuda.get_device_properties(x.device).total_memory
+    cap = torch.cuda.memory_allocated() + int(LONG_CONTEXT_CAP * ck_peak)
+    out: dict[str, Any] = {"model": shape, "cap_bytes": cap, "checkpoint_peak_bytes": ck_peak, "rows": {}}
+    torch.cuda.set_per_process_memory_fraction(min(cap / total, 1.0), x.device)
+    try:
+        for name in ("none", "checkpoint", "trl+checkpoint", "auto@0"):
+            progress(f"long context {shape}: {name}")
+            row = None
+            try:
+                row = Row(name, model, "cuda", directory, min_size, budget=low if name == "auto@0" else None)
+                for _ in range(5 if name == "auto@0" else 2):
+                    row.step(x, memory)
+                got = [row.step(x, memory) for _ in range(rounds)]
+                out["rows"][name] = {"step_s": statistics.median(s for s, _ in got),
+                                     "peak_bytes": max(p for _, p in got)}
+            except torch.cuda.OutOfMemoryError:
+                out["rows"][name] = {"missing": "out of memory under the cap"}
+            except _Missing as e:
+                out["rows"][name] = {"missing": str(e)}
+            finally:
+                if row is not None:
+                    row.close()
+                torch.cuda.empty_cache()
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0, x.device)
+    return out
+
+
 def run(directory: str, *, device: str = "cpu", quick: bool = False, rounds: int = 5, min_size: int = 64 << 10,
-        progress: Callable[[str], None] = harness.progress) -> dict[str, Any]:
+        peers: tuple[str, ...] = PEERS, progress: Callable[[str], None] = harness.progress) -> dict[str, Any]:
     """The Pareto table of the device's model(s); on CPU measured in a child process (see the module
-    docstring)."""
+    docstring). Each model's table is printed to stderr as soon as it is measured (a run stopped
+    after the first keeps it)."""
     shapes = [CPU_QUICK if quick else CPU_MODEL] if device == "cpu" else [GPT_FULL, LLAMA_LIKE]
     results = []
     for shape in shapes:
         if device == "cpu":
             env = dict(harness.child_env(), MALLOC_MMAP_THRESHOLD_=_MMAP_THRESHOLD)
             arg = json.dumps({"shape": shape, "device": device, "directory": directory, "rounds": rounds,
-                              "min_size": min_size})
+                              "min_size": min_size, "peers": list(peers)})
             done = subprocess.run([sys.executable, "-m", "benchmarks.pareto", arg], env=env, capture_output=True,
                                   text=True)
             sys.stderr.write(done.stderr)
@@ -310,10 +372,17 @@ def run(directory: str, *, device: str = "cpu", quick: bool = False, rounds: int
                 raise RuntimeError(f"the Pareto child failed:\n{done.stderr[-3000:]}")
             results.append(json.loads(done.stdout.strip().splitlines()[-1]))
         else:
-            results.append(measure(shape, device, directory, rounds=rounds, min_size=min_size, progress=progress))
-    for r in results:
-        r["targets"] = evaluate(r)
-    return {"device": device, "models": results}
+            results.append(measure(shape, device, directory, rounds=rounds, min_size=min_size, progress=progress,
+                                   peers=peers))
+        results[-1]["targets"] = evaluate(results[-1])
+        print(format_report({"device": device, "models": results[-1:]}), file=sys.stderr, flush=True)
+    out: dict[str, Any] = {"device": device, "models": results}
+    if device != "cpu":
+        try:
+            out["long_context"] = long_context(directory, rounds=rounds, min_size=min_size, progress=progress)
+        except Exception as e:  # noqa: BLE001 - reported; the tables above stand
+            out["long_context"] = {"missing": f"failed: {type(e).__name__}: {e}"}
+    return out
 
 
 def evaluate(result: dict[str, Any]) -> list[dict[str, Any]]:
@@ -366,6 +435,13 @@ def format_report(result: dict[str, Any]) -> str:
         for name, why in m["missing"].items():
             lines.append(f"{name:<16}  not run: {why}")
         lines += ["", "targets:", *harness.target_lines(m["targets"])]
+    lc = result.get("long_context")
+    if lc:
+        lines += ["", "long context" + (f": {lc['missing']}" if "missing" in lc else
+                                        f" {lc['model']}: GPU memory capped at {lc['cap_bytes'] / 2**30:.1f} GiB")]
+        for name, r in lc.get("rows", {}).items():
+            lines.append(f"  {name:<16}" + (r["missing"] if "missing" in r else
+                                            f"{r['step_s'] * 1e3:.1f} ms, extra peak {r['peak_bytes'] / 2**30:.2f} GiB"))
     return "\n".join(lines)
 
 
@@ -397,7 +473,7 @@ def _child() -> None:
     reply = reply_channel()
     a = json.loads(sys.argv[1])
     r = measure(a["shape"], a["device"], a["directory"], rounds=a["rounds"], min_size=a["min_size"],
-                progress=harness.progress)
+                progress=harness.progress, peers=tuple(a["peers"]))
     reply.write(json.dumps(r) + "\n")
 
 
