@@ -194,11 +194,18 @@ def test_private_torch_names_are_found():
         "torch.serialization._load", "torch.UntypedStorage._new_shared"}
 
 
+#: Private torch names a benchmark may reach itself: a peer's own knob, which the peer is measured
+#: by (torch.compile's ``torch._functorch.config.activation_memory_budget``), not a name
+#: pyfastensor depends on.
+PEER_KNOBS = {"benchmarks.pareto": ["torch._functorch"]}
+
+
 def test_only_the_torch_module_uses_torchs_private_names():
     """pyfastensor/_torch.py is where every private torch name is reached, with what each
-    supported torch does; the package and the benchmarks import them from there."""
+    supported torch does; the package and the benchmarks import them from there (but for a
+    peer's own knob, :data:`PEER_KNOBS`)."""
     users = {m: sorted(private_torch_names(p.read_text())) for m, p in modules().items()
              if m != "pyfastensor._torch"}
-    assert {m: names for m, names in users.items() if names} == {}
+    assert {m: names for m, names in users.items() if names} == PEER_KNOBS
     assert "torch.serialization._load" in private_torch_names(
         (ROOT / "pyfastensor" / "_torch.py").read_text())
