@@ -9,18 +9,25 @@ import (
 	"github.com/pyfastensor/pyfastensor/gds"
 )
 
-// Options omitted are the defaults (durable, verified); every field crosses
+// Options omitted are the defaults (durable, verified, CRC-32s written); every field crosses
 // by its JSON name; an unknown or malformed one is refused, naming it.
 func TestOptionsDecode(t *testing.T) {
 	o, err := decodeOptions("")
 	require.NoError(t, err)
-	assert.Equal(t, ioOptions{Durable: true, Verify: true}, o)
+	assert.Equal(t, ioOptions{Durable: true, Verify: true, CRC32: true}, o)
 
 	o, err = decodeOptions(`{"engine": "direct", "threads": 3, "task_size": 1048576, "queue_depth": 8,
-		"workers": 2, "durable": false, "verify": false, "dict": 7, "dict_use": 1, "cufile_library": "/x.so"}`)
+		"workers": 2, "durable": false, "verify": false, "crc32": false, "dict": 7, "dict_use": 1,
+		"cufile_library": "/x.so"}`)
 	require.NoError(t, err)
 	assert.Equal(t, ioOptions{Engine: "direct", Threads: 3, TaskSize: 1 << 20, QueueDepth: 8, Workers: 2,
 		Dict: 7, DictUse: 1, CufileLibrary: "/x.so"}, o)
+	w0, err := ioOptions{Durable: true}.write(nil)
+	require.NoError(t, err)
+	assert.True(t, w0.NoCRC, "crc32 false: the save writes no CRC-32")
+	w0, err = ioOptions{Durable: true, CRC32: true}.write(nil)
+	require.NoError(t, err)
+	assert.False(t, w0.NoCRC)
 	assert.Equal(t, gds.Options{Threads: 3, TaskSize: 1 << 20, QueueDepth: 8, CuFileLibrary: "/x.so"}, o.engine())
 
 	w, err := ioOptions{Durable: true, Engine: "posix"}.write(nil)
