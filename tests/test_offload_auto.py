@@ -86,6 +86,7 @@ def one_profile(monkeypatch):
         return mix, entries, recipes
 
     monkeypatch.setattr(auto, "make", make)
+    monkeypatch.setattr(auto, "CALIBRATION_STEP", 1 << 30)  # and no calibration to change them
 
 
 def test_the_plan_keeps_its_budget_and_the_peak_never_rises_as_the_budget_drops(tmp_path, one_profile):
@@ -124,7 +125,7 @@ def _saved_of(model, batch_of):
 
 
 @pytest.mark.parametrize("budget", [0, 1])
-def test_a_budget_below_any_mix_is_refused_naming_the_smallest(tmp_path, budget):
+def test_a_budget_below_any_mix_is_refused_naming_the_smallest(tmp_path, budget, one_profile):
     model, batch_of = inputs("mlp")
     off = _off(tmp_path, model, budget)
     with pytest.raises(pyfastensor.InvalidArgumentError, match=r"smallest feasible budget is (\d+) bytes") as e:

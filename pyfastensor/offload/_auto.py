@@ -110,12 +110,15 @@ class Auto(Policy):
         self._calibration = CALIBRATION_STEP
         self._adopt(started)
 
-    def _adopt(self, started: float) -> None:
-        """Plan over the profile kept in ``self._planned`` and take the plan for the next steps."""
+    def _adopt(self, started: float, *, calibrating: bool = False) -> None:
+        """Plan over the profile kept in ``self._planned`` and take the plan for the next steps.
+        ``calibrating``: a budget the scaled profile no longer fits keeps the plan it has."""
         mix, entries, recipes, graph = self._planned
         try:
             plan = plan_mix(mix)
         except InvalidArgumentError as e:
+            if calibrating:
+                return
             self.error = str(e)
             raise
         self.actions = {entries[d["tensor"]]: d["action"] for d in plan["decisions"]}
@@ -171,7 +174,7 @@ class Auto(Policy):
         for t in mix["tensors"]:
             if t["recompute_ns"] >= 0:
                 t["recompute_ns"] = round(t["recompute_ns"] * ratio)
-        self._adopt(time.perf_counter())
+        self._adopt(time.perf_counter(), calibrating=True)
 
     # ------------------------------------------------------------------ decisions
 
