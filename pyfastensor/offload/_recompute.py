@@ -36,7 +36,7 @@ class Bound:
         self.entries: dict[int, tuple[Any, Version]] = {}
         self.kept: dict[int, tuple[torch.Tensor, Version]] = {}
         self.params: dict[int, tuple[torch.Tensor, int]] = {}
-        used: set[int] | None = None  # the parameters autograd says made the saved tensor
+        used: dict[int, torch.Tensor] | None = None  # the parameters autograd says made the saved tensor
         for lf in recipe.leaves.values():
             if lf.kind == "entry":
                 got = entries.get(lf.key)
@@ -49,19 +49,18 @@ class Bound:
                     raise Unbound(f"source saved tensor {lf.key} is not in this step")
                 self.kept[lf.key] = (t, Version(t))
             else:
-                ref = params.get(lf.key)
-                p = ref() if ref is not None else None
                 # The parameter must be one this step used (not one its modules no longer hold):
-                # one that requires grad is found in the saved tensor's autograd graph; another
-                # (a frozen one, a buffer) among the storages of the modules the step runs.
-                if p is not None and p.requires_grad:
-                    if used is None:
-                        used = _leaves_of(saved, 4 * len(recipe.ops) + 4)
-                    ok = lf.key in used
-                else:
-                    ok = p is not None and (not registered or lf.key in registered)
-                if not ok:
-                    raise Unbound("a source parameter is not one of this step's")
+                # one that requires grad is taken from the saved tensor's autograd graph (the
+                # leaf itself); another (a frozen one, a buffer) from the profile, if it is among
+                # the storages of the modules the step runs.
+                if used is None:
+                    used = _leaves_of(saved, 4 * len(recipe.ops) + 4)
+                p = used.get(lf.key)
+                if p is None:
+                    ref = params.get(lf.key)
+                    p = ref() if ref is not None else None
+                    if p is None or p.requires_grad or (registered and lf.key not in registered):
+                        raise Unbound("a source parameter is not one of this step's")
                 self.params[lf.key] = (p, p._version)
 
     def run(self, device: torch.device) -> torch.Tensor:
@@ -95,21 +94,23 @@ class Bound:
         return torch.empty(0, dtype=torch.uint8, device=device).set_(storage, 0, (storage.nbytes(),), (1,))
 
 
-def _leaves_of(t: torch.Tensor, depth: int) -> set[int]:
-    """The storages of the leaves that require grad within ``depth`` autograd nodes of ``t``."""
+def _leaves_of(t: torch.Tensor, depth: int) -> dict[int, torch.Tensor]:
+    """The leaves that require grad within ``depth`` autograd nodes of ``t``, by storage address."""
     base = t if t._base is None else t._base
-    out: set[int] = set()
+    out: dict[int, torch.Tensor] = {}
     frontier = [base.grad_fn]
-    seen: set[int] = set()
+    # The nodes walked, held: a node's Python object may be freed once it is dropped, and its id
+    # given to the next one made.
+    seen: dict[int, Any] = {}
     for _ in range(depth):
         nxt = []
         for fn in frontier:
             if fn is None or id(fn) in seen:
                 continue
-            seen.add(id(fn))
+            seen[id(fn)] = fn
             leaf = getattr(fn, "variable", None)  # AccumulateGrad's
             if leaf is not None:
-                out.add(leaf.untyped_storage().data_ptr())
+                out[leaf.untyped_storage().data_ptr()] = leaf
             nxt += [f for f, _ in fn.next_functions]
         frontier = nxt
         if not frontier:
