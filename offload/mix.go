@@ -285,7 +285,9 @@ type mixSim struct {
 // plan fills need, last and prefetch for actions: each tensor's first need
 // (its first use, or the need of a recomputed tensor that reads it, if
 // earlier), its last use (extended to the recomputes that read it: a
-// recompute holds its sources until it has run), and each moved tensor's
+// recompute holds its sources until it has run, and a kept source until
+// the recomputed tensor's own last use, as the recipe bound to it holds
+// it), and each moved tensor's
 // prefetch event: the latest from which the compute before its need
 // covers its read, in need order (budget-independent, so the greedy's
 // sequence is).
@@ -301,7 +303,11 @@ func (m *mixModel) plan(actions []int) {
 			if m.need[s] < 0 || m.need[i] < m.need[s] {
 				m.need[s] = m.need[i]
 			}
-			m.last[s] = max(m.last[s], m.need[i])
+			if actions[s] == actKeep {
+				m.last[s] = max(m.last[s], m.last[i])
+			} else {
+				m.last[s] = max(m.last[s], m.need[i])
+			}
 		}
 	}
 	m.order = m.order[:0]

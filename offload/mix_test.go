@@ -155,6 +155,27 @@ func TestPlanMixRecomputesFromRecomputedSourcesAndChargesTheirTime(t *testing.T)
 	assert.LessOrEqual(t, p.Peak, int64(200))
 }
 
+func TestPlanMixHoldsAKeptSourceUntilItsRecomputedTensorsLastUse(t *testing.T) {
+	// a (kept or moved) is read at event 2; b, recomputed from a, at events 3 and 5: the recipe
+	// bound to a kept a holds it until b's last use; a moved a is read back for b's recompute
+	// and held until then.
+	in := &MixInput{
+		Tensors: []MixTensor{
+			{Bytes: 100, Pack: 0, Uses: []int{2}, Move: true, RecomputeNs: -1},
+			{Bytes: 10, Pack: 1, Uses: []int{3, 5}, RecomputeNs: 1, Sources: []int{0}},
+		},
+		ComputeNs: []int64{1, 1, 1, 1, 1, 1}, Backward: 2,
+		Tiers: map[string]MixLink{"host": pcie},
+	}
+	m := newMixModel(in)
+	m.plan([]int{actKeep, actRecompute})
+	assert.Equal(t, 5, m.last[0], "kept: until b's last use")
+	assert.True(t, m.aliveAt(0, actKeep, 4))
+	m.plan([]int{actTier, actRecompute})
+	assert.Equal(t, 3, m.last[0], "moved: until b is made")
+	assert.Equal(t, int64(110), m.simulate([]int{actKeep, actRecompute}).peak)
+}
+
 func TestPlanMixCountsAMovedTensorUntilItsWriteEndsAndWaitsForItsRead(t *testing.T) {
 	in := &MixInput{
 		Tensors:   []MixTensor{{Bytes: 1e9, Pack: 0, Uses: []int{1}, Move: true, RecomputeNs: -1}},

@@ -261,6 +261,27 @@ def test_a_plan_made_on_one_model_is_not_applied_to_anothers_parameters(tmp_path
     assert_same_grads(want, got)
 
 
+def test_parameters_swapped_between_modules_are_read_where_the_step_uses_them(tmp_path, recompute_all):
+    """A recipe finds its parameters where autograd has them, not by address: two biases of the
+    same shape swapped between layers keep their addresses, each now in the other's place."""
+    model, batch_of = inputs("mlp")
+    off = _off(tmp_path, model, 1 << 40)
+    for i in range(3):
+        with off:
+            loss_of(model, *batch_of(i)).backward()
+    first, second = model.net[0].bias, model.net[2].bias
+    model.net[0].bias, model.net[2].bias = second, first
+    model.zero_grad()
+    plain = copy.deepcopy(model)
+    loss_of(plain, *batch_of(3)).backward()
+    with off:
+        loss_of(model, *batch_of(3)).backward()
+    assert off.summary().recomputed_tensors > 0, str(off.summary())
+    off.close()
+    for (name, p), q in zip(model.named_parameters(), plain.parameters(), strict=True):
+        assert torch.equal(p.grad, q.grad), name
+
+
 def test_cuda_tensors_through_the_host_tier_under_the_plan(tmp_path, monkeypatch):
     """Moved tensors staged as CUDA ones are (the fake CUDA backend: pinned buffers, a side stream
     whose copies land only once waited for), beside recomputed ones: bit-identical gradients."""

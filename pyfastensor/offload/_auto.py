@@ -69,8 +69,8 @@ class Auto(Policy):
         self.actions: dict[int, str] | None = None  # entry index -> keep, recompute, or the tier
         self.recipes: dict[int, Recipe] = {}
         self.expect: dict[int, tuple[int, str]] = {}  # entry index -> (bytes, maker) in the profile
-        self.sources: dict[int, int] = {}  # entry index -> recipes of the plan that read it
-        self.kept_sources: set[int] = set()  # pack call numbers of small saved tensors a recipe reads
+        self.sources: dict[int, int] = {}  # entry index -> reads of it by the plan's recipes
+        self.kept_sources: dict[int, int] = {}  # pack call number of a small saved tensor -> reads
         self.params: dict[int, Any] = {}  # parameters' storages -> weak references, from the profile
         self.pack_event: dict[int, int] = {}
         self.use_event: dict[int, int] = {}
@@ -131,13 +131,13 @@ class Auto(Policy):
         self.recipes = {i: r for i, r in recipes.items() if self.actions.get(i) == "recompute"}
         self.expect = {i: (mix["tensors"][k]["bytes"], graph.makers.get(i, "-")) for k, i in enumerate(entries)}
         self.sources = {}
-        self.kept_sources = set()
+        self.kept_sources = {}
         for r in self.recipes.values():
             for lf in r.leaves.values():
                 if lf.kind == "entry":
                     self.sources[lf.key] = self.sources.get(lf.key, 0) + 1
                 elif lf.kind == "kept":
-                    self.kept_sources.add(lf.key)
+                    self.kept_sources[lf.key] = self.kept_sources.get(lf.key, 0) + 1
         self.params = graph.params
         plan["planning_seconds"] = time.perf_counter() - started
         plan["profile_step_ns"] = mix["_step_ns"]
@@ -208,11 +208,11 @@ class Auto(Policy):
     def codec(self, entry: Entry, t: torch.Tensor) -> str | None:
         return None if self._action(entry, t) == "keep" else "raw"
 
-    def source_entry(self, index: int) -> bool:
-        return self.actions is not None and index in self.sources
+    def source_entry(self, index: int) -> int:
+        return self.sources.get(index, 0) if self.actions is not None else 0
 
-    def source_kept(self, seq: int) -> bool:
-        return self.actions is not None and seq in self.kept_sources
+    def source_kept(self, seq: int) -> int:
+        return self.kept_sources.get(seq, 0) if self.actions is not None else 0
 
     def prefetchers(self, order: list[int] | None, window: int,
                     resident: Callable[[], int]) -> tuple[Prefetcher | None, PlannedPrefetcher | None]:

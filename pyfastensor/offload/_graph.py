@@ -94,6 +94,9 @@ class Leaf:
     stride: tuple[int, ...]
     offset: int
     dtype: torch.dtype
+    # A parameter that requires grad: where autograd has it from the saved tensor, the
+    # next_functions indices from the saved tensor's node to the parameter's AccumulateGrad.
+    path: tuple[int, ...] | None = None
 
 
 @dataclass
@@ -138,6 +141,7 @@ class GraphRecorder(TorchDispatchMode):
         self.unpacked: set[int] = set()
         self.last_use: dict[int, int] = {}  # entry index -> the event of its last unpack
         self.makers: dict[int, str] = {}  # entry index -> the autograd node that made its tensor
+        self.leaf_paths: dict[int, dict[int, tuple[int, ...]]] = {}  # entry -> storage -> path (Leaf.path)
         self.call_ns = _call_ns()  # what calling one op from Python costs, beyond its kernel
         self.record_ns = 0  # the time the recorder's own bookkeeping took (beside the ops')
 
@@ -242,6 +246,7 @@ class GraphRecorder(TorchDispatchMode):
         self.entry_value[entry] = v
         self.entry_storage[entry] = s
         self.makers[entry] = maker_of(t)
+        self.leaf_paths[entry] = leaf_paths(t)
         self.entry_of_storage.setdefault(s, entry)
         self.events.append(("pack", entry))
         self.ops_after.append([])
@@ -327,8 +332,59 @@ class GraphRecorder(TorchDispatchMode):
             ref = self.params[val.address]
             p = ref()
             if p is not None and self._storage(p.untyped_storage()) == val.storage:
-                return Leaf("param", val.address, *view)
+                path = self.leaf_paths.get(entry, {}).get(val.address)
+                if p.requires_grad and path is None:
+                    return None  # beyond the nodes walked: it could not be found again
+                return Leaf("param", val.address, *view, path=path)
         return None
+
+
+#: The autograd nodes :func:`leaf_paths` looks at, nearest first: a recipe's parameters are
+#: those of the ops just before its saved tensor.
+PATH_NODES = 512
+
+
+def leaf_paths(t: torch.Tensor, limit: int = PATH_NODES) -> dict[int, tuple[int, ...]]:
+    """The leaves that require grad near ``t`` in its autograd graph, by storage address: for
+    each, the ``next_functions`` indices from ``t``'s node (its base's, for a view) to the leaf's
+    ``AccumulateGrad``, the shortest found within ``limit`` nodes.
+
+    A recipe finds its parameters again this way in a later step: the leaf at the same place
+    of the same graph, whatever address it has now (another model's parameter may have been
+    given a freed one's address).
+    """
+    base = t if t._base is None else t._base
+    out: dict[int, tuple[int, ...]] = {}
+    if base.grad_fn is None:
+        return out
+    # The nodes walked, held: a node's Python object may be freed once dropped, and its id given
+    # to the next one made.
+    seen: dict[int, Any] = {id(base.grad_fn): base.grad_fn}
+    frontier: list[tuple[Any, tuple[int, ...]]] = [(base.grad_fn, ())]
+    while frontier and len(seen) < limit:
+        nxt = []
+        for fn, path in frontier:
+            leaf = getattr(fn, "variable", None)  # AccumulateGrad's
+            if leaf is not None:
+                out.setdefault(leaf.untyped_storage().data_ptr(), path)
+                continue
+            for k, (f, _) in enumerate(fn.next_functions):
+                if f is not None and id(f) not in seen:
+                    seen[id(f)] = f
+                    nxt.append((f, (*path, k)))
+        frontier = nxt
+    return out
+
+
+def leaf_at(t: torch.Tensor, path: tuple[int, ...]) -> torch.Tensor | None:
+    """The leaf at ``path`` (:func:`leaf_paths`) from ``t``'s autograd node, or None."""
+    fn = (t if t._base is None else t._base).grad_fn
+    for k in path:
+        nexts = fn.next_functions if fn is not None else ()
+        if k >= len(nexts):
+            return None
+        fn = nexts[k][0]
+    return getattr(fn, "variable", None)
 
 
 def _call_ns(calls: int = 200) -> int:

@@ -74,13 +74,14 @@ class Policy:
         keeping or storing it, or None."""
         return None
 
-    def source_entry(self, index: int) -> bool:
-        """Whether entry ``index`` is a source of a recipe bound later in the step."""
-        return False
+    def source_entry(self, index: int) -> int:
+        """How many reads of entry ``index`` the recipes bound later in the step make (0: it is
+        no recipe's source)."""
+        return 0
 
-    def source_kept(self, seq: int) -> bool:
-        """Whether the small saved tensor of pack call ``seq`` is a source of a recipe."""
-        return False
+    def source_kept(self, seq: int) -> int:
+        """How many reads of the small saved tensor of pack call ``seq`` the recipes make."""
+        return 0
 
     def stepped(self, summary: Any) -> None:
         """A step ended without an error; ``summary`` is its :class:`~.summary.OffloadSummary`."""

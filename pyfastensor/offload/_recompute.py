@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ._graph import Leaf, Recipe, replay
+from ._graph import Leaf, Recipe, leaf_at, replay
 from ._version import Version
 
 
@@ -36,7 +36,6 @@ class Bound:
         self.entries: dict[int, tuple[Any, Version]] = {}
         self.kept: dict[int, tuple[torch.Tensor, Version]] = {}
         self.params: dict[int, tuple[torch.Tensor, int]] = {}
-        used: dict[int, torch.Tensor] | None = None  # the parameters autograd says made the saved tensor
         for lf in recipe.leaves.values():
             if lf.kind == "entry":
                 got = entries.get(lf.key)
@@ -49,14 +48,15 @@ class Bound:
                     raise Unbound(f"source saved tensor {lf.key} is not in this step")
                 self.kept[lf.key] = (t, Version(t))
             else:
-                # The parameter must be one this step used (not one its modules no longer hold):
-                # one that requires grad is taken from the saved tensor's autograd graph (the
-                # leaf itself); another (a frozen one, a buffer) from the profile, if it is among
-                # the storages of the modules the step runs.
-                if used is None:
-                    used = _leaves_of(saved, 4 * len(recipe.ops) + 4)
-                p = used.get(lf.key)
-                if p is None:
+                # The parameter must be the one this step used there: one that requires grad is
+                # the leaf at the same place of the saved tensor's autograd graph as in the
+                # profile (its address may be another's); another (a frozen one, a buffer) is the
+                # profile's own tensor, if the modules the step runs hold its storage.
+                if lf.path is not None:
+                    p = leaf_at(saved, lf.path)
+                    if p is None or p.dtype != lf.dtype or not _fits(p, lf):
+                        raise Unbound("a source parameter is not where the profile had it")
+                else:
                     ref = params.get(lf.key)
                     p = ref() if ref is not None else None
                     if p is None or p.requires_grad or (registered and lf.key not in registered):
@@ -94,29 +94,12 @@ class Bound:
         return torch.empty(0, dtype=torch.uint8, device=device).set_(storage, 0, (storage.nbytes(),), (1,))
 
 
-def _leaves_of(t: torch.Tensor, depth: int) -> dict[int, torch.Tensor]:
-    """The leaves that require grad within ``depth`` autograd nodes of ``t``, by storage address."""
-    base = t if t._base is None else t._base
-    out: dict[int, torch.Tensor] = {}
-    frontier = [base.grad_fn]
-    # The nodes walked, held: a node's Python object may be freed once it is dropped, and its id
-    # given to the next one made.
-    seen: dict[int, Any] = {}
-    for _ in range(depth):
-        nxt = []
-        for fn in frontier:
-            if fn is None or id(fn) in seen:
-                continue
-            seen[id(fn)] = fn
-            leaf = getattr(fn, "variable", None)  # AccumulateGrad's
-            if leaf is not None:
-                out[leaf.untyped_storage().data_ptr()] = leaf
-            nxt += [f for f, _ in fn.next_functions]
-        frontier = nxt
-        if not frontier:
-            break
-    return out
-
+def _fits(p: torch.Tensor, lf: Leaf) -> bool:
+    """Whether the view ``lf`` names lies within ``p``'s storage."""
+    if any(n == 0 for n in lf.size):
+        return True
+    last = lf.offset + sum((n - 1) * st for n, st in zip(lf.size, lf.stride, strict=True))
+    return lf.offset >= 0 and (last + 1) * p.element_size() <= p.untyped_storage().nbytes()
 
 def _check(version: Version, what: str) -> None:
     try:

@@ -31,8 +31,11 @@ class Step:
         stash_hits, stash_bytes: unpacks served from the forward stash, and their bytes.
         casts: which saved casts of parameters are made again in backward (:class:`Casts`).
         sources: ``policy="auto"``: entries later recipes read, by pack index, with their saved
-            tensors' versions (held until those recipes are bound).
+            tensors' versions (held until those recipes are bound: each bound recipe holds what
+            it reads, and the step lets go of what no recipe still to come reads).
         kept_sources: ``policy="auto"``: small saved tensors later recipes read, by pack call number.
+        reads_left: how many reads of each of those (``("entry", index)``, ``("kept", seq)``) the
+            recipes still to be bound make.
         recompute_bytes: bytes of the storages made again instead of kept or stored.
         started: when the step began (``time.perf_counter``).
     """
@@ -53,7 +56,29 @@ class Step:
         self.casts = Casts()
         self.sources: dict[int, tuple[Any, Any]] = {}
         self.kept_sources: dict[int, Any] = {}
+        self.reads_left: dict[tuple[str, int], int] = {}
         self.recompute_bytes = 0
         self.recompute_seconds = 0.0
         self.started = time.perf_counter()
         self.ended: float | None = None
+
+    def hold_source(self, kind: str, key: int, value: Any, reads: int) -> None:
+        """Hold ``value`` (``kind`` "entry": ``(entry, version)``; "kept": a small saved tensor)
+        for the ``reads`` reads the recipes still to be bound make of it."""
+        (self.sources if kind == "entry" else self.kept_sources)[key] = value
+        self.reads_left[(kind, key)] = reads
+
+    def read_by(self, recipe: Any) -> None:
+        """``recipe`` (a :class:`~._graph.Recipe`) was bound, or could not be: the sources it reads
+        are held for that many reads fewer, and let go once none is left (a bound recipe holds
+        what it reads itself, until its own storage is made again)."""
+        for lf in recipe.leaves.values():
+            key = (lf.kind, lf.key)
+            left = self.reads_left.get(key)
+            if left is None:
+                continue
+            if left > 1:
+                self.reads_left[key] = left - 1
+                continue
+            del self.reads_left[key]
+            (self.sources if lf.kind == "entry" else self.kept_sources).pop(lf.key, None)

@@ -438,8 +438,8 @@ class Offload:
                 step.counts["skipped"] += 1
                 if graph is not None:
                     graph.packed(None, seq, t)
-                if self._policy.source_kept(seq):
-                    step.kept_sources[seq] = t
+                if reads := self._policy.source_kept(seq):
+                    step.hold_source("kept", seq, t, reads)
                 return Kept(t)
             if self.recast and (again := step.casts.recast_of(t)) is not None:
                 step.counts["recast"] += 1
@@ -459,8 +459,8 @@ class Offload:
                         self._recorder.packed(entry.index, entry.held.slot, t, entry.nbytes, entry.relu, start)
                     if graph is not None:
                         graph.packed(entry.index, seq, t)
-                    if self._policy.source_entry(entry.index):
-                        step.sources[entry.index] = (entry, Version(t))
+                    if reads := self._policy.source_entry(entry.index):
+                        step.hold_source("entry", entry.index, (entry, Version(t)), reads)
                     self._reach(self._policy.at_pack(entry.index))
             return Saved(entry, t)
         finally:
@@ -553,7 +553,9 @@ class Offload:
                                         t)
             except Unbound:
                 pass  # not the profiled graph after all: stored below, as it is
-            else:
+            finally:
+                step.read_by(recipe)
+            if entry.recompute is not None:
                 step.counts["recomputed"] += 1
                 step.recompute_bytes += nbytes
                 return entry
