@@ -74,7 +74,7 @@ from .errors import UnsupportedError
 __all__ = [
     "DCP_HIDES_METADATA_ERRORS", "DCP_PASSES_RANK", "FLOOR", "VERSION", "StorageRef", "TorchDispatchMode",
     "allowed_globals", "crc32_on_save", "current_autograd_node", "dataloader_worker_loop",
-    "default_load_mmap", "fake_mode_active", "load_records", "new_dtypes",
+    "default_load_mmap", "fake_mode_active", "holds_no_data", "load_records", "new_dtypes",
     "new_shared_storage", "privateuse1_backend_name", "queue_backward_callback", "rebuild_tensor_v2", "require",
     "restore_location", "set_tensor_metadata", "skip_data", "storage_slice",
     "storage_use_count", "tensor_metadata", "torch_load", "torch_save", "tree_flatten", "tree_unflatten", "unsaved_dtypes",
@@ -217,6 +217,15 @@ def fake_mode_active() -> bool:
     import torch._guards
 
     return torch._guards.detect_fake_mode(None) is not None
+
+
+def holds_no_data(t: torch.Tensor) -> bool:
+    """Whether ``t`` is a tracer's stand-in (a fake or functional tensor, while torch.compile traces)
+    rather than a tensor with bytes."""
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch._subclasses.functional_tensor import FunctionalTensor
+
+    return isinstance(t, (FakeTensor, FunctionalTensor))
 
 
 def default_load_mmap() -> bool:

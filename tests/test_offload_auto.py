@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import re
+import types
 import warnings
 
 import pytest
@@ -323,6 +325,36 @@ def test_blocks_compiled_one_by_one_compose(tmp_path, recompute_all):
     assert_same_grads(got_want, got)
     assert_same_grads(want, got_want)
     assert s.recomputed_tensors > 0, "the eager block's tensors are recomputed"
+
+
+def test_what_inductors_generated_code_makes_is_never_replayed(tmp_path, recompute_all):
+    """Code inductor generates calls a few aten ops (extern kernels, fallbacks) and then writes
+    into their outputs with fused kernels that no aten op shows. A stand-in: a module named as
+    inductor names what it generates, whose ``call`` writes into an op's output through numpy
+    (no aten op, no version bump). Replaying the op would give the bytes before that write."""
+    gen = types.ModuleType("torch._inductor.runtime.compile_tasks.cpyfastensortest")
+    exec("import torch\n"
+         "def call(h):\n"
+         "    y = torch.ops.aten.mul.Tensor(h, 2.0)\n"
+         "    y.detach().numpy()[:] += 1.0  # a fused kernel writing in place\n"
+         "    return y\n", gen.__dict__)
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(64, 256)
+    x = torch.randn(128, 64)
+
+    def grads(ctx):
+        lin.zero_grad()
+        with ctx:
+            torch.sin(gen.call(lin(x))).sum().backward()  # sin saves y
+        return [lin.weight.grad.clone(), lin.bias.grad.clone()]
+
+    want = grads(contextlib.nullcontext())
+    off = _off(tmp_path, None, 1 << 40)
+    got = [grads(off) for _ in range(STEPS)]
+    classes = off.plan_details["classes"]
+    off.close()
+    assert_same_grads([want] * STEPS, got)
+    assert "recompute" not in classes, classes
 
 
 def test_a_source_changed_in_place_before_backward_is_refused(tmp_path, recompute_all):

@@ -8,9 +8,14 @@ the gradients are comparable bit for bit and no C++ toolchain is needed.
 from __future__ import annotations
 
 import contextlib
+import copy
+import os
+import shutil
+import warnings
 
 import pytest
 import torch
+from offload_models import inputs, loss_of
 from torch import nn
 
 import pyfastensor
@@ -130,3 +135,45 @@ def test_modules_compiled_one_by_one_keep_the_saved_tensors_within_the_budget(tm
     # Where torch leaves a layer compiled in place to eager mode (2.11 does, builtin layers),
     # the hooks run there, and must not be compiled as frames of their own.
     assert not breaks, dict(breaks)
+
+
+@pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None,
+                    reason="inductor's CPU backend compiles C++: no C++ compiler here")
+def test_auto_plans_the_step_inductor_compiled_block_by_block(tmp_path):
+    """policy="auto" over blocks compiled by inductor: the profiling step runs the compiled
+    blocks (torch 2.10 and later run them under the recorder; older ones compile them once more
+    there), so the plan is the one later steps follow; no step warns that it is not the profiled
+    one, and the gradients are bit-identical to the same compiled blocks without offload."""
+    torch._dynamo.reset()
+    model, batch_of = inputs("blocks")
+    plain = copy.deepcopy(model)
+    for m in (model, plain):
+        for block in m:
+            block.compile()
+
+    def grads(m, ctx):
+        m.zero_grad()
+        x, y = batch_of(0)
+        with ctx:
+            loss_of(m, x, y).backward()
+        return [p.grad.clone() for p in m.parameters()]
+
+    want = grads(plain, contextlib.nullcontext())
+    probe = pyfastensor.offload(policy="auto", budget=1 << 40, spill_dir=str(tmp_path), min_size=4 << 10,
+                                module=model)
+    for _ in range(3):
+        grads(model, probe)
+    low, top = probe.plan_details["min_budget"], probe.plan_details["frontier"][0]["peak_bytes"]
+    probe.close()
+    assert low < top, "the compiled blocks' saved tensors can be moved"
+    budget = (low + top) // 2
+    off = pyfastensor.offload(policy="auto", budget=budget, tier="ssd", spill_dir=str(tmp_path),
+                              min_size=4 << 10, module=model)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*not the profiled one")
+        got = [grads(model, off) for _ in range(5)]
+    s = off.summary()
+    off.close()
+    for g in got:
+        assert all(torch.equal(a, b) for a, b in zip(g, want, strict=True))
+    assert s.offloaded_tensors > 0 and s.resident_peak_bytes <= budget, str(s)

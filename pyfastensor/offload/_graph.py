@@ -32,6 +32,7 @@ only.
 
 from __future__ import annotations
 
+import sys
 import time
 import weakref
 from collections.abc import Iterable
@@ -40,7 +41,7 @@ from typing import Any
 
 import torch
 
-from .._torch import TorchDispatchMode, tree_flatten, tree_unflatten
+from .._torch import TorchDispatchMode, holds_no_data, tree_flatten, tree_unflatten
 
 _SCALARS = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
 
@@ -144,6 +145,15 @@ class GraphRecorder(TorchDispatchMode):
         self.leaf_paths: dict[int, dict[int, tuple[int, ...]]] = {}  # entry -> storage -> path (Leaf.path)
         self.call_ns = _call_ns()  # what calling one op from Python costs, beyond its kernel
         self.record_ns = 0  # the time the recorder's own bookkeeping took (beside the ops')
+        self._compiled_code: dict[Any, bool] = {}  # code object -> inductor's generated code or not
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        """torch.compile runs its compiled artifacts under this mode rather than falling back to
+        eager (torch 2.10 and later ask): the profile is of the step the plan is for. Their fused
+        kernels write into buffers without an aten op, so what an allocation made is never
+        replayed (:func:`_uninitialized`)."""
+        return True
 
     # ------------------------------------------------------------------ identity
 
@@ -192,11 +202,14 @@ class GraphRecorder(TorchDispatchMode):
 
     def _record(self, func: Any, args: tuple, kwargs: dict) -> Any:
         flat, spec = tree_flatten((args, kwargs))
-        replayable = not _random(func) and not _mutates(func)
+        replayable = (not _random(func) and not _mutates(func) and not _uninitialized(func)
+                      and not self._in_compiled_code())
         refs: list[Any] = []
         inputs: set[int] = set()
         for a in flat:
             if isinstance(a, torch.Tensor):
+                if type(a) is not torch.Tensor and holds_no_data(a):  # torch.compile tracing: not the step's
+                    return func(*args, **kwargs)
                 if type(a) is not torch.Tensor and not isinstance(a, torch.nn.Parameter) or a.layout != torch.strided:
                     replayable = False
                     refs.append(None)
@@ -231,6 +244,23 @@ class GraphRecorder(TorchDispatchMode):
             else:
                 op.outs.append(-1)
         return out
+
+    def _in_compiled_code(self) -> bool:
+        """Whether the op was called by code inductor generated (a compiled region's ``call``, or
+        the loader that runs it): its outputs may be written again by the region's fused kernels,
+        which are not aten ops, and reused as other buffers, so nothing it makes is replayed.
+        The few frames above the mode's are looked at, each code object once."""
+        f = sys._getframe(3)
+        for _ in range(_CALLER_FRAMES):
+            if f is None:
+                return False
+            got = self._compiled_code.get(f.f_code)
+            if got is None:
+                got = self._compiled_code[f.f_code] = str(f.f_globals.get("__name__", "")).startswith("torch._inductor.")
+            if got:
+                return True
+            f = f.f_back
+        return False
 
     # ------------------------------------------------------------------ events
 
@@ -425,6 +455,20 @@ def _random(func: Any) -> bool:
 def _mutates(func: Any) -> bool:
     schema = getattr(func, "_schema", None)
     return schema is None or schema.is_mutable
+
+
+#: How many frames above the mode's an op's caller may be (torch's dispatch wrappers between).
+_CALLER_FRAMES = 6
+
+#: Allocations: their bytes are whatever is written into them next, by an op or by a compiled
+#: region's kernel, which no aten op shows.
+_ALLOCATIONS = frozenset({"aten::empty", "aten::empty_strided", "aten::empty_like", "aten::new_empty",
+                          "aten::new_empty_strided", "aten::empty_permuted"})
+
+
+def _uninitialized(func: Any) -> bool:
+    schema = getattr(func, "_schema", None)
+    return schema is not None and schema.name in _ALLOCATIONS
 
 
 def _scalar_list(a: Any) -> bool:

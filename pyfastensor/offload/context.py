@@ -22,7 +22,7 @@ from torch import nn
 
 from .. import config
 from .._device import PinnedPool
-from .._torch import StorageRef
+from .._torch import StorageRef, holds_no_data
 from ..errors import NoSpaceError
 from . import _options, _sharing, _staging, codecs
 from ._filter import ModuleWatch, is_parameter, is_relu_output, storages_of, supported
@@ -424,6 +424,8 @@ class Offload:
     # -- hooks ---------------------------------------------------------------
 
     def _pack(self, t: torch.Tensor) -> Any:
+        if type(t) is not torch.Tensor and holds_no_data(t):  # torch.compile tracing the step: not a step's tensor
+            return Kept(t)
         start = time.perf_counter()
         step = self._step
         graph = self._graph
