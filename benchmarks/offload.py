@@ -472,7 +472,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "along its frontier (benchmarks/pareto.py; --device cuda: the GPT model and a Llama-like one)")
     p.add_argument("--rounds", type=int, default=5, help="--pareto: paired rounds (default 5)")
     p.add_argument("--peers", default=None, help="--pareto: comma list of the peers' rows to run (default all: "
-                   "none, checkpoint, sac, compile@0.8, compile@0.5, compile@0.2, save_on_cpu, trl, "
+                   "none, checkpoint, sac, compile@0.8, compile@0.5, compile@0.2, compile-blocks, save_on_cpu, trl, "
                    "trl+checkpoint); auto's rows always run")
     p.add_argument("--plot", default="bench-out/pareto.png", help="--pareto: the PNG of the front "
                    "(default bench-out/pareto.png)")

@@ -17,7 +17,17 @@ row per way of handling what autograd saves:
 - ``auto@F``: pyfastensor's ``offload(policy="auto", budget=B)``, B a
   share F of the way from its frontier's smallest feasible budget to the
   saved tensors' peak without offload, with the step the plan predicts
-  beside the one measured.
+  beside the one measured;
+- ``compile-blocks``: each block compiled by torch.compile (inductor,
+  its defaults: ``block.compile()``, as torchtitan compiles), and
+  ``auto-compiled@F``: ``policy="auto"`` over those same compiled blocks
+  along their own frontier (what a compiled block saves is kept or moved,
+  the eager code's may be recomputed); ``auto-compiled-model@1``:
+  ``policy="auto"`` over the whole model compiled (torch.compile's
+  defaults), whose one graph takes every saved tensor back when backward
+  begins, so its one feasible budget is its peak (the plan keeps
+  everything and installs no hooks). These run where ``compile-blocks``
+  is among the peers.
 
 **Peak** is the step's extra memory: on CUDA ``max_memory_allocated``
 over the step less what was allocated before it; on CPU the process's
@@ -43,8 +53,10 @@ one. A PNG plots every row's step against its peak.
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -60,14 +72,19 @@ from .offload_cuda import GPT_FULL, gpt, trl_offload
 CPU_MODEL = {"layers": 4, "d": 256, "heads": 4, "batch": 8, "seq": 256}
 CPU_QUICK = {"layers": 2, "d": 128, "heads": 4, "batch": 4, "seq": 128}
 LLAMA_LIKE = {"layers": 4, "d": 4096, "heads": 32, "batch": 1, "seq": 4096}
-PEERS = ("none", "checkpoint", "sac", "compile@0.8", "compile@0.5", "compile@0.2", "save_on_cpu", "trl",
-         "trl+checkpoint")
+PEERS = ("none", "checkpoint", "sac", "compile@0.8", "compile@0.5", "compile@0.2", "compile-blocks", "save_on_cpu",
+         "trl", "trl+checkpoint")
+#: The rows of ours, over the model as it is and over its blocks compiled (``compile-blocks``).
+OURS = ("auto@", "auto-compiled@", "auto-compiled-model@")
 #: The auto rows' budgets: shares of the way from the smallest feasible to the peak without offload.
 SHARES = (1.0, 0.75, 0.5, 0.25, 0.0)
 
 #: Targets: ours against the fastest peer that fits, and the prediction (CPU; CUDA).
 PEER_RATIO = {"cpu": 1.05, "cuda": 1.03}
 PREDICTION = {"cpu": 0.15, "cuda": 0.10}
+#: A peak within this share above a budget fits it: the resident set's high-water mark of one and
+#: the same step varies by about this much between rows (pages the allocator had touched).
+PEAK_TOLERANCE = 0.005
 
 _MMAP_THRESHOLD = "65536"
 
@@ -148,9 +165,14 @@ class Row:
             import torch._functorch.config as fconfig  # the peer's own knob (tests/test_import_graph.py)
 
             torch.compiler.reset()
-            fconfig.activation_memory_budget = float(name.split("@")[1])
+            budget_share = float(name.split("@")[1])
             compiled = torch.compile(model)
-            self.run_blocks = lambda x: compiled(x)
+
+            def run_compiled(x: Any) -> Any:
+                with fconfig.patch(activation_memory_budget=budget_share):  # what it compiles with
+                    return compiled(x)
+
+            self.run_blocks = run_compiled
         if name == "save_on_cpu":
             self.ctx = lambda: torch.autograd.graph.save_on_cpu(pin_memory=cuda)
         elif name.startswith("trl"):
@@ -160,11 +182,11 @@ class Row:
             if ctx is None:
                 raise _Missing("TRL is not installed")
             self.ctx = lambda: ctx
-        elif name.startswith("auto@"):
+        elif name.startswith(OURS):
             from pyfastensor.offload import Offload
 
             self.offload = Offload(policy="auto", budget=budget, tier="host" if cuda else "ssd",
-                                   spill_dir=directory, min_size=min_size, module=model)
+                                   spill_dir=directory, min_size=min_size, module=getattr(model, "_orig_mod", model))
             self.ctx = lambda: self.offload
 
     def _plain(self, x: Any) -> Any:
@@ -206,6 +228,10 @@ def measure(shape: dict[str, int], device: str, directory: str, *, rounds: int, 
 
     torch.manual_seed(0)
     model = gpt(**shape).to(device)
+    compiled = copy.deepcopy(model)  # its blocks compiled in place, for compile-blocks and auto-compiled@
+    for block in compiled.blocks:
+        block.compile()
+    whole = torch.compile(copy.deepcopy(model))  # for auto-compiled-model@1
     x = torch.randn(shape["batch"], shape["seq"], shape["d"], device=device)
     memory = Memory(device)
     rows: dict[str, Row] = {}
@@ -214,26 +240,32 @@ def measure(shape: dict[str, int], device: str, directory: str, *, rounds: int, 
     for name in peers:
         progress(f"pareto {shape}: {name}")
         try:
-            row = Row(name, model, device, directory, min_size)
+            row = Row(name, compiled if name == "compile-blocks" else model, device, directory, min_size)
             warm[name] = [row.step(x, memory)[0] for _ in range(2)]
             rows[name] = row
         except _Missing as e:
             missing[name] = str(e)
         except Exception as e:  # noqa: BLE001 - reported in its row; the others still run
             missing[name] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
-    # The frontier: a plan for a budget no mix needs, then the rows' budgets along it.
-    probe = Row("auto@probe", model, device, directory, min_size, budget=1 << 50)
-    for _ in range(3):
-        probe.step(x, memory)
-    plan = probe.offload.plan_details
-    top, low = plan["frontier"][0]["peak_bytes"], plan["min_budget"]
-    probe.close()
-    budgets = {f"auto@{s:g}": int(low + s * (top - low)) for s in SHARES}
-    for name, budget in budgets.items():
-        progress(f"pareto {shape}: {name} (budget {budget / 2**20:.1f} MiB)")
-        row = Row(name, model, device, directory, min_size, budget=budget)
-        warm[name] = [row.step(x, memory)[0] for _ in range(5)]
-        rows[name] = row
+    # Each of ours: its frontier (a plan for a budget no mix needs), then the rows' budgets along it.
+    budgets: dict[str, int] = {}
+    frontiers: dict[str, Any] = {}
+    for prefix, m in (("auto@", model), ("auto-compiled@", compiled), ("auto-compiled-model@", whole)):
+        if prefix != "auto@" and "compile-blocks" not in rows:
+            continue
+        probe = Row(prefix + "probe", m, device, directory, min_size, budget=1 << 50)
+        for _ in range(3):
+            probe.step(x, memory)
+        frontiers[prefix] = probe.offload.plan_details
+        top, low = frontiers[prefix]["frontier"][0]["peak_bytes"], frontiers[prefix]["min_budget"]
+        probe.close()
+        for share in SHARES if low < top else (1.0,):  # a whole compiled model: one budget, its peak
+            name = f"{prefix}{share:g}"
+            budgets[name] = int(low + share * (top - low))
+            progress(f"pareto {shape}: {name} (budget {budgets[name] / 2**20:.1f} MiB)")
+            rows[name], warm[name], budgets[name] = _warm_auto(name, m, x, memory, device, directory, min_size,
+                                                               budgets[name])
+    plan = frontiers["auto@"]
     steps: dict[str, list[float]] = {n: [] for n in rows}
     peaks: dict[str, list[int]] = {n: [] for n in rows}
     for r in range(rounds):
@@ -243,7 +275,9 @@ def measure(shape: dict[str, int], device: str, directory: str, *, rounds: int, 
             steps[name].append(s)
             peaks[name].append(p)
     out: dict[str, Any] = {"model": shape, "device": device, "rounds": rounds, "frontier": plan["frontier"],
-                           "min_budget": low, "rows": {}, "missing": missing,
+                           "min_budget": plan["min_budget"], "rows": {}, "missing": missing,
+                           "compiled_min_budget": frontiers["auto-compiled@"]["min_budget"]
+                           if "auto-compiled@" in frontiers else None,
                            "plan_48_layers_s": plan_time_48(shape, device, directory, min_size)}
     for name, row in rows.items():
         rec: dict[str, Any] = {"steps_s": steps[name], "peaks_bytes": peaks[name],
@@ -258,6 +292,24 @@ def measure(shape: dict[str, int], device: str, directory: str, *, rounds: int, 
         out["rows"][name] = rec
         row.close()
     return out
+
+
+def _warm_auto(name: str, model: Any, x: Any, memory: Memory, device: str, directory: str, min_size: int,
+               budget: int) -> tuple[Row, list[float], int]:
+    """An ``auto`` row after its warm-up, profiling and first planned steps, and its budget. Its
+    own profile may put the smallest feasible budget above the probe's (the transfers' measured
+    speed moves it): refused, the row takes the one the refusal names."""
+    from pyfastensor.errors import InvalidArgumentError
+
+    row = Row(name, model, device, directory, min_size, budget=budget)
+    try:
+        return row, [row.step(x, memory)[0] for _ in range(5)], budget
+    except InvalidArgumentError as e:
+        row.close()
+        found = re.search(r"smallest feasible budget is (\d+) bytes", str(e))
+        if found is None:
+            raise
+        return _warm_auto(name, model, x, memory, device, directory, min_size, int(found.group(1)))
 
 
 def plan_time_48(shape: dict[str, int], device: str, directory: str, min_size: int) -> float:
@@ -373,12 +425,12 @@ def evaluate(result: dict[str, Any]) -> list[dict[str, Any]]:
     """Each auto row against the fastest peer whose peak is no higher, and its prediction."""
     device = "cuda" if result["device"].startswith("cuda") else "cpu"
     rows = result["rows"]
-    peers = {n: r for n, r in rows.items() if not n.startswith("auto@")}
+    peers = {n: r for n, r in rows.items() if not n.startswith(OURS)}
     out = []
     for name, r in rows.items():
-        if not name.startswith("auto@"):
+        if not name.startswith(OURS):
             continue
-        fits = [(p["step_s"], n) for n, p in peers.items() if p["peak_bytes"] <= r["peak_bytes"]]
+        fits = [(p["step_s"], n) for n, p in peers.items() if _fits(p["peak_bytes"], r["peak_bytes"])]
         if fits:
             peer = min(fits)[1]
             ratios = harness.paired_ratios(rows[peer]["steps_s"], r["steps_s"])
@@ -392,7 +444,8 @@ def evaluate(result: dict[str, Any]) -> list[dict[str, Any]]:
         out.append({"target": f"{name} prediction within {PREDICTION[device]:.0%} of the measured step",
                     "ratios": [r["predicted_step_s"] / s for s in r["steps_s"]], "median": err,
                     "met": err <= PREDICTION[device]})
-    autos = [r for n, r in rows.items() if n.startswith("auto@") and r.get("warmup_s")]
+    out += front(result)
+    autos = [r for n, r in rows.items() if n.startswith(OURS) and r.get("warmup_s")]
     if autos:  # the profiling step (the second) and the planning after it, against a step under the plan
         cost = [(r["warmup_s"][1] + (r.get("planning_s") or 0)) / r["step_s"] for r in autos]
         out.append({"target": "profiling step plus planning at most 2x one step", "ratios": cost,
@@ -400,6 +453,45 @@ def evaluate(result: dict[str, Any]) -> list[dict[str, Any]]:
     out.append({"target": "a plan for a 48-layer model's profile within 1 s (seconds)",
                 "ratios": [result["plan_48_layers_s"]], "median": result["plan_48_layers_s"],
                 "met": result["plan_48_layers_s"] <= 1.0})
+    return out
+
+
+def _fits(peak: int, budget: int) -> bool:
+    return peak <= budget * (1 + PEAK_TOLERANCE)
+
+
+def front(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """Ours against the peers at every budget: at each peer's peak (where the fastest peer that
+    fits changes), the fastest of our rows that fits against the fastest peer that fits (a budget
+    between two peers' peaks is met where the lower one is: ours only get slower as the budget
+    drops); below the lowest peer's peak, which of ours fit. Fitting: :data:`PEAK_TOLERANCE`."""
+    device = "cuda" if result["device"].startswith("cuda") else "cpu"
+    rows = result["rows"]
+    peers = {n: r for n, r in rows.items() if not n.startswith(OURS)}
+    ours = {n: r for n, r in rows.items() if n.startswith(OURS)}
+
+    def fastest(of: dict[str, Any], budget: int) -> str | None:
+        fits = [(r["step_s"], n) for n, r in of.items() if _fits(r["peak_bytes"], budget)]
+        return min(fits)[1] if fits else None
+
+    out = []
+    for budget, owner in sorted(((r["peak_bytes"], n) for n, r in peers.items()), reverse=True):
+        peer, mine = fastest(peers, budget), fastest(ours, budget)
+        what = f"at {budget / 2**20:.1f} MiB ({owner}'s peak) the fastest of ours"
+        if mine is None:
+            out.append({"target": f"{what} no slower than {PEER_RATIO[device]}x {peer}", "ratios": [],
+                        "median": None, "met": False, "why": "none of ours fits"})
+            continue
+        ratios = harness.paired_ratios(rows[peer]["steps_s"], rows[mine]["steps_s"])
+        med = statistics.median(ratios)
+        out.append({"target": f"{what} ({mine}) no slower than {PEER_RATIO[device]}x the fastest peer that fits "
+                              f"({peer})", "ratios": ratios, "median": med, "met": med <= PEER_RATIO[device]})
+    lowest = min((r["peak_bytes"] for r in peers.values()), default=None)
+    below = sorted((r["peak_bytes"], n) for n, r in ours.items() if lowest is not None and r["peak_bytes"] < lowest)
+    if below:
+        out.append({"target": f"below every peer's peak ({lowest / 2**20:.1f} MiB): ours reach "
+                              f"{below[0][0] / 2**20:.1f} MiB ({below[0][1]})", "ratios": [], "median": None,
+                    "met": None, "why": "no peer fits there"})
     return out
 
 
@@ -438,11 +530,15 @@ def plot(result: dict[str, Any], path: str) -> Path:
     models = result["models"]
     fig, axes = plt.subplots(1, len(models), figsize=(7 * len(models), 5), squeeze=False)
     for ax, m in zip(axes[0], models, strict=True):
-        ours = sorted((r["peak_bytes"] / 2**20, r["step_s"] * 1e3) for n, r in m["rows"].items() if n.startswith("auto@"))
-        ax.plot([p for p, _ in ours], [s for _, s in ours], "o-", label="pyfastensor auto", color="black")
+        for prefix, label, style in (("auto@", "pyfastensor auto", "o-"),
+                                     ("auto-compiled@", "pyfastensor auto, blocks compiled", "o--")):
+            ours = sorted((r["peak_bytes"] / 2**20, r["step_s"] * 1e3) for n, r in m["rows"].items()
+                          if n.startswith(prefix))
+            if ours:
+                ax.plot([p for p, _ in ours], [s for _, s in ours], style, label=label, color="black")
         markers = iter("sD^v<>phX*")
         for n, r in m["rows"].items():
-            if not n.startswith("auto@"):
+            if not n.startswith(OURS):
                 ax.plot(r["peak_bytes"] / 2**20, r["step_s"] * 1e3, next(markers, "s"), label=n)
         ax.set_xlabel("extra peak (MiB)")
         ax.set_ylabel("step (ms)")

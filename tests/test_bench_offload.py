@@ -123,6 +123,31 @@ def test_pareto_compares_each_auto_row_with_the_fastest_peer_that_fits_and_its_p
         assert name in text
 
 
+def test_pareto_front_sets_our_fastest_that_fits_against_the_peers_fastest_at_each_peer_peak():
+    """At each peer's peak, the fastest of our rows (eager or compiled) that fits that budget
+    against the fastest peer that fits it; a peak a hair above a budget (the high-water mark's
+    jitter) still fits; a budget none of ours reaches is not met."""
+    from benchmarks import pareto
+
+    def row(ms, mib, **kw):
+        return {"steps_s": [ms / 1e3, ms / 1e3 * 1.02], "peaks_bytes": [int(mib * 2**20)], "step_s": ms / 1e3,
+                "peak_bytes": int(mib * 2**20), **kw}
+
+    result = {"device": "cpu", "rows": {
+        "none": row(100, 100), "compile@0.5": row(80, 70), "checkpoint": row(140, 40), "sac": row(150, 20),
+        "auto@1": row(101, 100), "auto@0": row(130, 30),
+        "auto-compiled-model@1": row(82, 70.2),  # 0.3% above compile's peak: fits
+        "auto-compiled@0": row(90, 50)}}
+    got = {t["target"].split(" the fastest")[0]: t for t in pareto.front(result)}
+    top = got["at 100.0 MiB (none's peak)"]
+    assert "(auto-compiled-model@1)" in top["target"] and "(compile@0.5)" in top["target"]
+    assert top["met"] and top["median"] == pytest.approx(82 / 80)
+    assert got["at 70.0 MiB (compile@0.5's peak)"]["median"] == pytest.approx(82 / 80)
+    low = got["at 40.0 MiB (checkpoint's peak)"]
+    assert "(auto@0)" in low["target"] and low["median"] == pytest.approx(130 / 140) and low["met"]
+    assert got["at 20.0 MiB (sac's peak)"]["met"] is False  # none of ours reaches 20 MiB
+
+
 def test_pareto_is_an_option_of_the_offload_benchmark():
     out = subprocess.run([sys.executable, "-m", "benchmarks", "offload", "--help"],
                          capture_output=True, text=True, check=True, cwd=ROOT).stdout

@@ -248,7 +248,7 @@ PYEOF
     if (( left >= ${T_EXTRA_MIN:-60} )); then
       log "torch.compile's rows (at most ${left} s)"
       timeout -k 10 "$left" "$PY" -m benchmarks offload --pareto --device cuda --rounds 3 --no-plot \
-        --json "$OUT/pareto-compile.json" --peers "compile@0.8,compile@0.5,compile@0.2" 2>&1 \
+        --json "$OUT/pareto-compile.json" --peers "compile@0.8,compile@0.5,compile@0.2,compile-blocks" 2>&1 \
         | tee "$OUT/pareto-compile.log" || true
     fi
     log "Pareto front: exit status $rc$( ((rc == 124 || rc == 137)) && echo ' (out of time)')"
