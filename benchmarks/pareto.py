@@ -44,7 +44,7 @@ feasible budget, each timed or out of memory.
 
 Rows are timed in paired rounds (every row one step a round, in turn
 first) after their warm-up (pyfastensor's: a warm-up step, the profiling
-step and a step under the plan). Each ``auto`` row is compared with the
+step and the steps under the plan that calibrate it). Each ``auto`` row is compared with the
 fastest peer whose peak is no higher, step for step (the paired ratio of
 the rounds, with its spread), and its measured step with its predicted
 one. A PNG plots every row's step against its peak.
@@ -85,6 +85,11 @@ PREDICTION = {"cpu": 0.15, "cuda": 0.10}
 #: A peak within this share above a budget fits it: the resident set's high-water mark of one and
 #: the same step varies by about this much between rows (pages the allocator had touched).
 PEAK_TOLERANCE = 0.005
+
+#: An auto row's steps before it is timed: the warm-up step, the profiling step, and the steps
+#: under the plan until it is calibrated (pyfastensor.offload._auto.CALIBRATION_SKIP + _STEPS), and one
+#: step under the calibrated plan.
+WARM_AUTO = 7
 
 _MMAP_THRESHOLD = "65536"
 
@@ -303,7 +308,7 @@ def _warm_auto(name: str, model: Any, x: Any, memory: Memory, device: str, direc
 
     row = Row(name, model, device, directory, min_size, budget=budget)
     try:
-        return row, [row.step(x, memory)[0] for _ in range(5)], budget
+        return row, [row.step(x, memory)[0] for _ in range(WARM_AUTO)], budget
     except InvalidArgumentError as e:
         row.close()
         found = re.search(r"smallest feasible budget is (\d+) bytes", str(e))
@@ -371,7 +376,7 @@ def long_context(directory: str, *, rounds: int, min_size: int, progress: Callab
             row = None
             try:
                 row = Row(name, model, "cuda", directory, min_size, budget=low if name == "auto@0" else None)
-                for _ in range(5 if name == "auto@0" else 2):
+                for _ in range(WARM_AUTO if name == "auto@0" else 2):
                     row.step(x, memory)
                 got = [row.step(x, memory) for _ in range(rounds)]
                 out["rows"][name] = {"step_s": statistics.median(s for s, _ in got),
@@ -531,7 +536,8 @@ def plot(result: dict[str, Any], path: str) -> Path:
     fig, axes = plt.subplots(1, len(models), figsize=(7 * len(models), 5), squeeze=False)
     for ax, m in zip(axes[0], models, strict=True):
         for prefix, label, style in (("auto@", "pyfastensor auto", "o-"),
-                                     ("auto-compiled@", "pyfastensor auto, blocks compiled", "o--")):
+                                     ("auto-compiled@", "pyfastensor auto, blocks compiled", "o--"),
+                                     ("auto-compiled-model@", "pyfastensor auto, model compiled", "*")):
             ours = sorted((r["peak_bytes"] / 2**20, r["step_s"] * 1e3) for n, r in m["rows"].items()
                           if n.startswith(prefix))
             if ours:

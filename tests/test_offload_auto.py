@@ -88,7 +88,7 @@ def one_profile(monkeypatch):
         return mix, entries, recipes
 
     monkeypatch.setattr(auto, "make", make)
-    monkeypatch.setattr(auto, "CALIBRATION_STEP", 1 << 30)  # and no calibration to change them
+    monkeypatch.setattr(auto, "CALIBRATION_SKIP", 1 << 30)  # and no calibration to change them
 
 
 def test_the_plan_keeps_its_budget_and_the_peak_never_rises_as_the_budget_drops(tmp_path, one_profile):
@@ -190,6 +190,23 @@ def test_plan_and_summary_say_what_is_predicted_beside_what_is_measured(tmp_path
     assert s.predicted_step_seconds > 0 and s.step_seconds > 0
     assert s.predicted_peak_bytes == details["peak_bytes"]
     assert "predicted" in str(s)
+
+
+def test_the_plan_is_calibrated_on_the_median_of_its_steps_not_on_one_slowed_step(tmp_path):
+    """The first step under the plan is left out (one-time costs); the median of the next three
+    scales the profile: one step slowed tenfold by something else does not."""
+    model, batch_of = inputs("mlp")
+    off = _off(tmp_path, model, 1 << 40)
+    train(model, batch_of, 3, lambda: off)  # the warm-up step, the profiling step, the first under the plan
+    policy = off._policy
+    predicted = off.plan_details["step_ns"] / 1e9
+    for slow in (1.2, 12.0, 1.2):
+        assert off.plan_details["calibration"] == 1.0, "calibrated before its third timed step"
+        policy.stepped(types.SimpleNamespace(step_seconds=predicted * slow, offloaded_tensors=0))
+    calibrated = off.plan_details
+    off.close()
+    assert calibrated["calibration"] == pytest.approx(1.2, rel=1e-6)
+    assert calibrated["step_ns"] > predicted * 1e9
 
 
 def test_a_users_own_checkpointing_composes(tmp_path, recompute_all):

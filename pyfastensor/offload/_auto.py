@@ -26,6 +26,7 @@ next step profiles again.
 from __future__ import annotations
 
 import json
+import statistics
 import time
 import warnings
 from collections.abc import Callable
@@ -43,10 +44,13 @@ from ._saved import Entry
 
 #: Bandwidth assumed for a direction the profiling step did not time (bytes/s).
 UNMEASURED_BPS = 1e9
-#: The step under the plan whose measured time calibrates the profile's compute times (the
-#: first steps still pay one-time costs: buffers and pinned pools sized), and how far its
-#: prediction may be off before the plan is made again from the scaled profile.
-CALIBRATION_STEP = 2
+#: The steps under the plan whose median measured time calibrates the profile's compute times:
+#: the first ones still pay one-time costs (buffers and pinned pools sized), so the
+#: :data:`CALIBRATION_SKIP` first are left out and the next :data:`CALIBRATION_STEPS` timed (a
+#: median, so that one step slowed by something else does not scale the profile); and how far
+#: the prediction may be off before the plan is made again from the scaled profile.
+CALIBRATION_SKIP = 1
+CALIBRATION_STEPS = 3
 CALIBRATION_TOLERANCE = 0.05
 
 
@@ -79,7 +83,8 @@ class Auto(Policy):
         self.diverged: str | None = None  # why the last step did not follow the plan
         self._planned: Any = None  # (mix, entries, recipes, graph): the profile the plan is made from
         self.hook_ns: int | None = None  # a moved tensor's pack and unpack, from the warm-up step
-        self._calibration = 0  # steps under the plan until the calibrating one
+        self._calibration = 0  # steps under the plan until the calibration
+        self._timed: list[float] = []  # the calibrating steps' times
 
     # ------------------------------------------------------------------ phases
 
@@ -107,7 +112,7 @@ class Auto(Policy):
         started = time.perf_counter()
         mix, entries, recipes = make(graph, rec, self.budget or 1, tier, self.hook_ns)
         self._planned = (mix, entries, recipes, graph)
-        self._calibration = CALIBRATION_STEP
+        self._calibration, self._timed = CALIBRATION_SKIP + CALIBRATION_STEPS, []
         self._adopt(started)
 
     def _adopt(self, started: float, *, calibrating: bool = False) -> None:
@@ -151,20 +156,21 @@ class Auto(Policy):
     def stepped(self, summary: Any) -> None:
         """A step ended (its summary). The warm-up step's packs give a moved tensor's hook cost
         (the profiling step's also pay for the recording). Then: the planner's times are the profiling step's
-        ops, each timed alone; the steps under the plan are the truth. Once, on the
-        :data:`CALIBRATION_STEP`-th of them (the first ones still pay one-time costs), every
-        compute time of the profile is scaled by that step's measured time over its predicted
-        one, where they differ by more than :data:`CALIBRATION_TOLERANCE`, and the plan made
-        again from the scaled profile."""
+        ops, each timed alone; the steps under the plan are the truth. Once, after the
+        :data:`CALIBRATION_STEPS` steps that follow the :data:`CALIBRATION_SKIP` first ones under
+        the plan, every compute time of the profile is scaled by their median measured time over
+        the predicted one, where they differ by more than :data:`CALIBRATION_TOLERANCE`, and the
+        plan made again from the scaled profile."""
         if self.steps == 1 and summary.offloaded_tensors:  # the warm-up step: packs as a moved tensor's
             self.hook_ns = int(2 * summary.pack_seconds / summary.offloaded_tensors * 1e9)
         if self.actions is None or self.diverged is not None or self._calibration <= 0 or self.result is None:
             return
-        seconds = summary.step_seconds
         self._calibration -= 1
+        if self._calibration < CALIBRATION_STEPS:
+            self._timed.append(summary.step_seconds)
         if self._calibration:
             return
-        ratio = seconds / max(self.result["step_ns"] / 1e9, 1e-9)
+        ratio = statistics.median(self._timed) / max(self.result["step_ns"] / 1e9, 1e-9)
         if abs(ratio - 1) <= CALIBRATION_TOLERANCE:
             return
         mix = self._planned[0]
