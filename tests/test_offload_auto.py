@@ -77,8 +77,8 @@ def one_profile(monkeypatch):
     the plans of several budgets then differ by the budget alone, as one run's would."""
     real, first = auto.make, {}
 
-    def make(graph, rec, budget, tier, hook_ns=None):
-        mix, entries, recipes = real(graph, rec, budget, tier, hook_ns)
+    def make(graph, rec, budget, tier, hook_ns=None, kept=frozenset()):
+        mix, entries, recipes = real(graph, rec, budget, tier, hook_ns, kept)
         first.setdefault("times", ([t["recompute_ns"] for t in mix["tensors"]], mix["compute_ns"], mix["tiers"],
                                    mix["hook_ns"]))
         times = first["times"]
@@ -190,6 +190,22 @@ def test_plan_and_summary_say_what_is_predicted_beside_what_is_measured(tmp_path
     assert s.predicted_step_seconds > 0 and s.step_seconds > 0
     assert s.predicted_peak_bytes == details["peak_bytes"]
     assert "predicted" in str(s)
+
+
+@pytest.mark.parametrize("budget", [1 << 40, 1])
+def test_the_profiling_step_keeps_what_fits_the_budget_and_moves_one_in_four(tmp_path, budget):
+    """The profiling step moves the first of every four saved storages (the store's speeds are
+    measured on them) and whatever does not fit the budget; the rest it keeps (moving
+    everything, as the warm-up step does, would cost what policy="all" costs)."""
+    model, batch_of = inputs("blocks")
+    off = _off(tmp_path, model, budget)
+    train(model, batch_of, 2, lambda: off)  # the warm-up step, the profiling step
+    s = off.summary()
+    off.close()
+    entries = s.offloaded_tensors + s.resident_tensors
+    assert entries > 4, str(s)
+    moved = -(-entries // auto.PROFILE_SAMPLE) if budget > 1 else entries
+    assert s.offloaded_tensors == moved, str(s)
 
 
 def test_the_plan_is_calibrated_on_the_median_of_its_steps_not_on_one_slowed_step(tmp_path):

@@ -4,10 +4,14 @@ Three phases, one per step until the plan is made:
 
 1. a **warm-up** step offloads every eligible tensor as ``"all"`` does (the
    first step's one-time costs stay out of the profile);
-2. the **profiling** step does the same while :class:`~._graph.GraphRecorder`
-   records every aten op of forward and backward with its time, and the
-   hooks mark each saved storage's pack and first unpack; the store's
-   :class:`~._profile.Recorder` measures its write and read bandwidths;
+2. the **profiling** step keeps what fits the budget and moves the rest,
+   and every :data:`PROFILE_SAMPLE`-th saved storage whatever the budget,
+   while :class:`~._graph.GraphRecorder` records every aten op of forward
+   and backward with its time, and the hooks mark each saved storage's
+   pack and first unpack; the store's :class:`~._profile.Recorder`
+   measures its write and read bandwidths on what was moved (a profiling
+   step that moved everything would cost what ``"all"`` costs, several
+   steps under a plan where the link is slow);
 3. the plan: each saved storage (an entry) becomes a tensor of the Go
    planner's input (:func:`make`): its bytes, pack and first use on the
    timeline of measured compute, whether the store can take it, and its
@@ -49,6 +53,10 @@ UNMEASURED_BPS = 1e9
 #: :data:`CALIBRATION_SKIP` first are left out and the next :data:`CALIBRATION_STEPS` timed (a
 #: median, so that one step slowed by something else does not scale the profile); and how far
 #: the prediction may be off before the plan is made again from the scaled profile.
+#: In the profiling step, one saved storage in this many, the first of them, is moved whatever the budget (the
+#: store's speeds are measured on the moved ones); the others are moved only where keeping them
+#: would exceed the budget.
+PROFILE_SAMPLE = 4
 CALIBRATION_SKIP = 1
 CALIBRATION_STEPS = 3
 CALIBRATION_TOLERANCE = 0.05
@@ -84,6 +92,8 @@ class Auto(Policy):
         self._planned: Any = None  # (mix, entries, recipes, graph): the profile the plan is made from
         self.hook_ns: int | None = None  # a moved tensor's pack and unpack, from the warm-up step
         self._calibration = 0  # steps under the plan until the calibration
+        self._kept_bytes = 0  # the profiling step's kept entries' bytes
+        self._kept: set[int] = set()  # the entries the profiling step kept (movable all the same)
         self._timed: list[float] = []  # the calibrating steps' times
 
     # ------------------------------------------------------------------ phases
@@ -93,6 +103,7 @@ class Auto(Policy):
         if self.diverged is not None and self.actions is not None:  # the graph changed: profile again
             self.actions, self.profile_at, self.diverged = None, self.steps, None
         self.steps += 1
+        self._kept_bytes, self._kept = 0, set()
 
     def profiles(self) -> bool:
         return self.actions is None and self.steps - 1 == self.profile_at
@@ -110,7 +121,7 @@ class Auto(Policy):
         if graph is None:
             return
         started = time.perf_counter()
-        mix, entries, recipes = make(graph, rec, self.budget or 1, tier, self.hook_ns)
+        mix, entries, recipes = make(graph, rec, self.budget or 1, tier, self.hook_ns, kept=self._kept)
         self._planned = (mix, entries, recipes, graph)
         self._calibration, self._timed = CALIBRATION_SKIP + CALIBRATION_STEPS, []
         self._adopt(started)
@@ -212,6 +223,12 @@ class Auto(Policy):
         return self.recipes.get(entry.index) if self._action(entry, t) == "recompute" else None
 
     def codec(self, entry: Entry, t: torch.Tensor) -> str | None:
+        if self.profiles():  # keep within the budget; move the rest, and a sample
+            if entry.index % PROFILE_SAMPLE and self._kept_bytes + entry.nbytes <= self.budget:
+                self._kept_bytes += entry.nbytes
+                self._kept.add(entry.index)
+                return None
+            return "raw"
         return None if self._action(entry, t) == "keep" else "raw"
 
     def source_entry(self, index: int) -> int:
@@ -252,10 +269,12 @@ def plan_mix(mix: dict[str, Any]) -> dict[str, Any]:
 
 
 def make(graph: GraphRecorder, rec: Recorder, budget: int, tier: str,
-         hook_ns: int | None = None) -> tuple[dict[str, Any], list[int], dict[int, Recipe]]:
+         hook_ns: int | None = None, kept: set[int] = frozenset()) -> tuple[dict[str, Any], list[int], dict[int, Recipe]]:
     """The planner's input (``offload.MixInput``) from the profiling step, the entry index of each of
     its tensors, and the entries' recipes; ``hook_ns``: a moved tensor's hooks (None: from the
-    profiling step's packs)."""
+    profiling step's packs); ``kept``: the entries the profiling step kept by choice, which the
+    store may take as it took the moved ones (an entry neither moved nor kept by choice, one the
+    store refused, is not moved)."""
     graph.finish()
     events = graph.events
     backward = next((k for k, (kind, _) in enumerate(events) if kind == "unpack"), len(events))
@@ -272,7 +291,7 @@ def make(graph: GraphRecorder, rec: Recorder, budget: int, tier: str,
             recipes[e] = r
         size = rec.tensors.get(e, {}).get("size") or graph.values[graph.entry_value[e]].nbytes
         tensors.append({
-            "bytes": size, "pack": packs[e], "move": e in rec.tensors,
+            "bytes": size, "pack": packs[e], "move": e in rec.tensors or e in kept,
             "uses": sorted({uses[e], graph.last_use.get(e, uses[e])}) if e in uses else [],
             "recompute_ns": r.ns if e in recipes else -1,
             "sources": [position[s] for s in r.sources] if e in recipes else [],
