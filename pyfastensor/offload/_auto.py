@@ -5,7 +5,7 @@ Three phases, one per step until the plan is made:
 1. a **warm-up** step offloads every eligible tensor as ``"all"`` does (the
    first step's one-time costs stay out of the profile);
 2. the **profiling** step keeps what fits the budget and moves the rest,
-   and every :data:`PROFILE_SAMPLE`-th saved storage whatever the budget,
+   and one saved storage in :data:`PROFILE_SAMPLE` whatever the budget,
    while :class:`~._graph.GraphRecorder` records every aten op of forward
    and backward with its time, and the hooks mark each saved storage's
    pack and first unpack; the store's :class:`~._profile.Recorder`
@@ -48,15 +48,15 @@ from ._saved import Entry
 
 #: Bandwidth assumed for a direction the profiling step did not time (bytes/s).
 UNMEASURED_BPS = 1e9
+#: In the profiling step, one saved storage in this many, the first of them, is moved whatever
+#: the budget (the store's speeds are measured on the moved ones); the others are moved only
+#: where keeping them would exceed the budget.
+PROFILE_SAMPLE = 4
 #: The steps under the plan whose median measured time calibrates the profile's compute times:
 #: the first ones still pay one-time costs (buffers and pinned pools sized), so the
 #: :data:`CALIBRATION_SKIP` first are left out and the next :data:`CALIBRATION_STEPS` timed (a
 #: median, so that one step slowed by something else does not scale the profile); and how far
 #: the prediction may be off before the plan is made again from the scaled profile.
-#: In the profiling step, one saved storage in this many, the first of them, is moved whatever the budget (the
-#: store's speeds are measured on the moved ones); the others are moved only where keeping them
-#: would exceed the budget.
-PROFILE_SAMPLE = 4
 CALIBRATION_SKIP = 1
 CALIBRATION_STEPS = 3
 CALIBRATION_TOLERANCE = 0.05
@@ -269,7 +269,8 @@ def plan_mix(mix: dict[str, Any]) -> dict[str, Any]:
 
 
 def make(graph: GraphRecorder, rec: Recorder, budget: int, tier: str,
-         hook_ns: int | None = None, kept: set[int] = frozenset()) -> tuple[dict[str, Any], list[int], dict[int, Recipe]]:
+         hook_ns: int | None = None,
+         kept: set[int] | frozenset[int] = frozenset()) -> tuple[dict[str, Any], list[int], dict[int, Recipe]]:
     """The planner's input (``offload.MixInput``) from the profiling step, the entry index of each of
     its tensors, and the entries' recipes; ``hook_ns``: a moved tensor's hooks (None: from the
     profiling step's packs); ``kept``: the entries the profiling step kept by choice, which the
