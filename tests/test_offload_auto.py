@@ -175,7 +175,7 @@ def test_a_parameter_changed_before_backward_is_refused(tmp_path, recompute_all)
     off.close()
 
 
-def test_plan_and_summary_say_what_is_predicted_beside_what_is_measured(tmp_path):
+def test_plan_and_summary_say_what_is_predicted_beside_what_is_measured(tmp_path, one_profile):
     model, batch_of = inputs("blocks")
     frontier = _frontier(tmp_path, model, batch_of)
     budget = (frontier["frontier"][0]["peak_bytes"] + frontier["min_budget"]) // 2

@@ -166,7 +166,9 @@ def test_auto_plans_the_step_inductor_compiled_block_by_block(tmp_path):
     low, top = probe.plan_details["min_budget"], probe.plan_details["frontier"][0]["peak_bytes"]
     probe.close()
     assert low < top, "the compiled blocks' saved tensors can be moved"
-    budget = (low + top) // 2
+    # Near the top: the smallest feasible budget moves with the disk's measured speed between
+    # runs (a moved tensor's bytes stay until its write lands), the top does not.
+    budget = top - (top - low) // 8
     off = pyfastensor.offload(policy="auto", budget=budget, tier="ssd", spill_dir=str(tmp_path),
                               min_size=4 << 10, module=model)
     with warnings.catch_warnings():
