@@ -233,10 +233,12 @@ def measure(shape: dict[str, int], device: str, directory: str, *, rounds: int, 
 
     torch.manual_seed(0)
     model = gpt(**shape).to(device)
-    compiled = copy.deepcopy(model)  # its blocks compiled in place, for compile-blocks and auto-compiled@
-    for block in compiled.blocks:
-        block.compile()
-    whole = torch.compile(copy.deepcopy(model))  # for auto-compiled-model@1
+    compiled = whole = None  # copies compiled (blocks; whole), only where compile-blocks runs
+    if "compile-blocks" in peers:
+        compiled = copy.deepcopy(model)
+        for block in compiled.blocks:
+            block.compile()
+        whole = torch.compile(copy.deepcopy(model))
     x = torch.randn(shape["batch"], shape["seq"], shape["d"], device=device)
     memory = Memory(device)
     rows: dict[str, Row] = {}
@@ -256,7 +258,7 @@ def measure(shape: dict[str, int], device: str, directory: str, *, rounds: int, 
     budgets: dict[str, int] = {}
     frontiers: dict[str, Any] = {}
     for prefix, m in (("auto@", model), ("auto-compiled@", compiled), ("auto-compiled-model@", whole)):
-        if prefix != "auto@" and "compile-blocks" not in rows:
+        if m is None or (prefix != "auto@" and "compile-blocks" not in rows):
             continue
         probe = Row(prefix + "probe", m, device, directory, min_size, budget=1 << 50)
         for _ in range(3):
@@ -435,9 +437,8 @@ def evaluate(result: dict[str, Any]) -> list[dict[str, Any]]:
     for name, r in rows.items():
         if not name.startswith(OURS):
             continue
-        fits = [(p["step_s"], n) for n, p in peers.items() if _fits(p["peak_bytes"], r["peak_bytes"])]
-        if fits:
-            peer = min(fits)[1]
+        peer = _fastest(peers, r["peak_bytes"])
+        if peer is not None:
             ratios = harness.paired_ratios(rows[peer]["steps_s"], r["steps_s"])
             med = statistics.median(ratios)
             out.append({"target": f"{name} no slower than {PEER_RATIO[device]}x the fastest peer that fits "
@@ -461,27 +462,24 @@ def evaluate(result: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _fits(peak: int, budget: int) -> bool:
-    return peak <= budget * (1 + PEAK_TOLERANCE)
+def _fastest(rows: dict[str, Any], budget: int) -> str | None:
+    """The fastest of ``rows`` whose peak fits ``budget`` (within :data:`PEAK_TOLERANCE`), or None."""
+    fits = [(r["step_s"], n) for n, r in rows.items() if r["peak_bytes"] <= budget * (1 + PEAK_TOLERANCE)]
+    return min(fits)[1] if fits else None
 
 
 def front(result: dict[str, Any]) -> list[dict[str, Any]]:
     """Ours against the peers at every budget: at each peer's peak (where the fastest peer that
     fits changes), the fastest of our rows that fits against the fastest peer that fits (a budget
     between two peers' peaks is met where the lower one is: ours only get slower as the budget
-    drops); below the lowest peer's peak, which of ours fit. Fitting: :data:`PEAK_TOLERANCE`."""
+    drops); below the lowest peer's peak, which of ours fit."""
     device = "cuda" if result["device"].startswith("cuda") else "cpu"
     rows = result["rows"]
     peers = {n: r for n, r in rows.items() if not n.startswith(OURS)}
     ours = {n: r for n, r in rows.items() if n.startswith(OURS)}
-
-    def fastest(of: dict[str, Any], budget: int) -> str | None:
-        fits = [(r["step_s"], n) for n, r in of.items() if _fits(r["peak_bytes"], budget)]
-        return min(fits)[1] if fits else None
-
     out = []
     for budget, owner in sorted(((r["peak_bytes"], n) for n, r in peers.items()), reverse=True):
-        peer, mine = fastest(peers, budget), fastest(ours, budget)
+        peer, mine = _fastest(peers, budget), _fastest(ours, budget)
         what = f"at {budget / 2**20:.1f} MiB ({owner}'s peak) the fastest of ours"
         if mine is None:
             out.append({"target": f"{what} no slower than {PEER_RATIO[device]}x {peer}", "ratios": [],

@@ -66,6 +66,8 @@ import torch._utils
 import torch.serialization
 import torch.utils.data._utils.worker
 from torch import _weights_only_unpickler
+from torch._subclasses.fake_tensor import FakeTensor  # imported by torch itself: no start-up cost
+from torch._subclasses.functional_tensor import FunctionalTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
@@ -222,9 +224,6 @@ def fake_mode_active() -> bool:
 def holds_no_data(t: torch.Tensor) -> bool:
     """Whether ``t`` is a tracer's stand-in (a fake or functional tensor, while torch.compile traces)
     rather than a tensor with bytes."""
-    from torch._subclasses.fake_tensor import FakeTensor
-    from torch._subclasses.functional_tensor import FunctionalTensor
-
     return isinstance(t, (FakeTensor, FunctionalTensor))
 
 
