@@ -33,6 +33,14 @@ import (
 // frontier; a budget takes the shortest prefix whose peak fits it. So a
 // smaller budget takes a longer prefix, never a different one, and its
 // peak is no higher: the peak is non-increasing as the budget drops.
+//
+// Below the frontier's lowest peak, the runtime's backpressure is
+// modelled: a pack waits for the writes in flight until the resident
+// bytes plus it fit the budget, and a due read waits until it fits. A
+// link slower than the forward (moved tensors still being written at the
+// peak) then trades step time for memory, down to what no wait frees
+// (the kept tensors, one pack, the reads a backward node needs); the
+// budget takes the prefix that is fastest so.
 
 // Mix actions.
 const (
@@ -96,14 +104,21 @@ type MixClass struct {
 	Bytes   int64 `json:"bytes"`
 }
 
+func (c MixClass) add(o MixClass) MixClass {
+	return MixClass{Tensors: c.Tensors + o.Tensors, Bytes: c.Bytes + o.Bytes}
+}
+
 // MixPlan is the planner's answer for a budget.
 type MixPlan struct {
 	Decisions []MixDecision       `json:"decisions"`
 	StepNs    int64               `json:"step_ns"`
 	Peak      int64               `json:"peak_bytes"`
 	Classes   map[string]MixClass `json:"classes"`
-	// MinBudget is the lowest peak any prefix reaches: the smallest
-	// feasible budget.
+	// WaitNs is how long the forward waits for writes to keep within the
+	// budget (in StepNs): a budget below every prefix's peak.
+	WaitNs int64 `json:"wait_ns"`
+	// MinBudget is the smallest feasible budget: the lowest peak a prefix
+	// reaches, the forward waiting for writes.
 	MinBudget int64      `json:"min_budget"`
 	Frontier  []MixPoint `json:"frontier"`
 	Sequence  []MixStep  `json:"sequence"` // the greedy sequence (the frontier's changes)
@@ -198,7 +213,7 @@ type mixModel struct {
 	ready, writeEnd             []int64
 	writing, held, materialized []bool
 	byPrefetch, byNeed, byLast  eventLists
-	order                       []int
+	order, due                  []int
 	ends                        writeHeap
 	linkFree, readFree          []int64
 }
@@ -280,6 +295,7 @@ type mixSim struct {
 	stepNs    int64
 	peak      int64
 	peakEvent int
+	waitNs    int64 // the forward's waits for writes (hold > 0)
 }
 
 // plan fills need, last and prefetch for actions: each tensor's first need
@@ -330,8 +346,14 @@ func (m *mixModel) plan(actions []int) {
 }
 
 // simulate runs the step under actions and returns its time and resident
-// peak (see the file's comment for the model).
-func (m *mixModel) simulate(actions []int) mixSim {
+// peak (see the file's comment for the model). hold > 0 is the runtime's
+// backpressure at that budget: a pack that would take the resident bytes
+// past hold first waits for the writes in flight, oldest first, until it
+// fits or none is left (the forward trades time for memory when the link
+// cannot carry the moved tensors away as fast as the forward makes them),
+// and a due read waits, in order, while the resident bytes plus it would
+// exceed hold (a read not issued by its need is issued there).
+func (m *mixModel) simulate(actions []int, hold int64) mixSim {
 	in := m.in
 	events := len(in.ComputeNs)
 	m.plan(actions)
@@ -343,11 +365,12 @@ func (m *mixModel) simulate(actions []int) mixSim {
 	clear(m.materialized)
 	clear(m.linkFree)
 	clear(m.readFree)
-	m.ends = m.ends[:0]
+	m.ends, m.due = m.ends[:0], m.due[:0]
+	next := 0 // the first of m.due not yet issued (hold > 0)
 	for i := range m.ready {
 		m.ready[i] = -1
 	}
-	t, resident := int64(0), int64(0)
+	t, resident, waited := int64(0), int64(0), int64(0)
 	peak, peakEvent := int64(-1), 0
 	sample := func(e int, extra int64) {
 		if resident+extra > peak {
@@ -398,16 +421,26 @@ func (m *mixModel) simulate(actions []int) mixSim {
 			hooks += in.HookNs
 		}
 	}
+	land := func() { // the write that ends first lets its tensor go
+		w := heap.Pop(&m.ends).(writeDone)
+		if m.writing[w.i] {
+			m.writing[w.i] = false
+			resident -= in.Tensors[w.i].Bytes
+		}
+	}
 	for e := 0; e < events; e++ {
-		for len(m.ends) > 0 && m.ends[0].end <= t { // writes that ended let their tensors go
-			w := heap.Pop(&m.ends).(writeDone)
-			if m.writing[w.i] {
-				m.writing[w.i] = false
-				resident -= in.Tensors[w.i].Bytes
-			}
+		for len(m.ends) > 0 && m.ends[0].end <= t {
+			land()
 		}
 		for _, i := range m.packAt[e] {
 			tn := &in.Tensors[i]
+			for hold > 0 && len(m.ends) > 0 && resident+tn.Bytes > hold { // every pack, whatever its action, as the runtime's
+				if end := m.ends[0].end; end > t {
+					waited += end - t
+					t = end
+				}
+				land()
+			}
 			switch a := actions[i]; a {
 			case actKeep:
 				resident += tn.Bytes
@@ -424,9 +457,25 @@ func (m *mixModel) simulate(actions []int) mixSim {
 				heap.Push(&m.ends, writeDone{i, m.writeEnd[i]})
 			}
 		}
-		for _, i := range m.byPrefetch.of(e) {
-			if m.ready[i] < 0 {
+		if hold > 0 { // due reads go in order while they fit, as the runtime's planned prefetcher issues them
+			n := len(m.due)
+			m.due = append(m.due, m.byPrefetch.of(e)...)
+			slices.SortStableFunc(m.due[n:], func(a, b int) int { return m.need[a] - m.need[b] }) // the first needed first
+			for ; next < len(m.due); next++ {
+				i := m.due[next]
+				if m.ready[i] >= 0 {
+					continue
+				}
+				if b := in.Tensors[i].Bytes; resident > 0 && !m.writing[i] && resident+b > hold {
+					break
+				}
 				read(i)
+			}
+		} else {
+			for _, i := range m.byPrefetch.of(e) {
+				if m.ready[i] < 0 {
+					read(i)
+				}
 			}
 		}
 		for _, i := range m.byNeed.of(e) {
@@ -441,7 +490,7 @@ func (m *mixModel) simulate(actions []int) mixSim {
 			}
 		}
 	}
-	return mixSim{stepNs: t + hooks, peak: max(peak, 0), peakEvent: peakEvent}
+	return mixSim{stepNs: t + hooks, peak: max(peak, 0), peakEvent: peakEvent, waitNs: waited}
 }
 
 // aliveAt reports whether tensor i, under action a, holds memory at event
@@ -483,16 +532,27 @@ type mixOption struct {
 	cost           float64 // estimated ns per byte
 }
 
-// options lists the changes of the kept tensors alive at the peak, with an
-// estimate of what each costs per byte it frees: a move, what its write
-// and read take beyond the compute between its pack and its use; a
-// recompute, its time.
+// options lists the changes of the kept tensors alive at the peak (where
+// none is left, of every kept tensor: the sequence goes on to what only
+// the waits' budgets use), with an estimate of what each costs per byte
+// it frees: a move, what its write and read take beyond the compute
+// between its pack and its use; a recompute, its time.
 func (m *mixModel) options(actions []int, sim mixSim, out []mixOption) []mixOption {
+	out = m.optionsAt(actions, sim.peakEvent, out)
+	if len(out) == 0 { // none at the peak: the kept tensors elsewhere, for the budgets met by waiting
+		out = m.optionsAt(actions, -1, out)
+	}
+	return out
+}
+
+// optionsAt lists the changes of the kept tensors alive at event e (-1:
+// anywhere).
+func (m *mixModel) optionsAt(actions []int, e int, out []mixOption) []mixOption {
 	in := m.in
 	m.plan(actions)
 	out = out[:0]
 	for i, t := range in.Tensors {
-		if actions[i] != actKeep || t.Bytes == 0 || !m.aliveAt(i, actKeep, sim.peakEvent) {
+		if actions[i] != actKeep || t.Bytes == 0 || (e >= 0 && !m.aliveAt(i, actKeep, e)) {
 			continue
 		}
 		b := float64(t.Bytes)
@@ -524,7 +584,7 @@ const mixCandidates = 6
 // changes in order (tensor, action code).
 func (m *mixModel) sequence() ([]MixPoint, [][2]int) {
 	actions := make([]int, len(m.in.Tensors))
-	sim := m.simulate(actions)
+	sim := m.simulate(actions, 0)
 	points := []MixPoint{{0, sim.stepNs, sim.peak}}
 	var steps [][2]int
 	var opts []mixOption
@@ -546,7 +606,7 @@ func (m *mixModel) sequence() ([]MixPoint, [][2]int) {
 		for k := 0; k < len(opts) && k < mixCandidates; k++ {
 			o := opts[k]
 			actions[o.tensor] = o.action
-			s := m.simulate(actions)
+			s := m.simulate(actions, 0)
 			actions[o.tensor] = actKeep
 			lowers := s.peak < sim.peak
 			freed := float64(m.in.Tensors[o.tensor].Bytes)
@@ -569,8 +629,12 @@ func (m *mixModel) sequence() ([]MixPoint, [][2]int) {
 
 // PlanMix decides every saved tensor's action for in.Budget (0: no
 // budget, every tensor kept) and returns the plan with the whole
-// frontier. A budget below every prefix's peak gives an error wrapping
-// ErrMixInfeasible that names the smallest feasible budget.
+// frontier. A budget that a prefix's peak fits takes the shortest such
+// prefix. Below every prefix's peak, the forward waits for writes (the
+// runtime's backpressure): the budget takes the prefix that is fastest
+// with those waits among the ones that fit it. A budget below that too
+// gives an error wrapping ErrMixInfeasible that names the smallest
+// feasible budget.
 func PlanMix(in *MixInput) (MixPlan, error) {
 	if err := in.Validate(); err != nil {
 		return MixPlan{}, err
@@ -581,11 +645,24 @@ func PlanMix(in *MixInput) (MixPlan, error) {
 	for k, c := range codes {
 		steps[k] = MixStep{Tensor: c[0], Action: m.actionName(c[1])}
 	}
-	minPeak := points[0].Peak
-	for _, p := range points {
-		minPeak = min(minPeak, p.Peak)
+	prefix := func(k int) []int {
+		actions := make([]int, len(in.Tensors))
+		for _, c := range codes[:k] {
+			actions[c[0]] = c[1]
+		}
+		return actions
 	}
-	k := 0
+	lowest := 0 // the prefix of the lowest peak without waits
+	for k, p := range points {
+		if p.Peak < points[lowest].Peak {
+			lowest = k
+		}
+	}
+	minBudget := m.leastHold(prefix(lowest), points[lowest].Peak)
+	if last := len(points) - 1; last != lowest {
+		minBudget = min(minBudget, m.leastHold(prefix(last), points[last].Peak))
+	}
+	k, hold := 0, int64(0)
 	if in.Budget > 0 {
 		k = -1
 		for _, p := range points {
@@ -594,20 +671,23 @@ func PlanMix(in *MixInput) (MixPlan, error) {
 				break
 			}
 		}
+		if k < 0 && in.Budget >= minBudget {
+			k, hold = m.fastestHeld(points, prefix, in.Budget)
+		}
 		if k < 0 {
-			return MixPlan{MinBudget: minPeak, Frontier: points, Sequence: steps}, fmt.Errorf(
+			return MixPlan{MinBudget: minBudget, Frontier: points, Sequence: steps}, fmt.Errorf(
 				"%w: a budget of %d bytes is below what any mix of keeping, moving and recomputing the saved "+
 					"tensors reaches: the smallest feasible budget is %d bytes (%.1f MiB)",
-				ErrMixInfeasible, in.Budget, minPeak, float64(minPeak)/(1<<20))
+				ErrMixInfeasible, in.Budget, minBudget, float64(minBudget)/(1<<20))
 		}
 	}
-	actions := make([]int, len(in.Tensors))
-	for _, c := range codes[:k] {
-		actions[c[0]] = c[1]
+	if hold == 0 {
+		hold = in.Budget // what the runtime waits at (no wait where the peak without waits fits)
 	}
-	sim := m.simulate(actions)
-	plan := MixPlan{StepNs: sim.stepNs, Peak: sim.peak, MinBudget: minPeak, Frontier: points, Sequence: steps,
-		Classes: map[string]MixClass{}}
+	actions := prefix(k)
+	sim := m.simulate(actions, hold)
+	plan := MixPlan{StepNs: sim.stepNs, Peak: sim.peak, WaitNs: sim.waitNs, MinBudget: minBudget, Frontier: points,
+		Sequence: steps, Classes: map[string]MixClass{}}
 	for i, a := range actions {
 		name := m.actionName(a)
 		plan.Decisions = append(plan.Decisions, MixDecision{Tensor: i, Action: name, PrefetchAt: m.prefetch[i]})
@@ -617,4 +697,45 @@ func PlanMix(in *MixInput) (MixPlan, error) {
 		plan.Classes[name] = c
 	}
 	return plan, nil
+}
+
+// leastHold is the smallest budget actions fit when the forward waits for
+// writes to keep within it (at most peak, their peak without waits): a
+// binary search, the waits' peak falling as the budget does until what
+// no wait frees (kept tensors, one pack, the reads) exceeds it.
+func (m *mixModel) leastHold(actions []int, peak int64) int64 {
+	lo, hi := int64(0), peak // hi fits (no wait is needed at the peak without waits)
+	for lo+1 < hi {
+		mid := lo + (hi-lo)/2
+		if m.simulate(actions, mid).peak <= mid {
+			hi = mid
+		} else {
+			lo = mid
+		}
+	}
+	return hi
+}
+
+// fastestHeld is the prefix (and the budget its writes are waited for at)
+// that is fastest among those whose peak with waits fits budget; -1 if
+// none does. Waiting at the budget is what the runtime does; where no
+// prefix fits so (the waits' peak is not monotone in the budget), the
+// least budget the lowest prefixes fit is waited for.
+func (m *mixModel) fastestHeld(points []MixPoint, prefix func(int) []int, budget int64) (int, int64) {
+	best, bestNs := -1, int64(math.MaxInt64)
+	for k := range points {
+		if s := m.simulate(prefix(k), budget); s.peak <= budget && s.stepNs < bestNs {
+			best, bestNs = k, s.stepNs
+		}
+	}
+	if best >= 0 {
+		return best, budget
+	}
+	for k := len(points) - 1; k >= 0; k-- {
+		actions := prefix(k)
+		if h := m.leastHold(actions, points[k].Peak); h <= budget {
+			return k, h
+		}
+	}
+	return -1, 0
 }

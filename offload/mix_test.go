@@ -145,7 +145,7 @@ func TestPlanMixRecomputesFromRecomputedSourcesAndChargesTheirTime(t *testing.T)
 		},
 		ComputeNs: []int64{1, 1, 1, 1, 1, 1}, Backward: 3,
 	}
-	sim := newMixModel(in).simulate([]int{actKeep, actRecompute, actRecompute})
+	sim := newMixModel(in).simulate([]int{actKeep, actRecompute, actRecompute}, 0)
 	// c's recompute needs b first (made at c's use, event 3): both times charged once.
 	assert.Equal(t, int64(6+10+20), sim.stepNs)
 	assert.Equal(t, int64(300), sim.peak, "a, b and c together at c's use")
@@ -173,7 +173,7 @@ func TestPlanMixHoldsAKeptSourceUntilItsRecomputedTensorsLastUse(t *testing.T) {
 	assert.True(t, m.aliveAt(0, actKeep, 4))
 	m.plan([]int{actTier, actRecompute})
 	assert.Equal(t, 3, m.last[0], "moved: until b is made")
-	assert.Equal(t, int64(110), m.simulate([]int{actKeep, actRecompute}).peak)
+	assert.Equal(t, int64(110), m.simulate([]int{actKeep, actRecompute}, 0).peak)
 }
 
 func TestPlanMixCountsAMovedTensorUntilItsWriteEndsAndWaitsForItsRead(t *testing.T) {
@@ -182,7 +182,7 @@ func TestPlanMixCountsAMovedTensorUntilItsWriteEndsAndWaitsForItsRead(t *testing
 		ComputeNs: []int64{1_000_000, 1_000_000}, Backward: 1,
 		Tiers: map[string]MixLink{"host": {WriteBps: 1e9, ReadBps: 1e9}},
 	}
-	sim := newMixModel(in).simulate([]int{actTier})
+	sim := newMixModel(in).simulate([]int{actTier}, 0)
 	// 1 s to write, 1 s to read, against 2 ms of compute: the step waits for both.
 	assert.Equal(t, int64(2_000_000_000+1_000_000), sim.stepNs)
 	assert.Equal(t, int64(1e9), sim.peak)
@@ -265,4 +265,41 @@ func FuzzPlanMix(f *testing.F) {
 			t.Fatalf("%d decisions for %d tensors", len(p.Decisions), len(in.Tensors))
 		}
 	})
+}
+
+// mixChain is a forward of four 100-byte tensors a nanosecond apart and a
+// backward that unpacks them in reverse, over a link that writes and reads
+// a byte a nanosecond: no write ends before the forward does.
+func mixChain() *MixInput {
+	in := &MixInput{ComputeNs: []int64{1, 1, 1, 1, 1, 1, 1, 1}, Backward: 4,
+		Tiers: map[string]MixLink{"ssd": {WriteBps: 1e9, ReadBps: 1e9}}}
+	for i := 0; i < 4; i++ {
+		in.Tensors = append(in.Tensors, MixTensor{Bytes: 100, Pack: i, Uses: []int{7 - i}, Move: true, RecomputeNs: -1})
+	}
+	return in
+}
+
+func TestPlanMixWaitsForWritesWhereTheLinkIsSlowerThanTheForward(t *testing.T) {
+	in := mixChain()
+	full, err := PlanMix(in)
+	require.NoError(t, err)
+	for _, p := range full.Frontier {
+		assert.Equal(t, int64(400), p.Peak, "without waits every moved tensor is still being written at the peak")
+	}
+	assert.Equal(t, int64(100), full.MinBudget, "waiting for each write, one tensor at a time")
+	in.Budget = 100
+	p, err := PlanMix(in)
+	require.NoError(t, err)
+	assert.LessOrEqual(t, p.Peak, int64(100))
+	// The last packed, unpacked first, is kept; the others are written while the next pack waits
+	// for each, and read back one at a time.
+	assert.Equal(t, MixClass{Tensors: 3, Bytes: 300}, p.Classes["ssd"].add(p.Classes["ssd"+MixOnDemand]))
+	assert.Equal(t, int64(3*99), p.WaitNs, "three packs wait for the write before them")
+	assert.GreaterOrEqual(t, p.StepNs, int64(600), "three writes and three reads, one after another")
+	in.Budget = 250
+	q, err := PlanMix(in)
+	require.NoError(t, err)
+	assert.LessOrEqual(t, q.Peak, int64(250))
+	assert.Less(t, q.StepNs, p.StepNs, "a larger budget waits less")
+	assert.Contains(t, err2str(PlanMixAt(in, 99)), "smallest feasible budget is 100 bytes")
 }

@@ -118,6 +118,42 @@ def test_the_plan_keeps_its_budget_and_the_peak_never_rises_as_the_budget_drops(
     assert peaks == sorted(peaks, reverse=True), peaks
 
 
+def test_a_link_slower_than_the_forward_meets_a_budget_by_waiting_for_writes(tmp_path, monkeypatch):
+    """A store that writes slower than the forward makes saved tensors (here a 1 kB/s link, as the
+    planner is told, and moves only): at the end of the forward every moved tensor is still being
+    written, so no mix lowers the peak by itself. A budget below it is met as the runtime meets it,
+    each pack waiting for the writes before it: the plan says how long, the resident peak stays
+    within the budget, and gradients are bit-identical."""
+    real = auto.make
+
+    def slow(*args, **kw):
+        mix, entries, recipes = real(*args, **kw)
+        for t in mix["tensors"]:
+            t.update(recompute_ns=-1, sources=[], temp_bytes=0)
+        for link in mix["tiers"].values():
+            link.update(write_bps=1e3, read_bps=1e3)
+        return mix, entries, recipes
+
+    monkeypatch.setattr(auto, "make", slow)
+    monkeypatch.setattr(auto, "CALIBRATION_SKIP", 1 << 30)  # the link stays as slow as it was told
+    model, batch_of = inputs("mlp")
+    want = train(model, batch_of, STEPS)
+    frontier = _frontier(tmp_path, model, batch_of)
+    top, lowest = frontier["frontier"][0]["peak_bytes"], min(p["peak_bytes"] for p in frontier["frontier"])
+    assert lowest == top, "no mix without waits lowers the peak"
+    assert frontier["min_budget"] < top // 2, frontier["text"]
+    budget = top // 2
+    off = _off(tmp_path, model, budget)
+    got = train(model, batch_of, STEPS, lambda: off)
+    s, details = off.summary(), off.plan_details
+    off.close()
+    assert_same_grads(want, got)
+    assert details["wait_ns"] > 0 and "waits" in details["text"], details["text"]
+    assert s.predicted_peak_bytes <= budget and s.offloaded_tensors > 0, str(s)
+    largest = max(t.numel() * t.element_size() for t in _saved_of(model, batch_of))
+    assert s.resident_peak_bytes <= budget + largest, str(s)
+
+
 def _saved_of(model, batch_of):
     """The tensors one step of ``model`` saves for backward."""
     saved = []

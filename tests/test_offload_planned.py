@@ -282,13 +282,13 @@ def test_planned_prefetcher_waits_for_room_and_keeps_order():
     pf.reached(2, refs, issue)
     assert pf.issued == []
     pf.reached(5, refs, issue)
-    assert pf.issued == [0, 1], "due by position 5 (ties by pack index), within 250 bytes: two of them"
+    assert pf.issued == [0, 2], "due by position 5 (ties in the order given), within 250 bytes: two of them"
     now[0] = 0  # they were unpacked and freed
-    entries[2].seen = True  # unpacked before its prefetch could go: nothing to fetch
+    entries[1].seen = True  # unpacked before its prefetch could go: nothing to fetch
     pf.reached(6, refs, issue)
-    assert pf.issued == [0, 1]
+    assert pf.issued == [0, 2]
     pf.reached(9, refs, issue)
-    assert pf.issued == [0, 1, 3]
+    assert pf.issued == [0, 2, 3]
     pf2 = PlannedPrefetcher([(1, 0)], window=50, resident=lambda: 0)
     pf2.reached(1, refs, lambda e: e.payload_nbytes)
     assert pf2.issued == [0], "with nothing in memory a prefetch goes even above the window"

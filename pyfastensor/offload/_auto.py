@@ -143,7 +143,8 @@ class Auto(Policy):
         events = mix["_events"]
         self.pack_event = {e: events["pack"][e] for e in entries}
         self.use_event = dict(events["use"])
-        self.due = [(d["prefetch_at"], entries[d["tensor"]]) for d in plan["decisions"] if d["prefetch_at"] >= 0]
+        due = [(d["prefetch_at"], entries[d["tensor"]]) for d in plan["decisions"] if d["prefetch_at"] >= 0]
+        self.due = sorted(due, key=lambda d: (d[0], self.use_event.get(d[1], 0), d[1]))  # the first needed first
         self.recipes = {i: r for i, r in recipes.items() if self.actions.get(i) == "recompute"}
         self.expect = {i: (mix["tensors"][k]["bytes"], graph.makers.get(i, "-")) for k, i in enumerate(entries)}
         self.sources = {}
@@ -326,6 +327,10 @@ def describe(plan: dict[str, Any], mix: dict[str, Any], budget: int | None) -> s
              f"{_mib(plan['min_budget'])}",
              f"  predicted step {plan['step_ns'] / 1e6:.2f} ms (keeping everything: {base['step_ns'] / 1e6:.2f} ms), "
              f"resident peak {_mib(plan['peak_bytes'])} (keeping everything: {_mib(base['peak_bytes'])})"]
+    if plan.get("wait_ns"):
+        lines.append(f"  the forward waits {plan['wait_ns'] / 1e6:.2f} ms of it for writes to land (the link is "
+                     "slower than the forward: a budget below "
+                     f"{_mib(min(p['peak_bytes'] for p in frontier))} is met by waiting)")
     order = {"keep": 0, "recompute": 1}
     for action, c in sorted(plan["classes"].items(), key=lambda kv: (order.get(kv[0], 2), kv[0])):
         lines.append(f"  {action:<18} {c['tensors']:>5} tensors {_mib(c['bytes']):>12}")

@@ -60,14 +60,15 @@ class PlannedPrefetcher:
 
     ``due`` lists ``(position, pack index)``: the prefetch of that entry
     starts when the step reaches ``position`` (the plan's op index; see
-    :mod:`._planned`). A due prefetch waits, in order, while the saved
+    :mod:`._planned`); the ones due at one position go in the order given
+    (the first needed first). A due prefetch waits, in order, while the saved
     tensors in memory plus it would exceed ``window`` (something else is
     in memory), and goes at the next point reached once they fit; unpack
     reads anything not prefetched by then itself.
     """
 
     def __init__(self, due: list[tuple[int, int]], window: int, resident: Callable[[], int]) -> None:
-        self.due = sorted(due)
+        self.due = sorted(due, key=lambda d: d[0])  # stable: the caller's order within a position
         self.window = window
         self.resident = resident
         self.cursor = 0

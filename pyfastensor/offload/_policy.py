@@ -259,7 +259,7 @@ class Planned(Policy):
                     resident: Callable[[], int]) -> tuple[Prefetcher | None, PlannedPrefetcher | None]:
         if self.placement is None:
             return None, None
-        due = [(at, i) for i, at in self.placement.prefetch.items()]
+        due = sorted((at, i) for i, at in self.placement.prefetch.items())
         return None, PlannedPrefetcher(due, self.budget, resident)
 
     def at_pack(self, index: int) -> int | None:
