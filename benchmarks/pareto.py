@@ -17,16 +17,18 @@ row per way of handling what autograd saves:
 - ``auto@F``: pyfastensor's ``offload(policy="auto", budget=B)``, B a
   share F of the way from its frontier's smallest feasible budget to the
   saved tensors' peak without offload, with the step the plan predicts
-  beside the one measured;
+  beside the one measured; ``auto@PEER``: the same aimed at a peer's
+  peak (the budget that peak leaves once the step's memory beyond its
+  saved tensors, measured on the ``auto@F`` rows, is taken off);
 - ``compile-blocks``: each block compiled by torch.compile (inductor,
   its defaults: ``block.compile()``, as torchtitan compiles), and
-  ``auto-compiled@F``: ``policy="auto"`` over those same compiled blocks
+  ``auto-compiled@F`` (and ``@PEER``): ``policy="auto"`` over those same compiled blocks
   along their own frontier (what a compiled block saves is kept or moved,
-  the eager code's may be recomputed); ``auto-compiled-model@1``:
+  the eager code's may be recomputed); ``auto-compiled-model@F``:
   ``policy="auto"`` over the whole model compiled (torch.compile's
   defaults), whose one graph takes every saved tensor back when backward
-  begins, so its one feasible budget is its peak (the plan keeps
-  everything and installs no hooks). These run where ``compile-blocks``
+  begins, so no budget goes below those together (what the code around
+  the graph saves may still be moved). These run where ``compile-blocks``
   is among the peers.
 
 **Peak** is the step's extra memory: on CUDA ``max_memory_allocated``
@@ -85,6 +87,12 @@ PREDICTION = {"cpu": 0.15, "cuda": 0.10}
 #: A peak within this share above a budget fits it: the resident set's high-water mark of one and
 #: the same step varies by about this much between rows (pages the allocator had touched).
 PEAK_TOLERANCE = 0.005
+
+#: Rows of ours aimed at a peer's peak (``auto@checkpoint``: ``auto`` at checkpointing's peak): the
+#: budget is that peak less the step's memory beyond its saved tensors, less this share (a measured
+#: peak may pass the plan's by up to one saved tensor); peers' peaks this close aim one row.
+AIM_MARGIN = 0.03
+AIM_APART = 0.03
 
 #: An auto row's steps before it is timed: the warm-up step, the profiling step, and the steps
 #: under the plan until it is calibrated (pyfastensor.offload._auto.CALIBRATION_SKIP + _STEPS), and one
@@ -244,11 +252,13 @@ def measure(shape: dict[str, int], device: str, directory: str, *, rounds: int, 
     rows: dict[str, Row] = {}
     missing: dict[str, str] = {}
     warm: dict[str, list[float]] = {}
+    warm_peak: dict[str, int] = {}
     for name in peers:
         progress(f"pareto {shape}: {name}")
         try:
             row = Row(name, compiled if name == "compile-blocks" else model, device, directory, min_size)
-            warm[name] = [row.step(x, memory)[0] for _ in range(2)]
+            got = [row.step(x, memory) for _ in range(2)]
+            warm[name], warm_peak[name] = [s for s, _ in got], max(p for _, p in got)
             rows[name] = row
         except _Missing as e:
             missing[name] = str(e)
@@ -266,12 +276,21 @@ def measure(shape: dict[str, int], device: str, directory: str, *, rounds: int, 
         frontiers[prefix] = probe.offload.plan_details
         top, low = frontiers[prefix]["frontier"][0]["peak_bytes"], frontiers[prefix]["min_budget"]
         probe.close()
-        for share in SHARES if low < top else (1.0,):  # a whole compiled model: one budget, its peak
-            name = f"{prefix}{share:g}"
-            budgets[name] = int(low + share * (top - low))
-            progress(f"pareto {shape}: {name} (budget {budgets[name] / 2**20:.1f} MiB)")
-            rows[name], warm[name], budgets[name] = _warm_auto(name, m, x, memory, device, directory, min_size,
-                                                               budgets[name])
+        wanted = {f"{prefix}{share:g}": int(low + share * (top - low))
+                  for share in (SHARES if low < top else (1.0,))}  # a whole compiled model: one budget, its peak
+        beyond = 0  # the step's memory beyond the saved tensors, as the rows along the frontier measure it
+        for name, budget in wanted.items():
+            progress(f"pareto {shape}: {name} (budget {budget / 2**20:.1f} MiB)")
+            rows[name], warm[name], budgets[name], warm_peak[name] = _warm_auto(name, m, x, memory, device,
+                                                                                directory, min_size, budget)
+            if resident := rows[name].offload.summary().resident_peak_bytes:
+                beyond = max(beyond, warm_peak[name] - resident)
+        peer_peaks = {n: p for n, p in warm_peak.items() if n in peers}
+        for peer, budget in _aims(peer_peaks, beyond, low, warm_peak[f"{prefix}1"]).items() if low < top else ():
+            name = f"{prefix}{peer}"
+            progress(f"pareto {shape}: {name} (budget {budget / 2**20:.1f} MiB, at {peer}'s peak)")
+            rows[name], warm[name], budgets[name], _ = _warm_auto(name, m, x, memory, device, directory, min_size,
+                                                                  budget)
     plan = frontiers["auto@"]
     steps: dict[str, list[float]] = {n: [] for n in rows}
     peaks: dict[str, list[int]] = {n: [] for n in rows}
@@ -295,22 +314,39 @@ def measure(shape: dict[str, int], device: str, directory: str, *, rounds: int, 
             rec.update(warmup_s=warm[name], budget=budgets[name], predicted_step_s=s.predicted_step_seconds,
                        predicted_peak_bytes=s.predicted_peak_bytes, resident_peak_bytes=s.resident_peak_bytes,
                        classes=details["classes"] if details else {}, planning_s=details.get("planning_seconds"),
+                       wait_s=details.get("wait_ns", 0) / 1e9 if details else 0.0,
                        profile_step_s=details.get("profile_step_ns", 0) / 1e9)
         out["rows"][name] = rec
         row.close()
     return out
 
 
+def _aims(peaks: dict[str, int], beyond: int, low: int, top: int) -> dict[str, int]:
+    """The budgets of the rows of ours aimed at the peers' peaks: for each peer's warm-up peak below
+    ``top`` (the peak of ours keeping everything), the budget it leaves once ``beyond`` (the step's
+    memory other than its saved tensors) is taken off, less :data:`AIM_MARGIN`; none below the
+    smallest feasible budget ``low``; peaks within :data:`AIM_APART` of one another aimed at once."""
+    out: dict[str, int] = {}
+    for peak, peer in sorted(((p, n) for n, p in peaks.items()), reverse=True):
+        budget = int((peak - beyond) * (1 - AIM_MARGIN))
+        if peak < top * (1 - AIM_APART) and budget >= low and all(
+                abs(peak - peaks[o]) > AIM_APART * peak for o in out):
+            out[peer] = budget
+    return out
+
+
 def _warm_auto(name: str, model: Any, x: Any, memory: Memory, device: str, directory: str, min_size: int,
-               budget: int) -> tuple[Row, list[float], int]:
-    """An ``auto`` row after its warm-up, profiling and first planned steps, and its budget. Its
-    own profile may put the smallest feasible budget above the probe's (the transfers' measured
-    speed moves it): refused, the row takes the one the refusal names."""
+               budget: int) -> tuple[Row, list[float], int, int]:
+    """An ``auto`` row after its warm-up, profiling and first planned steps, its budget, and its
+    peak in the last of them. Its own profile may put the smallest feasible budget above the
+    probe's (the compute's measured times move it): refused, the row takes the one the refusal
+    names."""
     from pyfastensor.errors import InvalidArgumentError
 
     row = Row(name, model, device, directory, min_size, budget=budget)
     try:
-        return row, [row.step(x, memory)[0] for _ in range(WARM_AUTO)], budget
+        got = [row.step(x, memory) for _ in range(WARM_AUTO)]
+        return row, [s for s, _ in got], budget, got[-1][1]
     except InvalidArgumentError as e:
         row.close()
         found = re.search(r"smallest feasible budget is (\d+) bytes", str(e))

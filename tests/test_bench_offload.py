@@ -148,6 +148,21 @@ def test_pareto_front_sets_our_fastest_that_fits_against_the_peers_fastest_at_ea
     assert got["at 20.0 MiB (sac's peak)"]["met"] is False  # none of ours reaches 20 MiB
 
 
+def test_pareto_aims_a_row_of_ours_at_each_peers_peak_below_the_top():
+    """A row of ours per peer's peak below the top of ours (peaks a hair apart aimed once): the
+    budget that peak leaves once the step's memory beyond its saved tensors is taken off, less the
+    margin; none below the smallest feasible budget."""
+    from benchmarks import pareto
+
+    mib = 1 << 20
+    peaks = {"none": 138 * mib, "compile-blocks": 138 * mib, "sac": 109 * mib, "compile@0.8": int(108.6 * mib),
+             "checkpoint": int(49.8 * mib), "tiny": 10 * mib}
+    got = pareto._aims(peaks, 8 * mib, 18 * mib, 138 * mib)
+    assert list(got) == ["sac", "checkpoint"]
+    assert got["sac"] == int((109 - 8) * mib * (1 - pareto.AIM_MARGIN))
+    assert got["checkpoint"] == int((int(49.8 * mib) - 8 * mib) * (1 - pareto.AIM_MARGIN))
+
+
 def test_pareto_is_an_option_of_the_offload_benchmark():
     out = subprocess.run([sys.executable, "-m", "benchmarks", "offload", "--help"],
                          capture_output=True, text=True, check=True, cwd=ROOT).stdout

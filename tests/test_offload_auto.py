@@ -154,6 +154,40 @@ def test_a_link_slower_than_the_forward_meets_a_budget_by_waiting_for_writes(tmp
     assert s.resident_peak_bytes <= budget + largest, str(s)
 
 
+def test_what_one_backward_node_unpacks_is_held_until_the_node_is_done(tmp_path, monkeypatch):
+    """A backward node holds every saved tensor it unpacks until its compute is done (a matmul's
+    backward reads both its inputs; a compiled region's node takes all its saved tensors at once
+    and reads them in kernels no op shows): in the profile, each is used until that node's last
+    unpack, after which the node's compute is measured."""
+    seen = {}
+    real = auto.make
+
+    def make(*args, **kw):
+        seen["mix"], entries, recipes = real(*args, **kw)
+        return seen["mix"], entries, recipes
+
+    monkeypatch.setattr(auto, "make", make)
+
+    class MatmulOfTwo(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(64, 64), torch.nn.Linear(64, 64)
+
+        def forward(self, x):
+            return self.a(x).t() @ self.b(x).sin()
+
+    model = MatmulOfTwo()
+    off = pyfastensor.offload(policy="auto", budget=1 << 40, tier="ssd", spill_dir=str(tmp_path), min_size=4 << 10,
+                              module=model)
+    for _ in range(3):
+        with off:
+            model(torch.randn(256, 64)).sum().backward()
+    off.close()
+    used = sorted(t["uses"] for t in seen["mix"]["tensors"] if t["uses"])
+    first, second = used[0], used[1]  # the matmul's inputs: backward's first node unpacks them
+    assert first == [first[0], second[0]] and second == [second[0]], used
+
+
 def _saved_of(model, batch_of):
     """The tensors one step of ``model`` saves for backward."""
     saved = []

@@ -41,7 +41,13 @@ from typing import Any
 
 import torch
 
-from .._torch import TorchDispatchMode, holds_no_data, tree_flatten, tree_unflatten
+from .._torch import (
+    TorchDispatchMode,
+    current_autograd_node,
+    holds_no_data,
+    tree_flatten,
+    tree_unflatten,
+)
 
 _SCALARS = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
 
@@ -146,6 +152,8 @@ class GraphRecorder(TorchDispatchMode):
         self.call_ns = _call_ns()  # what calling one op from Python costs, beyond its kernel
         self.record_ns = 0  # the time the recorder's own bookkeeping took (beside the ops')
         self._compiled_code: dict[Any, bool] = {}  # code object -> inductor's generated code or not
+        self._node: Any = None  # the backward node of the last unpack, and the entries it unpacked
+        self._node_entries: list[int] = []
 
     @classmethod
     def ignore_compile_internals(cls) -> bool:
@@ -283,17 +291,28 @@ class GraphRecorder(TorchDispatchMode):
 
     def unpacking(self, entry: int) -> None:
         """An unpack of an entry: its first is an event; a later one (another handle of the
-        storage, a node saved twice) marks the entry used until the event reached now."""
-        if entry in self.unpacked:
-            self.last_use[entry] = len(self.events) - 1
-            return
-        self.unpacked.add(entry)
-        self.events.append(("unpack", entry))
-        self.ops_after.append([])
-        self.last_use[entry] = len(self.events) - 1
+        storage, a node saved twice) marks the entry used until the event reached now. The
+        backward node that unpacks holds what it unpacked until it is done: every entry one node
+        unpacked is used until that node's last unpack event, after which the node's compute is
+        measured (a compiled region's node takes all its saved tensors at once and reads them in
+        kernels no op shows)."""
+        node = current_autograd_node()
+        if node is None or node is not self._node:
+            self._node, self._node_entries = node, []
+        if entry not in self.unpacked:
+            self.unpacked.add(entry)
+            self.events.append(("unpack", entry))
+            self.ops_after.append([])
+        now = len(self.events) - 1
+        self.last_use[entry] = now
+        if node is not None:
+            self._node_entries.append(entry)
+            for e in self._node_entries:
+                self.last_use[e] = max(self.last_use[e], now)
 
     def finish(self) -> None:
         """Read the CUDA events' times (the step is over: they have completed)."""
+        self._node, self._node_entries = None, []
         for op in self.ops:
             if op.timing is not None:
                 op.ns = op.timing.ns()
