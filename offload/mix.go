@@ -81,6 +81,10 @@ type MixInput struct {
 	HookNs    int64              `json:"hook_ns"`    // each moved tensor's own cost (its hooks' work)
 	Tiers     map[string]MixLink `json:"tiers"`      // "host", "ssd": the tiers that may be used
 	Budget    int64              `json:"budget"`     // resident peak allowed; 0: none (the whole frontier)
+	// Actions, when set, are the plan (one per tensor, as MixDecision's
+	// Action): PlanMix simulates them at Budget instead of choosing, and
+	// refuses none (a profile calibrated after the plan was made).
+	Actions []string `json:"actions,omitempty"`
 }
 
 // MixDecision is one tensor's action.
@@ -152,6 +156,9 @@ func (in *MixInput) Validate() error {
 		if !(l.WriteBps > 0) || !(l.ReadBps > 0) || math.IsInf(l.WriteBps, 0) || math.IsInf(l.ReadBps, 0) {
 			return bad("tier %q: bandwidths %v, %v", name, l.WriteBps, l.ReadBps)
 		}
+	}
+	if in.Actions != nil && len(in.Actions) != len(in.Tensors) {
+		return bad("%d actions for %d tensors", len(in.Actions), len(in.Tensors))
 	}
 	for i, t := range in.Tensors {
 		switch {
@@ -663,7 +670,13 @@ func PlanMix(in *MixInput) (MixPlan, error) {
 		minBudget = min(minBudget, m.leastHold(prefix(last), points[last].Peak))
 	}
 	k, hold := 0, int64(0)
-	if in.Budget > 0 {
+	var given []int
+	if in.Actions != nil {
+		var err error
+		if given, err = m.codes(in.Actions); err != nil {
+			return MixPlan{}, err
+		}
+	} else if in.Budget > 0 {
 		k = -1
 		for _, p := range points {
 			if p.Peak <= in.Budget {
@@ -684,7 +697,10 @@ func PlanMix(in *MixInput) (MixPlan, error) {
 	if hold == 0 {
 		hold = in.Budget // what the runtime waits at (no wait where the peak without waits fits)
 	}
-	actions := prefix(k)
+	actions := given
+	if actions == nil {
+		actions = prefix(k)
+	}
 	sim := m.simulate(actions, hold)
 	plan := MixPlan{StepNs: sim.stepNs, Peak: sim.peak, WaitNs: sim.waitNs, MinBudget: minBudget, Frontier: points,
 		Sequence: steps, Classes: map[string]MixClass{}}
@@ -697,6 +713,28 @@ func PlanMix(in *MixInput) (MixPlan, error) {
 		plan.Classes[name] = c
 	}
 	return plan, nil
+}
+
+// codes are the action codes of names (MixDecision's Action).
+func (m *mixModel) codes(names []string) ([]int, error) {
+	byName := map[string]int{}
+	for code := actKeep; code < actTier+2*len(m.tiers); code++ {
+		byName[m.actionName(code)] = code
+	}
+	out := make([]int, len(names))
+	for i, name := range names {
+		code, ok := byName[name]
+		t := m.in.Tensors[i]
+		switch {
+		case !ok:
+			return nil, fmt.Errorf("%w: offload mix: tensor %d: action %q is not keep, recompute or a tier's",
+				gds.ErrInvalid, i, name)
+		case code == actRecompute && t.RecomputeNs < 0, code >= actTier && !t.Move:
+			return nil, fmt.Errorf("%w: offload mix: tensor %d cannot be %s", gds.ErrInvalid, i, name)
+		}
+		out[i] = code
+	}
+	return out, nil
 }
 
 // leastHold is the smallest budget actions fit when the forward waits for

@@ -303,3 +303,57 @@ func TestPlanMixWaitsForWritesWhereTheLinkIsSlowerThanTheForward(t *testing.T) {
 	assert.Less(t, q.StepNs, p.StepNs, "a larger budget waits less")
 	assert.Contains(t, err2str(PlanMixAt(in, 99)), "smallest feasible budget is 100 bytes")
 }
+
+func TestPlanMixPeakIsNonIncreasingAsTheBudgetDropsThroughTheWaits(t *testing.T) {
+	in := mixLayers(6, MixLink{WriteBps: 0.05e9, ReadBps: 0.05e9}) // slower than the forward makes them
+	for i := range in.Tensors {
+		in.Tensors[i].RecomputeNs, in.Tensors[i].Sources = -1, nil // moves only
+	}
+	full, err := PlanMix(in)
+	require.NoError(t, err)
+	lowest := full.Frontier[0].Peak
+	for _, p := range full.Frontier {
+		lowest = min(lowest, p.Peak)
+	}
+	require.Less(t, full.MinBudget, lowest, "waits reach below the frontier")
+	prev := lowest
+	for b := lowest; b >= full.MinBudget; b -= (lowest - full.MinBudget) / 60 {
+		in.Budget = b
+		p, err := PlanMix(in)
+		require.NoError(t, err, "budget %d", b)
+		assert.LessOrEqual(t, p.Peak, b)
+		assert.LessOrEqual(t, p.Peak, prev, "budget %d", b)
+		prev = p.Peak
+	}
+}
+
+func TestPlanMixSimulatesGivenActionsInsteadOfChoosing(t *testing.T) {
+	in := mixChain()
+	in.Budget = 100
+	chosen, err := PlanMix(in)
+	require.NoError(t, err)
+	for _, d := range chosen.Decisions {
+		in.Actions = append(in.Actions, d.Action)
+	}
+	in.ComputeNs[0] *= 50 // the profile calibrated: the first pack's compute now takes 50 ns
+	p, err := PlanMix(in)
+	require.NoError(t, err)
+	for i, d := range p.Decisions {
+		assert.Equal(t, in.Actions[i], d.Action)
+	}
+	assert.Equal(t, chosen.WaitNs-49, p.WaitNs, "the second pack waits 49 ns less for the first write")
+	assert.Equal(t, chosen.StepNs, p.StepNs, "the writes still bound the forward")
+	in.Budget = 1 // not refused: the actions are the plan
+	_, err = PlanMix(in)
+	require.NoError(t, err)
+	for name, actions := range map[string][]string{
+		"length":     {"keep"},
+		"unknown":    {"keep", "keep", "keep", "disk"},
+		"recompute":  {"keep", "keep", "keep", MixRecompute},
+		"other tier": {"keep", "keep", "keep", "host"},
+	} {
+		in.Actions = actions
+		_, err := PlanMix(in)
+		require.ErrorIs(t, err, gds.ErrInvalid, name)
+	}
+}

@@ -295,6 +295,31 @@ def test_the_plan_is_calibrated_on_the_median_of_its_steps_not_on_one_slowed_ste
     assert calibrated["step_ns"] > predicted * 1e9
 
 
+def test_a_plan_the_calibrated_profile_no_longer_fits_is_kept_and_simulated_again(tmp_path, monkeypatch):
+    """Calibration plans again over the scaled profile; where that refuses the budget (the
+    smallest feasible one moved), the plan keeps its decisions, and its step is the one they take
+    over the scaled profile, not the stale prediction."""
+    model, batch_of = inputs("mlp")
+    off = _off(tmp_path, model, 1 << 40)
+    train(model, batch_of, 3, lambda: off)
+    policy, before = off._policy, off.plan_details
+    real = auto.plan_mix
+
+    def refuse_a_new_choice(mix):
+        if "actions" not in mix:
+            raise pyfastensor.InvalidArgumentError("a budget of 1 bytes is below what any mix reaches")
+        return real(mix)
+
+    monkeypatch.setattr(auto, "plan_mix", refuse_a_new_choice)
+    for _ in range(auto.CALIBRATION_SKIP + auto.CALIBRATION_STEPS):
+        policy.stepped(types.SimpleNamespace(step_seconds=before["step_ns"] / 1e9 * 2, offloaded_tensors=0))
+    after = off.plan_details
+    off.close()
+    assert after["calibration"] == pytest.approx(2.0, rel=1e-6)
+    assert [d["action"] for d in after["decisions"]] == [d["action"] for d in before["decisions"]]
+    assert after["step_ns"] == pytest.approx(2 * before["step_ns"], rel=0.05), (before["step_ns"], after["step_ns"])
+
+
 def test_a_users_own_checkpointing_composes(tmp_path, recompute_all):
     model, batch_of = inputs("blocks")
     blocks = list(model)

@@ -128,15 +128,16 @@ class Auto(Policy):
 
     def _adopt(self, started: float, *, calibrating: bool = False) -> None:
         """Plan over the profile kept in ``self._planned`` and take the plan for the next steps.
-        ``calibrating``: a budget the scaled profile no longer fits keeps the plan it has."""
+        ``calibrating``: a budget the scaled profile no longer fits keeps the plan it has, its
+        step and reads' points simulated again over the scaled profile."""
         mix, entries, recipes, graph = self._planned
         try:
             plan = plan_mix(mix)
         except InvalidArgumentError as e:
-            if calibrating:
-                return
-            self.error = str(e)
-            raise
+            if not calibrating or self.result is None:
+                self.error = str(e)
+                raise
+            plan = plan_mix(dict(mix, actions=[d["action"] for d in self.result["decisions"]]))
         self.actions = {entries[d["tensor"]]: d["action"] for d in plan["decisions"]}
         # The plan's events at run time: each entry's pack, its first unpack, and the moved ones'
         # reads, issued when the step reaches them (within the budget), as the plan has them.
