@@ -175,17 +175,21 @@ class Row:
             self.run_blocks = lambda x: self._each(
                 x, lambda b, h: checkpoint(b, h, use_reentrant=False, context_fn=ctx_fn))
         elif name.startswith("compile@"):
-            import torch._functorch.config as fconfig  # the peer's own knob (tests/test_import_graph.py)
+            # The peer's own knob and compiler (tests/test_import_graph.py).
+            import torch._functorch.config as fconfig
+            from torch._inductor.compile_fx import compile_fx
 
-            torch.compiler.reset()
             budget_share = float(name.split("@")[1])
-            compiled = torch.compile(model)
 
-            def run_compiled(x: Any) -> Any:
-                with fconfig.patch(activation_memory_budget=budget_share):  # what it compiles with
-                    return compiled(x)
+            def inductor_at_budget(gm: Any, inputs: Any) -> Any:
+                with fconfig.patch(activation_memory_budget=budget_share):
+                    return compile_fx(gm, inputs)
 
-            self.run_blocks = run_compiled
+            # A backend of its own: torch.compile's cache is per code object, and its guards no
+            # longer tell one instance of a module class from another, so without it every
+            # compile@B row (and any other compile of the model's class) would run the program
+            # the first of them compiled.
+            self.run_blocks = torch.compile(model, backend=inductor_at_budget)
         if name == "save_on_cpu":
             self.ctx = lambda: torch.autograd.graph.save_on_cpu(pin_memory=cuda)
         elif name.startswith("trl"):
