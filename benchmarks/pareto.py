@@ -281,7 +281,7 @@ def measure(shape: dict[str, int], device: str, directory: str, *, rounds: int, 
         top, low = frontiers[prefix]["frontier"][0]["peak_bytes"], frontiers[prefix]["min_budget"]
         probe.close()
         wanted = {f"{prefix}{share:g}": int(low + share * (top - low))
-                  for share in (SHARES if low < top else (1.0,))}  # a whole compiled model: one budget, its peak
+                  for share in (SHARES if low < top else (1.0,))}  # nothing to move: one budget, the peak
         beyond = 0  # the step's memory beyond the saved tensors, as the rows along the frontier measure it
         for name, budget in wanted.items():
             progress(f"pareto {shape}: {name} (budget {budget / 2**20:.1f} MiB)")
@@ -290,7 +290,8 @@ def measure(shape: dict[str, int], device: str, directory: str, *, rounds: int, 
             if resident := rows[name].offload.summary().resident_peak_bytes:
                 beyond = max(beyond, warm_peak[name] - resident)
         peer_peaks = {n: p for n, p in warm_peak.items() if n in peers}
-        for peer, budget in _aims(peer_peaks, beyond, low, warm_peak[f"{prefix}1"]).items() if low < top else ():
+        aims = _aims(peer_peaks, beyond, low, warm_peak[f"{prefix}1"]) if low < top else {}
+        for peer, budget in aims.items():
             name = f"{prefix}{peer}"
             progress(f"pareto {shape}: {name} (budget {budget / 2**20:.1f} MiB, at {peer}'s peak)")
             rows[name], warm[name], budgets[name], _ = _warm_auto(name, m, x, memory, device, directory, min_size,

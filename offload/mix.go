@@ -108,10 +108,6 @@ type MixClass struct {
 	Bytes   int64 `json:"bytes"`
 }
 
-func (c MixClass) add(o MixClass) MixClass {
-	return MixClass{Tensors: c.Tensors + o.Tensors, Bytes: c.Bytes + o.Bytes}
-}
-
 // MixPlan is the planner's answer for a budget.
 type MixPlan struct {
 	Decisions []MixDecision       `json:"decisions"`

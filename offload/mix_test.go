@@ -69,15 +69,7 @@ func TestPlanMixPeakIsNonIncreasingAsTheBudgetDrops(t *testing.T) {
 	in := mixLayers(6, pcie)
 	full, err := PlanMix(in)
 	require.NoError(t, err)
-	prev := full.Peak
-	for b := full.Peak; b >= full.MinBudget; b -= (full.Peak - full.MinBudget) / 40 {
-		in.Budget = b
-		p, err := PlanMix(in)
-		require.NoError(t, err, "budget %d", b)
-		assert.LessOrEqual(t, p.Peak, b)
-		assert.LessOrEqual(t, p.Peak, prev, "budget %d", b)
-		prev = p.Peak
-	}
+	assertPeakFallsWithTheBudget(t, in, full.Peak, full.MinBudget, 40)
 	assert.Less(t, full.MinBudget, full.Peak/2, "the mix frees more than half of the saved bytes")
 }
 
@@ -294,7 +286,9 @@ func TestPlanMixWaitsForWritesWhereTheLinkIsSlowerThanTheForward(t *testing.T) {
 	assert.LessOrEqual(t, p.Peak, int64(100))
 	// The last packed, unpacked first, is kept; the others are written while the next pack waits
 	// for each, and read back one at a time.
-	assert.Equal(t, MixClass{Tensors: 3, Bytes: 300}, p.Classes["ssd"].add(p.Classes["ssd"+MixOnDemand]))
+	moved := p.Classes["ssd"].Tensors + p.Classes["ssd"+MixOnDemand].Tensors
+	assert.Equal(t, 3, moved)
+	assert.Equal(t, int64(300), p.Classes["ssd"].Bytes+p.Classes["ssd"+MixOnDemand].Bytes)
 	assert.Equal(t, int64(3*99), p.WaitNs, "three packs wait for the write before them")
 	assert.GreaterOrEqual(t, p.StepNs, int64(600), "three writes and three reads, one after another")
 	in.Budget = 250
@@ -317,8 +311,15 @@ func TestPlanMixPeakIsNonIncreasingAsTheBudgetDropsThroughTheWaits(t *testing.T)
 		lowest = min(lowest, p.Peak)
 	}
 	require.Less(t, full.MinBudget, lowest, "waits reach below the frontier")
-	prev := lowest
-	for b := lowest; b >= full.MinBudget; b -= (lowest - full.MinBudget) / 60 {
+	assertPeakFallsWithTheBudget(t, in, lowest, full.MinBudget, 60)
+}
+
+// assertPeakFallsWithTheBudget plans in at budgets from top down to low in
+// steps: each is met, and no peak is above the one of a larger budget.
+func assertPeakFallsWithTheBudget(t *testing.T, in *MixInput, top, low int64, steps int64) {
+	t.Helper()
+	prev := top
+	for b := top; b >= low; b -= (top - low) / steps {
 		in.Budget = b
 		p, err := PlanMix(in)
 		require.NoError(t, err, "budget %d", b)

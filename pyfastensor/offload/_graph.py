@@ -303,12 +303,10 @@ class GraphRecorder(TorchDispatchMode):
             self.unpacked.add(entry)
             self.events.append(("unpack", entry))
             self.ops_after.append([])
-        now = len(self.events) - 1
-        self.last_use[entry] = now
         if node is not None:
             self._node_entries.append(entry)
-            for e in self._node_entries:
-                self.last_use[e] = max(self.last_use[e], now)
+        for e in self._node_entries or [entry]:  # the latest event: no earlier use is later
+            self.last_use[e] = len(self.events) - 1
 
     def finish(self) -> None:
         """Read the CUDA events' times (the step is over: they have completed)."""
