@@ -163,6 +163,18 @@ def test_pareto_aims_a_row_of_ours_at_each_peers_peak_below_the_top():
     assert got["checkpoint"] == int((int(49.8 * mib) - 8 * mib) * (1 - pareto.AIM_MARGIN))
 
 
+def test_pareto_compiles_the_model_under_ours_at_the_fastest_compile_rows_memory_budget():
+    """The whole model under ours is compiled at the budget of the compile@B row whose warm-up steps
+    after the first (which compiles) have the lowest median; torch.compile's defaults where none ran."""
+    from benchmarks import pareto
+
+    warm = {"none": [0.1, 0.1, 0.1], "compile@0.8": [9.0, 0.26, 0.4, 0.25],
+            "compile@0.5": [0.1, 0.29, 0.2, 0.29], "compile@0.2": [8.0, 0.31, 0.3, 0.3]}
+    assert pareto.fastest_compile_budget(warm) == 0.8  # not 0.5's one fast step, nor its first
+    assert pareto.fastest_compile_budget(dict(warm, **{"compile@0.5": [9.0, 0.2, 0.2, 0.3]})) == 0.5
+    assert pareto.fastest_compile_budget({"none": [0.1, 0.1], "compile@0.8": [9.0]}) is None
+
+
 def test_pareto_is_an_option_of_the_offload_benchmark():
     out = subprocess.run([sys.executable, "-m", "benchmarks", "offload", "--help"],
                          capture_output=True, text=True, check=True, cwd=ROOT).stdout
