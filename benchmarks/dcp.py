@@ -47,7 +47,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .harness import add_command, disk, progress, round_order, spread_text, temp_dir, write_json
+from .harness import (
+    add_command,
+    disk,
+    freeze_heap,
+    progress,
+    round_order,
+    spread_text,
+    temp_dir,
+    write_json,
+)
 
 MiB = 1 << 20
 
@@ -174,7 +183,7 @@ def _save_load(rank: int, world: int, cfg: dict[str, Any]) -> None:
         dist.barrier()
         if rank == 0:
             shutil.rmtree(path, ignore_errors=True)
-    _freeze_heap()
+    freeze_heap()
     rows = []
     for rnd in range(cfg["rounds"]):
         for tool in round_order(TOOLS, rnd):
@@ -203,20 +212,6 @@ def _save_load(rank: int, world: int, cfg: dict[str, Any]) -> None:
                          "save_storage_s": max(x[0] for x in every), "load_storage_s": max(x[1] for x in every)})
     if rank == 0:
         Path(cfg["out"]).write_text(json.dumps(rows))
-
-
-def _freeze_heap() -> None:
-    """Move the objects alive now (torch's, the state dicts') out of the collector's passes.
-
-    A full collection over them took 180-190 ms in the middle of a timed
-    save here, in one round in five, for either tool, as DCP's planning
-    allocates; training loops that care freeze or schedule the collector
-    the same way (``gc.freeze``).
-    """
-    import gc
-
-    gc.collect()
-    gc.freeze()
 
 
 def _timed(obj: Any, methods: tuple[str, ...]) -> tuple[Any, list[float]]:
@@ -264,7 +259,7 @@ def _reshard(rank: int, world: int, cfg: dict[str, Any]) -> None:
 
     dst = _sharded(cfg, world, cfg["dims"][1], zeros=True)
     needed = sum(v.to_local().numel() * v.element_size() for v in dst.values())
-    _freeze_heap()
+    freeze_heap()
     rows = []
     sums: dict[str, int] = {}
     for rnd in range(cfg["rounds"]):

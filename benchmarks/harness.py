@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import os
 import shutil
@@ -42,6 +43,7 @@ __all__ = [
     "crc_speed",
     "disk",
     "diskstats_read_bytes",
+    "freeze_heap",
     "mapped_files",
     "paired_ratios",
     "plot_or_say",
@@ -134,6 +136,18 @@ def remove_saved(path: str | os.PathLike[str]) -> None:
     else:
         return
     os.sync()
+
+
+def freeze_heap() -> None:
+    """Move the objects alive now (torch's, the models', compiled programs) out of the garbage
+    collector's passes (:func:`gc.freeze`), as training loops that care about step time do.
+
+    A full collection over them stalls whichever timed call it falls in: 180-190 ms in one timed
+    DCP save in five here; 300-400 ms in the same Pareto row's profiling step in three runs, as
+    the rows before it had built their compiled programs.
+    """
+    gc.collect()
+    gc.freeze()
 
 
 def round_order(items: Sequence[str], r: int) -> list[str]:

@@ -47,11 +47,14 @@ run out of memory; TRL around checkpointing and ``auto`` at its smallest
 feasible budget, each timed or out of memory.
 
 Rows are timed in paired rounds (every row one step a round, in turn
-first) after their warm-up (pyfastensor's: a warm-up step, the profiling
+first; the objects alive before a row's warm-up and before the rounds are
+frozen out of the garbage collector's passes, ``gc.freeze``) after their warm-up (pyfastensor's: a warm-up step, the profiling
 step and the steps under the plan that calibrate it). Each ``auto`` row is compared with the
 fastest peer whose peak is no higher, step for step (the paired ratio of
-the rounds, with its spread), and its measured step with its predicted
-one. A PNG plots every row's step against its peak.
+the rounds, with its spread), and its predicted step with the one it
+measures repeated (a few consecutive steps after the rounds: what the
+plan predicts is the step a training job repeats; the rounds' median is
+shown beside it). A PNG plots every row's step against its peak.
 """
 
 from __future__ import annotations
@@ -104,6 +107,11 @@ COMPILE_WARM = 4
 #: under the plan until it is calibrated (pyfastensor.offload._auto.CALIBRATION_SKIP + _STEPS), and one
 #: step under the calibrated plan.
 WARM_AUTO = 7
+
+#: An auto row's consecutive steps after the rounds, which its prediction is judged on: the plan
+#: predicts the step a training job repeats, and in the interleaved rounds every row (the same
+#: program with or without ours alike) steps up to 10-20% slower than it does repeated.
+CONSECUTIVE = 3
 
 _MMAP_THRESHOLD = "65536"
 
@@ -170,6 +178,9 @@ class Row:
         import torch
         from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
 
+        # The objects alive now (models, the rows before, their compiled programs) are kept out of
+        # the collector's passes, which otherwise stall whichever timed step they fall in.
+        harness.freeze_heap()
         self.name, self.model, self.device, self.offload = name, model, device, None
         self.ctx: Callable[[], Any] = contextlib.nullcontext
         self.run_blocks: Callable[[Any], Any] = self._plain
@@ -322,12 +333,15 @@ def measure(shape: dict[str, int], device: str, directory: str, *, rounds: int, 
     plan = frontiers["auto@"]
     steps: dict[str, list[float]] = {n: [] for n in rows}
     peaks: dict[str, list[int]] = {n: [] for n in rows}
+    harness.freeze_heap()
     for r in range(rounds):
         progress(f"pareto {shape}: round {r + 1}/{rounds}")
         for name in harness.round_order(list(rows), r):
             s, p = rows[name].step(x, memory)
             steps[name].append(s)
             peaks[name].append(p)
+    consecutive = {name: [row.step(x, memory)[0] for _ in range(CONSECUTIVE)]
+                   for name, row in rows.items() if row.offload is not None}
     out: dict[str, Any] = {"model": shape, "device": device, "rounds": rounds, "frontier": plan["frontier"],
                            "min_budget": plan["min_budget"], "rows": {}, "missing": missing,
                            "compiled_min_budget": frontiers["auto-compiled@"]["min_budget"]
@@ -340,7 +354,8 @@ def measure(shape: dict[str, int], device: str, directory: str, *, rounds: int, 
         if row.offload is not None:
             s = row.offload.summary()
             details = row.offload.plan_details
-            rec.update(warmup_s=warm[name], budget=budgets[name], predicted_step_s=s.predicted_step_seconds,
+            rec.update(warmup_s=warm[name], consecutive_s=consecutive[name], budget=budgets[name],
+                       predicted_step_s=s.predicted_step_seconds,
                        predicted_peak_bytes=s.predicted_peak_bytes, resident_peak_bytes=s.resident_peak_bytes,
                        classes=details["classes"] if details else {}, planning_s=details.get("planning_seconds"),
                        wait_s=details.get("wait_ns", 0) / 1e9 if details else 0.0,
@@ -511,9 +526,13 @@ def evaluate(result: dict[str, Any]) -> list[dict[str, Any]]:
         else:
             out.append({"target": f"{name} against the peers that fit", "ratios": [], "median": None, "met": None,
                         "why": "no peer row's peak is as low"})
-        err = abs(r["predicted_step_s"] - r["step_s"]) / r["step_s"]
-        out.append({"target": f"{name} prediction within {PREDICTION[device]:.0%} of the measured step",
-                    "ratios": [r["predicted_step_s"] / s for s in r["steps_s"]], "median": err,
+        # Judged on the row's steps repeated (CONSECUTIVE); the rounds' median beside it.
+        repeated = r.get("consecutive_s") or r["steps_s"]
+        err = abs(r["predicted_step_s"] - statistics.median(repeated)) / statistics.median(repeated)
+        rounds_err = (r["predicted_step_s"] - r["step_s"]) / r["step_s"]
+        out.append({"target": f"{name} prediction within {PREDICTION[device]:.0%} of its step repeated "
+                              f"(rounds' median: {rounds_err:+.0%})",
+                    "ratios": [r["predicted_step_s"] / s for s in repeated], "median": err,
                     "met": err <= PREDICTION[device]})
     out += front(result)
     autos = [r for n, r in rows.items() if n.startswith(OURS) and r.get("warmup_s")]
