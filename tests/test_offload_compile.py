@@ -20,6 +20,7 @@ from torch import nn
 
 import pyfastensor
 from benchmarks.workloads import deep_mlp
+from pyfastensor import _torch
 from pyfastensor.offload._store import SpillStore
 
 pytestmark = pytest.mark.filterwarnings(
@@ -179,3 +180,49 @@ def test_auto_plans_the_step_inductor_compiled_block_by_block(tmp_path):
     for g in got:
         assert all(torch.equal(a, b) for a, b in zip(g, want, strict=True))
     assert s.offloaded_tensors > 0 and s.resident_peak_bytes <= budget, str(s)
+
+
+@pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None,
+                    reason="inductor's CPU backend compiles C++: no C++ compiler here")
+@pytest.mark.skipif(_torch.VERSION < (2, 5), reason=f"torch {torch.__version__}'s inductor, under a memory budget of "
+                    "0.5, writes C++ for this model that does not compile (a kernel declares weight_recps twice)")
+def test_auto_over_a_model_compiled_under_torchs_memory_budget(tmp_path, monkeypatch):
+    """The composition docs/offload.md shows: the whole model compiled by inductor under
+    ``activation_memory_budget`` (its partitioner recomputes inside the graph), then ``auto``.
+    A budget that holds what the graph saves keeps it all and installs no hooks; one below it is
+    kept, with what is moved read back; the gradients are bit-identical to the same compiled
+    model without offload in both."""
+    import torch._functorch.config as fconfig
+
+    torch._dynamo.reset()
+    monkeypatch.setattr(fconfig, "activation_memory_budget", 0.5)
+    model, batch_of = inputs("blocks")
+    plain = copy.deepcopy(model)
+    compiled, compiled_plain = torch.compile(model), torch.compile(plain)
+
+    def grads(m, step, ctx):
+        m.zero_grad()
+        x, y = batch_of(0)
+        with ctx:
+            loss_of(step, x, y).backward()
+        return [p.grad.clone() for p in m.parameters()]
+
+    want = grads(plain, compiled_plain, contextlib.nullcontext())
+    probe = pyfastensor.offload(policy="auto", budget=1 << 40, spill_dir=str(tmp_path), min_size=4 << 10,
+                                module=model)
+    for _ in range(3):
+        grads(model, compiled, probe)
+    low, top = probe.plan_details["min_budget"], probe.plan_details["frontier"][0]["peak_bytes"]
+    probe.close()
+    assert low < top, "what the step saves around and before the graph's end can be moved"
+    for budget, moved in ((top, False), (top - (top - low) // 2, True)):
+        off = pyfastensor.offload(policy="auto", budget=budget, tier="ssd", spill_dir=str(tmp_path),
+                                  min_size=4 << 10, module=model)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message=".*not the profiled one")
+            got = [grads(model, compiled, off) for _ in range(5)]
+        s = off.summary()
+        off.close()
+        for g in got:
+            assert all(torch.equal(a, b) for a, b in zip(g, want, strict=True))
+        assert (s.offloaded_tensors > 0) == moved and s.resident_peak_bytes <= budget, (budget, str(s))
