@@ -30,8 +30,9 @@ row per way of handling what autograd saves:
   none ran): what a user who compiles with that knob and wraps the step
   in ours runs. Its one graph takes every saved tensor back when
   backward begins, so no budget goes below those together (what the code
-  around the graph saves may still be moved); ours adds nothing there
-  but its hooks. These run where ``compile-blocks`` is among the peers.
+  around the graph saves may still be moved); where ours keeps all it
+  saves, the step is torch.compile's. These run where ``compile-blocks``
+  is among the peers.
 
 **Peak** is the step's extra memory: on CUDA ``max_memory_allocated``
 over the step less what was allocated before it; on CPU the process's
@@ -47,10 +48,11 @@ run out of memory; TRL around checkpointing and ``auto`` at its smallest
 feasible budget, each timed or out of memory.
 
 Rows are timed in paired rounds (every row one step a round, in turn
-first; the objects alive before a row's warm-up and before the rounds are
-frozen out of the garbage collector's passes, ``gc.freeze``) after their warm-up (pyfastensor's: a warm-up step, the profiling
-step and the steps under the plan that calibrate it). Each ``auto`` row is compared with the
-fastest peer whose peak is no higher, step for step (the paired ratio of
+first) after their warm-up (pyfastensor's: a warm-up step, the profiling
+step and the steps under the plan that calibrate it); the objects alive
+before a row's warm-up and before the rounds are frozen out of the
+garbage collector's passes (``gc.freeze``). Each ``auto`` row is compared
+with the fastest peer whose peak is no higher, step for step (the paired ratio of
 the rounds, with its spread), and its predicted step with the one it
 measures repeated (a few consecutive steps after the rounds: what the
 plan predicts is the step a training job repeats; the rounds' median is
@@ -110,7 +112,7 @@ WARM_AUTO = 7
 
 #: An auto row's consecutive steps after the rounds, which its prediction is judged on: the plan
 #: predicts the step a training job repeats, and in the interleaved rounds every row (the same
-#: program with or without ours alike) steps up to 10-20% slower than it does repeated.
+#: program with or without ours alike) steps up to about 15% slower here than it does repeated.
 CONSECUTIVE = 3
 
 _MMAP_THRESHOLD = "65536"
