@@ -138,8 +138,50 @@ def test_modules_compiled_one_by_one_keep_the_saved_tensors_within_the_budget(tm
     assert not breaks, dict(breaks)
 
 
-@pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None,
-                    reason="inductor's CPU backend compiles C++: no C++ compiler here")
+INDUCTOR = pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None,
+                              reason="inductor's CPU backend compiles C++: no C++ compiler here")
+
+
+def _grads_of(model: nn.Module, step, batch_of):
+    """A function of a context: the gradients of ``model``'s parameters after one step of ``step``
+    (``model`` itself or a compiled form of it) on batch 0 inside that context."""
+
+    def grads(ctx):
+        model.zero_grad()
+        x, y = batch_of(0)
+        with ctx:
+            loss_of(step, x, y).backward()
+        return [p.grad.clone() for p in model.parameters()]
+
+    return grads
+
+
+def _auto_frontier(model: nn.Module, run, tmp_path) -> tuple[int, int]:
+    """policy="auto"'s smallest feasible budget and its saved tensors' peak without offload, for the
+    step ``run(ctx)`` (a plan for a budget no mix needs)."""
+    probe = pyfastensor.offload(policy="auto", budget=1 << 40, spill_dir=str(tmp_path), min_size=4 << 10,
+                                module=model)
+    for _ in range(3):
+        run(probe)
+    details = probe.plan_details
+    probe.close()
+    return details["min_budget"], details["frontier"][0]["peak_bytes"]
+
+
+def _auto_steps(model: nn.Module, run, budget: int, tmp_path, steps: int = 5):
+    """``steps`` steps ``run(ctx)`` under policy="auto" at ``budget`` on the SSD, a step that is not
+    the profiled one an error: what each returned, and the summary of the last."""
+    off = pyfastensor.offload(policy="auto", budget=budget, tier="ssd", spill_dir=str(tmp_path),
+                              min_size=4 << 10, module=model)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*not the profiled one")
+        got = [run(off) for _ in range(steps)]
+    s = off.summary()
+    off.close()
+    return got, s
+
+
+@INDUCTOR
 def test_auto_plans_the_step_inductor_compiled_block_by_block(tmp_path):
     """policy="auto" over blocks compiled by inductor: the profiling step runs the compiled
     blocks (torch 2.10 and later run them under the recorder; older ones compile them once more
@@ -152,38 +194,20 @@ def test_auto_plans_the_step_inductor_compiled_block_by_block(tmp_path):
         for block in m:
             block.compile()
 
-    def grads(m, ctx):
-        m.zero_grad()
-        x, y = batch_of(0)
-        with ctx:
-            loss_of(m, x, y).backward()
-        return [p.grad.clone() for p in m.parameters()]
-
-    want = grads(plain, contextlib.nullcontext())
-    probe = pyfastensor.offload(policy="auto", budget=1 << 40, spill_dir=str(tmp_path), min_size=4 << 10,
-                                module=model)
-    for _ in range(3):
-        grads(model, probe)
-    low, top = probe.plan_details["min_budget"], probe.plan_details["frontier"][0]["peak_bytes"]
-    probe.close()
+    want = _grads_of(plain, plain, batch_of)(contextlib.nullcontext())
+    run = _grads_of(model, model, batch_of)
+    low, top = _auto_frontier(model, run, tmp_path)
     assert low < top, "the compiled blocks' saved tensors can be moved"
     # Near the top: the smallest feasible budget moves with the disk's measured speed between
     # runs (a moved tensor's bytes stay until its write lands), the top does not.
     budget = top - (top - low) // 8
-    off = pyfastensor.offload(policy="auto", budget=budget, tier="ssd", spill_dir=str(tmp_path),
-                              min_size=4 << 10, module=model)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("error", message=".*not the profiled one")
-        got = [grads(model, off) for _ in range(5)]
-    s = off.summary()
-    off.close()
+    got, s = _auto_steps(model, run, budget, tmp_path)
     for g in got:
         assert all(torch.equal(a, b) for a, b in zip(g, want, strict=True))
     assert s.offloaded_tensors > 0 and s.resident_peak_bytes <= budget, str(s)
 
 
-@pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None,
-                    reason="inductor's CPU backend compiles C++: no C++ compiler here")
+@INDUCTOR
 @pytest.mark.skipif(_torch.VERSION < (2, 5), reason=f"torch {torch.__version__}'s inductor, under a memory budget of "
                     "0.5, writes C++ for this model that does not compile (a kernel declares weight_recps twice)")
 def test_auto_over_a_model_compiled_under_torchs_memory_budget(tmp_path, monkeypatch):
@@ -198,31 +222,12 @@ def test_auto_over_a_model_compiled_under_torchs_memory_budget(tmp_path, monkeyp
     monkeypatch.setattr(fconfig, "activation_memory_budget", 0.5)
     model, batch_of = inputs("blocks")
     plain = copy.deepcopy(model)
-    compiled, compiled_plain = torch.compile(model), torch.compile(plain)
-
-    def grads(m, step, ctx):
-        m.zero_grad()
-        x, y = batch_of(0)
-        with ctx:
-            loss_of(step, x, y).backward()
-        return [p.grad.clone() for p in m.parameters()]
-
-    want = grads(plain, compiled_plain, contextlib.nullcontext())
-    probe = pyfastensor.offload(policy="auto", budget=1 << 40, spill_dir=str(tmp_path), min_size=4 << 10,
-                                module=model)
-    for _ in range(3):
-        grads(model, compiled, probe)
-    low, top = probe.plan_details["min_budget"], probe.plan_details["frontier"][0]["peak_bytes"]
-    probe.close()
+    want = _grads_of(plain, torch.compile(plain), batch_of)(contextlib.nullcontext())
+    run = _grads_of(model, torch.compile(model), batch_of)
+    low, top = _auto_frontier(model, run, tmp_path)
     assert low < top, "what the step saves around and before the graph's end can be moved"
     for budget, moved in ((top, False), (top - (top - low) // 2, True)):
-        off = pyfastensor.offload(policy="auto", budget=budget, tier="ssd", spill_dir=str(tmp_path),
-                                  min_size=4 << 10, module=model)
-        with warnings.catch_warnings():
-            warnings.filterwarnings("error", message=".*not the profiled one")
-            got = [grads(model, compiled, off) for _ in range(5)]
-        s = off.summary()
-        off.close()
+        got, s = _auto_steps(model, run, budget, tmp_path)
         for g in got:
             assert all(torch.equal(a, b) for a, b in zip(g, want, strict=True))
         assert (s.offloaded_tensors > 0) == moved and s.resident_peak_bytes <= budget, (budget, str(s))
